@@ -1,0 +1,3 @@
+from trio_direct.cli import main
+
+raise SystemExit(main())
