@@ -1,0 +1,197 @@
+"""Adapter for SGLang's native gRPC API (`sglang.runtime.v1.SglangService`, `--grpc-port`).
+
+Facts from ../shared/reference/sglang-native-grpc.md: every `meta_info` value is a JSON document
+(Python ``json.dumps``, so ``NaN``/``Infinity`` may appear: decode leniently with ``json.loads``);
+`output_ids` are cumulative unless the engine runs with ``--incremental-streaming-output``;
+`finished` is true only on the last message.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from trio_direct._proto.native import sglang_pb2 as pb
+from trio_direct.engine.chunk_stream import ChunkStream
+from trio_direct.engine.transport import EngineChannel
+from trio_direct.engine.types import GenerateChunk, GenerateInput, SamplingOptions
+
+log = logging.getLogger(__name__)
+
+_SERVICE = "/sglang.runtime.v1.SglangService/"
+GENERATE = _SERVICE + "Generate"
+ABORT = _SERVICE + "Abort"
+HEALTH_CHECK = _SERVICE + "HealthCheck"
+GET_MODEL_INFO = _SERVICE + "GetModelInfo"
+GET_SERVER_INFO = _SERVICE + "GetServerInfo"
+GET_LOAD = _SERVICE + "GetLoad"
+
+_OPTIONAL_SAMPLING = (
+    "temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty",
+    "repetition_penalty", "max_new_tokens", "min_new_tokens", "ignore_eos", "json_schema", "regex",
+)  # fmt: skip
+
+
+def sampling_params(options: SamplingOptions) -> pb.SamplingParams:
+    """Only what is set goes on the wire: the engine applies its own defaults to the rest."""
+    params = pb.SamplingParams()
+    for name in _OPTIONAL_SAMPLING:
+        value = getattr(options, name)
+        if value is not None:
+            setattr(params, name, value)
+    if options.seed is not None:
+        params.seed = options.seed
+    if options.stop:
+        params.stop.extend(options.stop)
+    if options.stop_token_ids:
+        params.stop_token_ids.extend(options.stop_token_ids)
+    if options.ebnf is not None:
+        params.guided_decoding.ebnf = options.ebnf
+    elif options.structural_tag is not None:
+        params.guided_decoding.structural_tag = options.structural_tag
+    return params
+
+
+def generate_request(request: GenerateInput) -> pb.GenerateRequest:
+    message = pb.GenerateRequest(
+        input_ids=request.input_ids,
+        sampling_params=sampling_params(request.sampling),
+        stream=request.stream,
+        rid=request.rid,
+    )
+    if request.return_logprob:
+        message.return_logprob = True
+        message.top_logprobs_num = request.top_logprobs_num
+        message.logprob_start_len = request.logprob_start_len
+    if request.routed_dp_rank is not None:
+        message.routed_dp_rank = request.routed_dp_rank
+    if request.bootstrap is not None:
+        bootstrap = request.bootstrap
+        message.disaggregated_params.bootstrap_host = bootstrap.host
+        message.disaggregated_params.bootstrap_port = bootstrap.port
+        message.disaggregated_params.bootstrap_room = bootstrap.room
+    return message
+
+
+def decode_meta_info(meta_info: Any) -> dict[str, Any]:
+    """JSON-decode every value; a value that is not JSON is kept as its raw string."""
+    decoded = {}
+    for key, raw in meta_info.items():
+        try:
+            decoded[key] = json.loads(raw)
+        except ValueError:
+            decoded[key] = raw
+    return decoded
+
+
+class _ChunkDecoder:
+    """Turns one call's messages into delta chunks, converting cumulative `output_ids` if needed."""
+
+    __slots__ = ("cumulative", "seen", "finished")
+
+    def __init__(self, cumulative: bool) -> None:
+        self.cumulative = cumulative
+        self.seen = 0
+        self.finished = False
+
+    def decode(self, message: pb.GenerateResponse) -> GenerateChunk | None:
+        ids = list(message.output_ids)
+        if self.cumulative:
+            ids = ids[self.seen :]
+        self.seen += len(ids)
+        chunk = GenerateChunk(token_ids=ids)
+        if message.meta_info:
+            meta = decode_meta_info(message.meta_info)
+            chunk.prompt_tokens = meta.get("prompt_tokens") or 0
+            chunk.completion_tokens = meta.get("completion_tokens") or 0
+            chunk.cached_tokens = meta.get("cached_tokens") or 0
+            chunk.reasoning_tokens = meta.get("reasoning_tokens") or 0
+            chunk.dp_rank = meta.get("dp_rank")
+            _apply_finish(chunk, meta.get("finish_reason"))
+        if message.finished:
+            self.finished = True
+            if chunk.finish_reason is None:
+                # The engine's generator ended without a finish chunk (reference §6.1).
+                chunk.finish_reason = "stop"
+        return chunk
+
+
+def _apply_finish(chunk: GenerateChunk, finish: Any) -> None:
+    if not isinstance(finish, dict):
+        return
+    kind = finish.get("type")
+    if kind == "stop":
+        chunk.finish_reason = "stop"
+        matched = finish.get("matched")
+        chunk.matched_stop = matched[0] if isinstance(matched, list) and matched else matched
+    elif kind == "length":
+        chunk.finish_reason = "length"
+    elif kind == "abort":
+        chunk.finish_reason = "abort"
+        chunk.abort_message = finish.get("message")
+        chunk.abort_status_code = finish.get("status_code")
+
+
+class NativeEngineClient:
+    """An engine reached over the native API.
+
+    `incremental` is the engine's ``incremental_streaming_output`` (from the probe). When unknown it
+    is read from GetServerInfo on first use; a cumulative engine is converted to deltas and logged
+    once, because it costs O(n²) bytes over a long stream.
+    """
+
+    api = "native"
+
+    def __init__(self, channel: EngineChannel, *, incremental: bool | None = None) -> None:
+        self.channel = channel
+        self.name = channel.name
+        self.incremental = incremental
+        self._warned_cumulative = False
+
+    @asynccontextmanager
+    async def generate(self, request: GenerateInput) -> AsyncIterator[AsyncIterator[GenerateChunk]]:
+        if self.incremental is None:
+            self.incremental = bool((await self.server_info()).get("incremental_streaming_output"))
+        cumulative = request.stream and not self.incremental
+        if cumulative and not self._warned_cumulative:
+            self._warned_cumulative = True
+            log.warning(
+                "engine %s streams cumulative output_ids; run it with --incremental-streaming-output",
+                self.name,
+            )
+        message = generate_request(request)
+        async with self.channel.open_stream(GENERATE, message, pb.GenerateResponse, timeout=None) as stream:
+            yield ChunkStream(stream, _ChunkDecoder(cumulative), self.name)
+
+    async def abort(self, rid: str, *, timeout: float = 5.0) -> bool:
+        reply = await self.channel.unary(ABORT, pb.AbortRequest(rid=rid), pb.AbortResponse, timeout=timeout)
+        return reply.success
+
+    async def health(self, *, timeout: float = 5.0) -> bool:
+        reply = await self.channel.unary(
+            HEALTH_CHECK, pb.HealthCheckRequest(), pb.HealthCheckResponse, timeout=timeout
+        )
+        return reply.healthy
+
+    async def model_info(self, *, timeout: float = 10.0) -> dict[str, Any]:
+        reply = await self.channel.unary(
+            GET_MODEL_INFO, pb.GetModelInfoRequest(), pb.GetModelInfoResponse, timeout=timeout
+        )
+        info = json.loads(reply.json_info) if reply.json_info else {}
+        info.setdefault("model_path", reply.model_path)
+        return info
+
+    async def server_info(self, *, timeout: float = 10.0) -> dict[str, Any]:
+        reply = await self.channel.unary(
+            GET_SERVER_INFO, pb.GetServerInfoRequest(), pb.GetServerInfoResponse, timeout=timeout
+        )
+        return json.loads(reply.json_info) if reply.json_info else {}
+
+    async def load(self, dp_rank: int | None = None, *, timeout: float = 5.0) -> list[dict[str, Any]]:
+        request = pb.GetLoadRequest() if dp_rank is None else pb.GetLoadRequest(dp_rank=dp_rank)
+        reply = await self.channel.unary(GET_LOAD, request, pb.GetLoadResponse, timeout=timeout)
+        loads = json.loads(reply.json_info) if reply.json_info else []
+        return loads if isinstance(loads, list) else [loads]

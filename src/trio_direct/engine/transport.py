@@ -1,0 +1,377 @@
+"""grpclib driven from trio: the only module of trio-direct that touches asyncio.
+
+grpclib is asyncio-only, so it runs on a trio-asyncio loop in the *bridge* shape
+(../shared/reference/python-stack.md §2.2): every call enters asyncio exactly once, and messages cross
+to trio through a memory channel with ``send_nowait`` (safe: the asyncio loop runs on the trio
+thread). Cancelling the trio side cancels that one asyncio task, whose ``async with
+channel.request(...)`` exit then runs *inside asyncio* and resets the HTTP/2 stream, so the engine sees
+the cancel. Wrapping grpclib's stream context manager from trio instead leaks the stream (§2.3).
+
+The server half serves gRPC to the mock engine with plain synchronous handlers: a handler gets a
+`ServerCall`, pushes replies with `send()` and ends with `finish()`/`fail()`; the asyncio side drains
+them. One asyncio task per call again, no per-message crossing.
+
+Every grpclib and connection failure leaves this module as a typed `EngineError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import math
+import weakref
+from collections.abc import AsyncIterator, Callable, Iterable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+import trio_asyncio
+from grpclib.client import Channel
+from grpclib.config import Configuration
+from grpclib.const import Cardinality, Handler, Status
+from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
+from grpclib.server import Server
+
+from trio_direct.engine.errors import (
+    EngineDeadlineExceeded,
+    EngineError,
+    EngineUnavailable,
+    error_for_status,
+)
+
+__all__ = [
+    "EngineChannel",
+    "ChannelPool",
+    "MessageStream",
+    "RpcMethod",
+    "ServerCall",
+    "serve_grpc",
+    "open_asyncio_loop",
+]
+
+#: Larger HTTP/2 windows than grpclib's defaults: prompts of many thousand token ids and fast token
+#: streams should never wait on flow-control updates.
+_HTTP2_CONFIG = Configuration(
+    http2_connection_window_size=16 * 1024 * 1024,
+    http2_stream_window_size=4 * 1024 * 1024,
+)
+
+
+def open_asyncio_loop():  # noqa: ANN201 - an async context manager from trio_asyncio
+    """The trio-asyncio loop every engine call needs; open it around the whole program."""
+    return trio_asyncio.open_loop()
+
+
+class _Failure:
+    """A terminal error travelling through a stream's channel, raised at the reader."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: EngineError) -> None:
+        self.error = error
+
+
+class MessageStream:
+    """Messages of one server-streaming call, read from trio.
+
+    Iterating yields protobuf messages; the call's failure is raised by the iteration at the point
+    the stream broke, after every message that arrived before it.
+    """
+
+    __slots__ = ("_receive",)
+
+    def __init__(self, receive: trio.MemoryReceiveChannel) -> None:
+        self._receive = receive
+
+    def __aiter__(self) -> MessageStream:
+        return self
+
+    async def __anext__(self) -> Any:
+        try:
+            item = await self._receive.receive()
+        except trio.EndOfChannel:
+            raise StopAsyncIteration from None
+        if type(item) is _Failure:
+            raise item.error
+        return item
+
+    def receive_nowait(self) -> Any:
+        """Next already-arrived message, for coalescing; raises trio.WouldBlock when none."""
+        item = self._receive.receive_nowait()
+        if type(item) is _Failure:
+            raise item.error
+        return item
+
+
+class EngineChannel:
+    """One engine's HTTP/2 connection, connected on first use and reconnected after a loss.
+
+    Must be used inside `open_asyncio_loop()`. `close()` it before that loop ends.
+    """
+
+    def __init__(self, host: str, port: int, *, connect_timeout: float = 5.0) -> None:
+        self.host = host
+        self.port = port
+        self.connect_timeout = connect_timeout
+        self.name = f"{host}:{port}"
+        self._channel: Channel | None = None
+
+    # --- trio side -------------------------------------------------------------------------------
+
+    async def unary(self, path: str, request: Any, response_type: type, *, timeout: float | None) -> Any:
+        """One unary call; raises a typed `EngineError` on failure."""
+        return await trio_asyncio.aio_as_trio(self._unary_aio)(path, request, response_type, timeout)
+
+    @asynccontextmanager
+    async def open_stream(
+        self, path: str, request: Any, response_type: type, *, timeout: float | None
+    ) -> AsyncIterator[MessageStream]:
+        """A server-streaming call, open for the body of the ``async with``.
+
+        Leaving the block before the stream ended (cancellation, an error, a ``break``) resets the
+        HTTP/2 stream, which the engine observes as a client cancel.
+        """
+        send, receive = trio.open_memory_channel(math.inf)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._pump, path, request, response_type, timeout, send)
+                try:
+                    yield MessageStream(receive)
+                finally:
+                    nursery.cancel_scope.cancel()
+        except BaseExceptionGroup as group:
+            # The pump never raises, so a lone exception is the caller's own: give it back unwrapped.
+            if len(group.exceptions) == 1:
+                raise group.exceptions[0] from group.exceptions[0].__cause__
+            raise
+
+    async def _pump(self, path, request, response_type, timeout, send) -> None:
+        with send:
+            try:
+                await trio_asyncio.aio_as_trio(self._stream_aio)(path, request, response_type, timeout, send)
+            except EngineError as error:
+                send.send_nowait(_Failure(error))
+
+    def close(self) -> None:
+        """Drop the connection; in-flight calls fail as unavailable."""
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
+
+    # --- asyncio side ----------------------------------------------------------------------------
+
+    async def _connected(self) -> Channel:
+        if self._channel is None:
+            self._channel = Channel(self.host, self.port, config=_HTTP2_CONFIG)
+        try:
+            await asyncio.wait_for(self._channel.__connect__(), self.connect_timeout)
+        except asyncio.TimeoutError:
+            raise EngineUnavailable(
+                f"connect timed out after {self.connect_timeout:g}s", engine=self.name
+            ) from None
+        except OSError as error:
+            raise EngineUnavailable(f"cannot connect: {error.strerror or error}", engine=self.name) from None
+        return self._channel
+
+    async def _unary_aio(self, path, request, response_type, timeout):
+        channel = await self._connected()
+        try:
+            async with channel.request(
+                path, Cardinality.UNARY_UNARY, type(request), response_type, timeout=timeout
+            ) as stream:
+                await stream.send_message(request, end=True)
+                return await stream.recv_message()
+        except Exception as error:  # noqa: BLE001 - everything becomes a typed engine error
+            raise self._typed(error) from None
+
+    async def _stream_aio(self, path, request, response_type, timeout, send) -> None:
+        channel = await self._connected()
+        try:
+            async with channel.request(
+                path, Cardinality.UNARY_STREAM, type(request), response_type, timeout=timeout
+            ) as stream:
+                await stream.send_message(request, end=True)
+                push = send.send_nowait
+                while (message := await stream.recv_message()) is not None:
+                    push(message)
+        except Exception as error:  # noqa: BLE001
+            raise self._typed(error) from None
+
+    def _typed(self, error: Exception) -> EngineError:
+        if isinstance(error, EngineError):
+            return error
+        if isinstance(error, GRPCError):
+            return error_for_status(error.status.name, error.message or "", engine=self.name)
+        if isinstance(error, asyncio.TimeoutError):
+            return EngineDeadlineExceeded("deadline exceeded", engine=self.name)
+        if isinstance(error, (StreamTerminatedError, ProtocolError, ConnectionError, OSError)):
+            return EngineUnavailable(f"connection lost: {error}", engine=self.name)
+        return error_for_status("INTERNAL", f"{type(error).__name__}: {error}", engine=self.name)
+
+
+class ChannelPool:
+    """Engine channels by address: created lazily, shared by every caller, closed together."""
+
+    def __init__(self, *, connect_timeout: float = 5.0) -> None:
+        self.connect_timeout = connect_timeout
+        self._channels: dict[tuple[str, int], EngineChannel] = {}
+
+    def get(self, host: str, port: int) -> EngineChannel:
+        key = (host, port)
+        channel = self._channels.get(key)
+        if channel is None:
+            channel = self._channels[key] = EngineChannel(host, port, connect_timeout=self.connect_timeout)
+        return channel
+
+    def close(self) -> None:
+        for channel in self._channels.values():
+            channel.close()
+        self._channels.clear()
+
+
+# ---- server side ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RpcMethod:
+    """One served RPC: its path, whether it streams replies, message types and a sync handler."""
+
+    path: str
+    streaming: bool
+    request_type: type
+    response_type: type
+    handler: Callable[[ServerCall], None]
+
+
+class ServerCall:
+    """One incoming RPC seen by a synchronous handler.
+
+    The handler (or code it hands the call to) calls `send()` for each reply and `finish()` or
+    `fail()` once. If the client cancels first, `on_cancel` is called (synchronously) instead.
+    """
+
+    __slots__ = ("request", "peer", "on_cancel", "_replies", "_status", "_waiter", "_done")
+
+    def __init__(self, request: Any, peer: str) -> None:
+        self.request = request
+        self.peer = peer
+        self.on_cancel: Callable[[], None] | None = None
+        self._replies: collections.deque = collections.deque()
+        self._status: tuple[str, str] | None = None
+        self._waiter: asyncio.Future | None = None
+        self._done = False
+
+    @property
+    def done(self) -> bool:
+        """True once finished, failed or cancelled: later sends are dropped."""
+        return self._done
+
+    def send(self, message: Any) -> None:
+        if not self._done:
+            self._replies.append(message)
+            self._wake()
+
+    def finish(self) -> None:
+        self.fail("OK", "")
+
+    def fail(self, status: str, message: str) -> None:
+        """End the call with a gRPC status name (``"CANCELLED"``, ``"INTERNAL"``, ...)."""
+        if not self._done:
+            self._done = True
+            self._status = (status, message)
+            self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+
+class _Service:
+    """Adapts `RpcMethod`s to grpclib's ``__mapping__`` protocol."""
+
+    def __init__(self, methods: Iterable[RpcMethod]) -> None:
+        self._methods = list(methods)
+
+    def __mapping__(self) -> dict[str, Handler]:
+        return {
+            m.path: Handler(
+                _asyncio_handler(m),
+                Cardinality.UNARY_STREAM if m.streaming else Cardinality.UNARY_UNARY,
+                m.request_type,
+                m.response_type,
+            )
+            for m in self._methods
+        }
+
+
+def _asyncio_handler(method: RpcMethod):
+    async def handle(stream) -> None:
+        request = await stream.recv_message()
+        peer = stream.peer.addr() if stream.peer is not None else None
+        call = ServerCall(request, f"{peer[0]}:{peer[1]}" if peer else "")
+        loop = asyncio.get_running_loop()
+        try:
+            method.handler(call)
+            while True:
+                while call._replies:
+                    await stream.send_message(call._replies.popleft())
+                if call._status is not None:
+                    break
+                call._waiter = loop.create_future()
+                await call._waiter
+                call._waiter = None
+        finally:
+            if call._status is None:
+                call._done = True
+                if call.on_cancel is not None:
+                    call.on_cancel()
+        status, message = call._status
+        if status != "OK":
+            raise GRPCError(Status[status], message)
+
+    return handle
+
+
+class _Server(Server):
+    """grpclib's server that also drops accepted connections on close.
+
+    asyncio before Python 3.13 cannot close a server's client connections, so a stopped server would
+    otherwise keep them (and their sockets) open until the peer hangs up.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._protocols: weakref.WeakSet = weakref.WeakSet()
+
+    def _protocol_factory(self):  # noqa: ANN202 - grpclib's H2Protocol
+        protocol = super()._protocol_factory()
+        self._protocols.add(protocol)
+        return protocol
+
+    def close(self) -> None:
+        super().close()
+        for protocol in list(self._protocols):
+            if protocol.processor is not None:
+                protocol.processor.close("server closed")
+
+
+async def serve_grpc(
+    methods: Iterable[RpcMethod],
+    host: str,
+    port: int,
+    *,
+    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve `methods` on host:port until cancelled; reports the bound port (port 0 = ephemeral)."""
+    server = _Server([_Service(methods)], config=_HTTP2_CONFIG)
+    await trio_asyncio.aio_as_trio(server.start)(host, port)
+    try:
+        bound = server._server.sockets[0].getsockname()[1]  # noqa: SLF001 - grpclib exposes no accessor
+        task_status.started(bound)
+        await trio.sleep_forever()
+    finally:
+        server.close()
+        with trio.move_on_after(2.0, shield=True):
+            await trio_asyncio.aio_as_trio(server.wait_closed)()

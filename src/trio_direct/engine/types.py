@@ -1,0 +1,106 @@
+"""What the rest of trio-direct says to an engine and hears back, independent of the gRPC API.
+
+Both adapters (`native`, `smg`) turn a `GenerateInput` into their wire request and their wire
+responses into `GenerateChunk` deltas, so routing, the text pipeline and the HTTP layer never see
+protobuf or the differences between the two APIs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+FinishReason = Literal["stop", "length", "abort"]
+EngineApi = Literal["native", "smg"]
+
+
+@dataclass(slots=True)
+class SamplingOptions:
+    """Sampling parameters; `None` means "engine default" (the SMG adapter fills semantic defaults)."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    repetition_penalty: float | None = None
+    max_new_tokens: int | None = None
+    min_new_tokens: int | None = None
+    stop: Sequence[str] = ()
+    stop_token_ids: Sequence[int] = ()
+    ignore_eos: bool | None = None
+    seed: int | None = None
+    json_schema: str | None = None
+    regex: str | None = None
+    ebnf: str | None = None
+    structural_tag: str | None = None
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+
+
+@dataclass(slots=True, frozen=True)
+class Bootstrap:
+    """The prefill/decode rendezvous triple; both legs of one request carry the same one."""
+
+    host: str
+    port: int
+    room: int
+
+
+@dataclass(slots=True)
+class GenerateInput:
+    """One generation on one engine. `rid` must never be a prefix of another live rid."""
+
+    rid: str
+    input_ids: Sequence[int]
+    sampling: SamplingOptions = field(default_factory=SamplingOptions)
+    stream: bool = True
+    routed_dp_rank: int | None = None
+    bootstrap: Bootstrap | None = None
+    return_logprob: bool = False
+    top_logprobs_num: int = 0
+    logprob_start_len: int = -1
+    original_text: str = ""
+
+
+@dataclass(slots=True)
+class GenerateChunk:
+    """New output of one generation since the previous chunk.
+
+    `token_ids` is always a delta, whatever the engine's streaming mode; the counts are cumulative.
+    The last chunk of a generation has `finish_reason` set.
+    """
+
+    token_ids: list[int]
+    finish_reason: FinishReason | None = None
+    matched_stop: int | str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    reasoning_tokens: int = 0
+    dp_rank: int | None = None
+    abort_message: str | None = None
+    abort_status_code: int | None = None
+
+
+class EngineClient(Protocol):
+    """One engine, whichever API it speaks."""
+
+    api: EngineApi
+    name: str
+
+    def generate(self, request: GenerateInput) -> AbstractAsyncContextManager[AsyncIterator[GenerateChunk]]:
+        """Open a generation; leaving the context early cancels it at the engine."""
+
+    async def abort(self, rid: str, *, timeout: float = 5.0) -> bool: ...
+
+    async def health(self, *, timeout: float = 5.0) -> bool: ...
+
+    async def model_info(self, *, timeout: float = 10.0) -> dict[str, Any]: ...
+
+    async def server_info(self, *, timeout: float = 10.0) -> dict[str, Any]: ...
+
+    async def load(self, dp_rank: int | None = None, *, timeout: float = 5.0) -> list[dict[str, Any]]: ...
