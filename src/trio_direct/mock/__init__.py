@@ -1,0 +1,1 @@
+"""CPU mock SGLang engine."""
