@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+import trio
+
 from trio_direct.engine.errors import EngineInternal
 from trio_direct.engine.transport import MessageStream
 from trio_direct.engine.types import GenerateChunk
@@ -41,6 +43,18 @@ class ChunkStream:
                 message = await self._stream.__anext__()
             except StopAsyncIteration:
                 raise EngineInternal("stream ended without a final message", engine=self._engine) from None
+            chunk = self._decoder.decode(message)
+            if chunk is not None:
+                return chunk
+        raise StopAsyncIteration
+
+    def next_nowait(self) -> GenerateChunk:
+        """The next chunk if its message already arrived; raises trio.WouldBlock otherwise."""
+        while not self._decoder.finished:
+            try:
+                message = self._stream.receive_nowait()
+            except trio.EndOfChannel:
+                raise trio.WouldBlock from None  # let the awaiting path report how the stream ended
             chunk = self._decoder.decode(message)
             if chunk is not None:
                 return chunk

@@ -58,9 +58,27 @@ _HTTP2_CONFIG = Configuration(
 )
 
 
-def open_asyncio_loop():  # noqa: ANN201 - an async context manager from trio_asyncio
+#: The loop opened by `open_asyncio_loop`, for tasks that do not inherit its contextvar: hypercorn's
+#: own CLI starts request tasks outside the context where an app opened the loop (python-stack §4.2).
+_process_loop: trio_asyncio.TrioEventLoop | None = None
+
+
+@asynccontextmanager
+async def open_asyncio_loop() -> AsyncIterator[trio_asyncio.TrioEventLoop]:
     """The trio-asyncio loop every engine call needs; open it around the whole program."""
-    return trio_asyncio.open_loop()
+    global _process_loop
+    async with trio_asyncio.open_loop() as loop:
+        outer, _process_loop = _process_loop, loop
+        try:
+            yield loop
+        finally:
+            _process_loop = outer
+
+
+def _aio(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`aio_as_trio` bound to this task's loop, else the process's."""
+    loop = trio_asyncio.current_loop.get()
+    return trio_asyncio.aio_as_trio(fn, loop=loop if loop is not None else _process_loop)
 
 
 class _Failure:
@@ -121,7 +139,7 @@ class EngineChannel:
 
     async def unary(self, path: str, request: Any, response_type: type, *, timeout: float | None) -> Any:
         """One unary call; raises a typed `EngineError` on failure."""
-        return await trio_asyncio.aio_as_trio(self._unary_aio)(path, request, response_type, timeout)
+        return await _aio(self._unary_aio)(path, request, response_type, timeout)
 
     @asynccontextmanager
     async def open_stream(
@@ -149,7 +167,7 @@ class EngineChannel:
     async def _pump(self, path, request, response_type, timeout, send) -> None:
         with send:
             try:
-                await trio_asyncio.aio_as_trio(self._stream_aio)(path, request, response_type, timeout, send)
+                await _aio(self._stream_aio)(path, request, response_type, timeout, send)
             except EngineError as error:
                 send.send_nowait(_Failure(error))
 
@@ -366,7 +384,7 @@ async def serve_grpc(
 ) -> None:
     """Serve `methods` on host:port until cancelled; reports the bound port (port 0 = ephemeral)."""
     server = _Server([_Service(methods)], config=_HTTP2_CONFIG)
-    await trio_asyncio.aio_as_trio(server.start)(host, port)
+    await _aio(server.start)(host, port)
     try:
         bound = server._server.sockets[0].getsockname()[1]  # noqa: SLF001 - grpclib exposes no accessor
         task_status.started(bound)
@@ -374,4 +392,4 @@ async def serve_grpc(
     finally:
         server.close()
         with trio.move_on_after(2.0, shield=True):
-            await trio_asyncio.aio_as_trio(server.wait_closed)()
+            await _aio(server.wait_closed)()

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible frontend: request lifecycle, HTTP app and serving."""

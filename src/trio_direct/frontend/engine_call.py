@@ -1,0 +1,97 @@
+"""One request to one engine, from dispatch to its end: where a client that goes away becomes an Abort.
+
+Every engine request the frontend starts ends in completion or an `Abort`. The decision is taken in
+one place, the ``finally`` of `open_engine_call`, from explicit state (`EngineCall.ended_at_engine`),
+never from exception types: cancellation arrives wrapped in exception groups. Leaving the call early
+also resets its HTTP/2 stream, which a stock engine already treats as a cancel; the `Abort` is the
+belt to those braces (it also reaches requests queued behind a stuck stream, and engines that missed
+the reset).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import trio
+
+from trio_direct.engine.errors import EngineDeadlineExceeded, EngineError, EngineUnavailable
+from trio_direct.engine.types import EngineClient, GenerateChunk, GenerateInput
+
+log = logging.getLogger(__name__)
+
+#: Errors after which the engine may still be running the request, so an Abort is still owed.
+_ENGINE_MAY_STILL_RUN = (EngineUnavailable, EngineDeadlineExceeded)
+
+
+class EngineCall:
+    """The state of one engine request, read by the cancellation decision."""
+
+    __slots__ = ("client", "request", "ended_at_engine", "first_chunk_at", "_chunks")
+
+    def __init__(self, client: EngineClient, request: GenerateInput) -> None:
+        self.client = client
+        self.request = request
+        #: True once the engine itself ended the request (finish reason, or an error it reported).
+        self.ended_at_engine = False
+        self.first_chunk_at: float | None = None
+        self._chunks: AsyncIterator[GenerateChunk] | None = None
+
+    async def next_batch(self) -> list[GenerateChunk]:
+        """The next chunk plus any that already arrived behind it; [] once the engine finished.
+
+        Batching what queued up while the consumer was busy keeps a slow client from falling further
+        behind, and never delays a chunk that could be sent now.
+        """
+        if self.ended_at_engine:
+            return []
+        chunks = self._chunks
+        try:
+            batch = [await chunks.__anext__()]
+        except StopAsyncIteration:
+            return []
+        except EngineError as error:
+            self.ended_at_engine = not isinstance(error, _ENGINE_MAY_STILL_RUN)
+            raise
+        if self.first_chunk_at is None:
+            self.first_chunk_at = trio.current_time()
+        while batch[-1].finish_reason is None and (more := _next_nowait(chunks)) is not None:
+            batch.append(more)
+        if batch[-1].finish_reason is not None:
+            self.ended_at_engine = True
+        return batch
+
+
+def _next_nowait(chunks: AsyncIterator[GenerateChunk]) -> GenerateChunk | None:
+    try:
+        return chunks.next_nowait()  # type: ignore[attr-defined]
+    except (trio.WouldBlock, StopAsyncIteration):
+        return None
+
+
+@asynccontextmanager
+async def open_engine_call(
+    client: EngineClient, request: GenerateInput, *, abort_timeout: float = 5.0
+) -> AsyncIterator[EngineCall]:
+    """Dispatch `request` to `client`; on leaving before the engine ended it, abort it there."""
+    call = EngineCall(client, request)
+    try:
+        async with client.generate(request) as chunks:
+            call._chunks = chunks
+            yield call
+    finally:
+        if not call.ended_at_engine:
+            await abort_on_engine(client, request.rid, abort_timeout)
+
+
+async def abort_on_engine(client: EngineClient, rid: str, timeout: float) -> None:
+    """Send `Abort(rid)`, shielded from the cancellation that got us here and bounded by `timeout`."""
+    with trio.CancelScope(shield=True) as scope:
+        scope.deadline = trio.current_time() + timeout
+        try:
+            await client.abort(rid, timeout=timeout)
+        except EngineError as error:
+            log.warning("abort of %s on %s failed: %s", rid, client.name, error)
+    if scope.cancelled_caught:
+        log.warning("abort of %s on %s timed out after %.1fs", rid, client.name, timeout)
