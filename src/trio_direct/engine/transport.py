@@ -65,8 +65,16 @@ _process_loop: trio_asyncio.TrioEventLoop | None = None
 
 @asynccontextmanager
 async def open_asyncio_loop() -> AsyncIterator[trio_asyncio.TrioEventLoop]:
-    """The trio-asyncio loop every engine call needs; open it around the whole program."""
+    """The trio-asyncio loop every engine call needs; open it around the whole program.
+
+    Reentrant: inside an open loop this yields that loop, so components that need one can ask for it
+    without caring whether the program already opened it.
+    """
     global _process_loop
+    current = trio_asyncio.current_loop.get()
+    if current is not None:
+        yield current
+        return
     async with trio_asyncio.open_loop() as loop:
         outer, _process_loop = _process_loop, loop
         try:
