@@ -1,0 +1,306 @@
+"""What trio-direct knows about one engine, read from the engine itself (sans-IO).
+
+Block size, role, DP layout, bootstrap port, KV-event endpoints, streaming mode, context length and
+parsers all come from the engine's `GetModelInfo`/`GetServerInfo` JSON rather than from flags, so they
+cannot silently disagree with the engine (user-asks.md §12). `engine_card` turns those two payloads,
+as the adapters in `trio_direct.engine` decode them, into an `EngineCard`; it does no I/O.
+
+Where the two APIs differ (sglang-native-grpc.md §7, sglang-smg-grpc.md §4, kv-events.md §2): the
+native API describes its KV publisher in a ready-made ``kv_events`` descriptor, the SMG API only
+repeats the raw ``--kv-events-config`` JSON; the SMG `GetModelInfo.max_context_length` is the KV pool
+size (a servicer quirk) and is never used.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from trio_direct.engine.types import EngineApi
+
+__all__ = [
+    "DEFAULT_BOOTSTRAP_PORT",
+    "WILDCARD_HOSTS",
+    "CardError",
+    "EngineCard",
+    "KvEventSource",
+    "Role",
+    "engine_card",
+]
+
+Role = Literal["aggregated", "prefill", "decode"]
+
+#: SGLang's default ``--disaggregation-bootstrap-port``.
+DEFAULT_BOOTSTRAP_PORT = 8998
+
+#: Bind-all hosts an engine may report; they name no address anyone can dial.
+WILDCARD_HOSTS = frozenset({"*", "0.0.0.0", "::", "[::]", ""})
+
+_LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
+_ROLES: dict[str, Role] = {"null": "aggregated", "prefill": "prefill", "decode": "decode"}
+#: SGLang's ``KVEventsConfig.endpoint`` default.
+_DEFAULT_KV_ENDPOINT = "tcp://*:5557"
+
+
+class CardError(ValueError):
+    """The engine's info JSON says something trio-direct cannot work with."""
+
+
+@dataclass(frozen=True, slots=True)
+class KvEventSource:
+    """One DP rank's KV-event publisher, as a remote subscriber dials it."""
+
+    dp_rank: int
+    endpoint: str
+    topic: str = ""
+    replay_endpoint: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "dp_rank": self.dp_rank,
+            "endpoint": self.endpoint,
+            "topic": self.topic,
+            "replay_endpoint": self.replay_endpoint,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class EngineCard:
+    """One engine as probed: identity, role, layout and the addresses derived from it.
+
+    ``context_length`` is the longest prompt the engine accepts, taken in this order: the
+    scheduler's ``max_req_input_len`` (the limit the engine really checks prompts against: model
+    context and KV pool together), then the SMG `GetModelInfo.max_req_input_len`, then the
+    ``context_length`` server arg (a user override, usually null). ``block_size`` is the engine's
+    ``page_size``; ``kv_block_size`` the block size of its KV events (``page_size × dcp_size``).
+    ``bootstrap_host``/``bootstrap_port`` are set on prefill engines only.
+    """
+
+    url: str
+    host: str
+    port: int
+    api: EngineApi
+    role: Role
+    model_path: str
+    served_model_name: str
+    tokenizer_path: str
+    block_size: int | None
+    context_length: int | None
+    dp_size: int
+    bootstrap_host: str | None
+    bootstrap_port: int | None
+    kv_events: tuple[KvEventSource, ...]
+    kv_block_size: int | None
+    incremental_streaming: bool
+    tool_call_parser: str | None
+    reasoning_parser: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "url": self.url,
+            "host": self.host,
+            "port": self.port,
+            "api": self.api,
+            "role": self.role,
+            "model_path": self.model_path,
+            "served_model_name": self.served_model_name,
+            "tokenizer_path": self.tokenizer_path,
+            "block_size": self.block_size,
+            "context_length": self.context_length,
+            "dp_size": self.dp_size,
+            "bootstrap_host": self.bootstrap_host,
+            "bootstrap_port": self.bootstrap_port,
+            "kv_events": [source.to_json() for source in self.kv_events],
+            "kv_block_size": self.kv_block_size,
+            "incremental_streaming": self.incremental_streaming,
+            "tool_call_parser": self.tool_call_parser,
+            "reasoning_parser": self.reasoning_parser,
+        }
+
+
+def engine_card(
+    url: str,
+    host: str,
+    port: int,
+    api: EngineApi,
+    model_info: Mapping[str, Any],
+    server_info: Mapping[str, Any],
+) -> EngineCard:
+    """Build the card of the engine dialled at ``host:port`` from its two info payloads.
+
+    ``model_info``/``server_info`` are what `NativeEngineClient`/`SmgEngineClient` return from
+    `model_info()`/`server_info()` (for SMG: server args and scheduler info flattened into one dict).
+    Raises `CardError` when the payloads name no model or an unknown role.
+    """
+
+    def first(key: str) -> Any:
+        value = model_info.get(key)
+        return server_info.get(key) if _text(value) is None else value
+
+    model_path = _text(first("model_path"))
+    if model_path is None:
+        raise CardError(f"engine {url} reports no model_path")
+    mode = _text(server_info.get("disaggregation_mode")) or _text(model_info.get("disaggregation_mode")) or "null"
+    role = _ROLES.get(mode)
+    if role is None:
+        raise CardError(f"engine {url} reports an unknown disaggregation_mode {mode!r}")
+    dp_size = _int(server_info.get("dp_size")) or 1
+    page_size = _int(server_info.get("page_size"))
+    dcp_size = _int(server_info.get("dcp_size")) or 1
+    if api == "native":
+        descriptor = server_info.get("kv_events")
+        kv_events = _native_kv_sources(descriptor, host, dp_size)
+        kv_block_size = _int(descriptor.get("block_size")) if isinstance(descriptor, Mapping) else None
+        # The native API streams cumulative ids unless the engine runs with
+        # --incremental-streaming-output (sglang-native-grpc.md §6.4).
+        incremental = bool(server_info.get("incremental_streaming_output"))
+    else:
+        kv_events = _smg_kv_sources(server_info.get("kv_events_config"), host, dp_size, url)
+        kv_block_size = None
+        incremental = True  # SMG chunks always carry deltas, whatever the server arg says.
+    if kv_block_size is None and page_size is not None:
+        kv_block_size = page_size * dcp_size
+    bootstrap_host = bootstrap_port = None
+    if role == "prefill":
+        bootstrap_host = _advertised_host(server_info.get("host"), host)
+        bootstrap_port = _int(server_info.get("disaggregation_bootstrap_port")) or DEFAULT_BOOTSTRAP_PORT
+    return EngineCard(
+        url=url,
+        host=host,
+        port=port,
+        api=api,
+        role=role,
+        model_path=model_path,
+        served_model_name=_text(first("served_model_name")) or model_path,
+        tokenizer_path=_text(first("tokenizer_path")) or model_path,
+        block_size=page_size,
+        context_length=_context_length(model_info, server_info),
+        dp_size=dp_size,
+        bootstrap_host=bootstrap_host,
+        bootstrap_port=bootstrap_port,
+        kv_events=kv_events,
+        kv_block_size=kv_block_size,
+        incremental_streaming=incremental,
+        tool_call_parser=_text(first("tool_call_parser")),
+        reasoning_parser=_text(first("reasoning_parser")),
+    )
+
+
+def _context_length(model_info: Mapping[str, Any], server_info: Mapping[str, Any]) -> int | None:
+    # Order and reasons: see EngineCard. ListModels' max_model_len would sit between the first two
+    # but the adapters do not call it; SMG GetModelInfo.max_context_length is the KV pool size.
+    for value in (
+        server_info.get("max_req_input_len"),
+        model_info.get("max_req_input_len"),
+        server_info.get("context_length"),
+    ):
+        length = _int(value)
+        if length:
+            return length
+    return None
+
+
+def _advertised_host(advertised: Any, dialled: str) -> str:
+    """The engine's own host when it names a reachable one, else the host trio-direct dialled.
+
+    A wildcard names nothing; a loopback address is only right if trio-direct dialled the engine on
+    the same machine, and then the dialled host works too.
+    """
+    host = _text(advertised)
+    if host is None or host in WILDCARD_HOSTS or host in _LOOPBACK_HOSTS:
+        return dialled
+    return host.removeprefix("[").removesuffix("]")
+
+
+def _native_kv_sources(descriptor: Any, host: str, dp_size: int) -> tuple[KvEventSource, ...]:
+    """Per-rank sources from the native ``kv_events`` descriptor (kv-events.md §2)."""
+    if not isinstance(descriptor, Mapping) or (_text(descriptor.get("publisher")) or "zmq") != "zmq":
+        return ()
+    base = _int(descriptor.get("endpoint_port_base"))
+    if base is None:
+        return ()
+    dial = _dial_host(_text(descriptor.get("endpoint_host")) or "*", host)
+    replay_base = _int(descriptor.get("replay_endpoint_port_base"))
+    ranks = _int(descriptor.get("dp_size")) or dp_size
+    topic = descriptor.get("topic") or ""
+    return tuple(
+        KvEventSource(
+            dp_rank=rank,
+            endpoint=_tcp(dial, base + rank),
+            topic=topic,
+            replay_endpoint=_tcp(dial, replay_base + rank) if replay_base is not None else None,
+        )
+        for rank in range(ranks)
+    )
+
+
+def _smg_kv_sources(raw: Any, host: str, dp_size: int, url: str) -> tuple[KvEventSource, ...]:
+    """Per-rank sources from the raw ``--kv-events-config`` the SMG API repeats (kv-events.md §2).
+
+    Only TCP publishers can be dialled from another host; ``ipc://`` ones give no sources.
+    """
+    if isinstance(raw, str):
+        if _text(raw) is None:
+            return ()
+        try:
+            raw = json.loads(raw)
+        except ValueError:
+            raise CardError(f"engine {url} reports a kv_events_config that is not JSON: {raw!r}") from None
+    if not isinstance(raw, Mapping) or raw.get("publisher") != "zmq":
+        return ()
+    endpoint = _split_tcp(raw.get("endpoint") or _DEFAULT_KV_ENDPOINT)
+    if endpoint is None:
+        return ()
+    replay = _split_tcp(raw["replay_endpoint"]) if raw.get("replay_endpoint") else None
+    dial = _dial_host(endpoint[0], host)
+    replay_dial = _dial_host(replay[0], host) if replay else ""
+    topic = raw.get("topic") or ""
+    return tuple(
+        KvEventSource(
+            dp_rank=rank,
+            endpoint=_tcp(dial, endpoint[1] + rank),
+            topic=topic,
+            replay_endpoint=_tcp(replay_dial, replay[1] + rank) if replay else None,
+        )
+        for rank in range(dp_size)
+    )
+
+
+def _split_tcp(endpoint: Any) -> tuple[str, int] | None:
+    if not isinstance(endpoint, str) or not endpoint.startswith("tcp://"):
+        return None
+    host, _, port = endpoint.removeprefix("tcp://").rpartition(":")
+    if not port.isascii() or not port.isdigit():
+        return None
+    return host.removeprefix("[").removesuffix("]"), int(port)
+
+
+def _dial_host(host: str, engine_host: str) -> str:
+    return engine_host if host in WILDCARD_HOSTS else host
+
+
+def _tcp(host: str, port: int) -> str:
+    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+
+
+def _text(value: Any) -> str | None:
+    """A string setting, or None for SGLang's spellings of "unset"."""
+    if value is None:
+        return None
+    text = str(value)
+    return None if text in ("", "null", "None") else text
+
+
+def _int(value: Any) -> int | None:
+    """An integral setting; SMG Structs carry numbers as doubles, some JSON writers as strings."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return int(value)
+    return None

@@ -1,0 +1,256 @@
+"""The engines one trio-direct serves from, probed and checked against each other.
+
+`Fleet.connect` probes every engine concurrently and waits for late ones (engines are often
+started together with the frontend), then refuses a fleet whose engines do not serve the same model
+or use different block sizes: routing across such engines would return answers from the wrong model
+or mis-key the KV index, silently. Each refusal is one `FleetError` naming the engine and the field.
+
+The agreement rules are plain code (`fleet_model`), testable without engines.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from trio_direct.engine.errors import EngineDeadlineExceeded, EngineError, EngineUnavailable, EngineUnimplemented
+from trio_direct.engine.transport import ChannelPool
+from trio_direct.engine.types import EngineClient
+from trio_direct.fleet.card import CardError, EngineCard
+from trio_direct.fleet.engine_url import parse_engine_url
+from trio_direct.fleet.probe import ApiChoice, ProbedEngine, probe_engine
+
+__all__ = ["Engine", "Fleet", "FleetError", "FleetModel", "FleetOverrides", "Worker", "fleet_model"]
+
+log = logging.getLogger(__name__)
+
+#: Retry delays while waiting for an engine to come up: 0.2 s doubling to 5 s.
+FIRST_RETRY_DELAY = 0.2
+MAX_RETRY_DELAY = 5.0
+#: Upper bound on one probe attempt, whatever is left of the wait.
+PROBE_TIMEOUT = 10.0
+
+
+class FleetError(Exception):
+    """The fleet cannot be served from: an engine never came up, or the engines disagree."""
+
+
+@dataclass(frozen=True, slots=True)
+class FleetOverrides:
+    """Settings the user gives instead of the probed ones.
+
+    An overridden field is not checked for agreement between engines; a probed value that differs
+    from the override is logged as a warning.
+    """
+
+    model_path: str | None = None
+    served_model_name: str | None = None
+    kv_cache_block_size: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FleetModel:
+    """The one model the fleet serves, as the frontend presents and tokenizes it.
+
+    ``context_length`` is the smallest any engine accepts, so a prompt that fits fits everywhere.
+    """
+
+    served_model_name: str
+    model_path: str
+    tokenizer_path: str
+    block_size: int | None
+    context_length: int | None
+    tool_call_parser: str | None
+    reasoning_parser: str | None
+
+
+@dataclass(slots=True, eq=False)
+class Engine:
+    """One probed engine. ``healthy`` is flipped by health checking; routing skips unhealthy ones."""
+
+    id: str
+    card: EngineCard
+    client: EngineClient
+    healthy: bool = True
+
+    def __repr__(self) -> str:
+        return f"Engine({self.id}, {self.card.url}, {self.card.role}, healthy={self.healthy})"
+
+
+@dataclass(frozen=True, slots=True)
+class Worker:
+    """What a router picks: an engine, and the DP rank to pin (None on single-rank engines)."""
+
+    engine: Engine
+    dp_rank: int | None = None
+
+
+class Fleet:
+    """The probed engines, in the order their URLs were given (ids ``e0``, ``e1``, ...)."""
+
+    def __init__(self, engines: Sequence[Engine], model: FleetModel) -> None:
+        self.engines = list(engines)
+        self.model = model
+
+    @classmethod
+    async def connect(
+        cls,
+        urls: Sequence[str],
+        pool: ChannelPool,
+        *,
+        api: ApiChoice = "auto",
+        wait_timeout: float = 60.0,
+        overrides: FleetOverrides | None = None,
+    ) -> Fleet:
+        """Probe every engine, waiting up to ``wait_timeout`` seconds for each to come up.
+
+        Raises `FleetError` (one message, naming the engine) for a malformed or repeated URL, an
+        engine that did not come up in time or that cannot be used, and engines that disagree.
+        """
+        overrides = overrides or FleetOverrides()
+        if api not in ("auto", "native", "smg"):
+            raise FleetError(f"unknown engine API {api!r} (auto, native or smg)")
+        if not urls:
+            raise FleetError("no engine URLs given")
+        addresses: dict[tuple[str, int], str] = {}
+        for index, url in enumerate(urls):
+            try:
+                address = parse_engine_url(url)
+            except ValueError as error:
+                raise FleetError(f"engine e{index}: {error}") from None
+            if address in addresses:
+                raise FleetError(f"engine e{index} ({url}) is the same engine as {addresses[address]}")
+            addresses[address] = f"e{index} ({url})"
+
+        probed: list[ProbedEngine | None] = [None] * len(urls)
+        failure: list[FleetError] = []
+
+        async def probe_one(index: int, url: str, cancel: trio.CancelScope) -> None:
+            try:
+                probed[index] = await _wait_for_engine(f"e{index}", url, pool, api, wait_timeout)
+            except FleetError as error:
+                if not failure:
+                    failure.append(error)
+                cancel.cancel()
+
+        async with trio.open_nursery() as nursery:
+            for index, url in enumerate(urls):
+                nursery.start_soon(probe_one, index, url, nursery.cancel_scope)
+        if failure:
+            raise failure[0]
+        engines = [Engine(f"e{i}", p.card, p.client) for i, p in enumerate(probed) if p is not None]
+        return cls(engines, fleet_model([(e.id, e.card) for e in engines], overrides))
+
+    def workers(self) -> list[Worker]:
+        """Healthy engines that generate (aggregated or decode), one worker per DP rank."""
+        return _expand(e for e in self.engines if e.healthy and e.card.role != "prefill")
+
+    def prefill_workers(self) -> list[Worker]:
+        """Healthy prefill engines, one worker per DP rank."""
+        return _expand(e for e in self.engines if e.healthy and e.card.role == "prefill")
+
+
+def _expand(engines: Iterable[Engine]) -> list[Worker]:
+    workers = []
+    for engine in engines:
+        if engine.card.dp_size > 1:
+            workers.extend(Worker(engine, rank) for rank in range(engine.card.dp_size))
+        else:
+            workers.append(Worker(engine, None))
+    return workers
+
+
+async def _wait_for_engine(
+    engine_id: str, url: str, pool: ChannelPool, api: ApiChoice, wait_timeout: float
+) -> ProbedEngine:
+    """Probe until it works or ``wait_timeout`` passes; retry only "not up yet" failures."""
+    name = f"engine {engine_id} ({url})"
+    deadline = trio.current_time() + wait_timeout
+    delay = FIRST_RETRY_DELAY
+    last_reason = ""
+    while True:
+        remaining = deadline - trio.current_time()
+        try:
+            return await probe_engine(url, pool, api=api, timeout=max(min(PROBE_TIMEOUT, remaining), 0.5))
+        except (EngineUnavailable, EngineDeadlineExceeded) as error:
+            reason = error.message or str(error)
+        except EngineUnimplemented as error:
+            apis = "the native or the SMG gRPC API" if api == "auto" else f"the {api} gRPC API"
+            raise FleetError(f"{name} does not serve {apis}: {error}") from None
+        except (EngineError, CardError, ValueError) as error:
+            raise FleetError(f"{name} cannot be used: {error}") from None
+        remaining = deadline - trio.current_time()
+        if remaining <= 0:
+            raise FleetError(f"{name} did not come up within {wait_timeout:g}s: {reason}")
+        if reason != last_reason:
+            log.warning("%s is not up yet (%s); retrying for up to %.0fs more", name, reason, remaining)
+            last_reason = reason
+        await trio.sleep(min(delay, remaining))
+        delay = min(delay * 2, MAX_RETRY_DELAY)
+
+
+def fleet_model(cards: Sequence[tuple[str, EngineCard]], overrides: FleetOverrides | None = None) -> FleetModel:
+    """The model of a fleet of ``(engine id, card)``; `FleetError` when the engines disagree.
+
+    Checked: served model name, model path and block size (``page_size``), except where overridden.
+    Parsers that differ are only logged: the frontend parses with one of them either way.
+    """
+    overrides = overrides or FleetOverrides()
+    if not cards:
+        raise FleetError("no engines")
+    served = _agreed(cards, "served_model_name", overrides.served_model_name, "--served-model-name")
+    model_path = _agreed(cards, "model_path", overrides.model_path, "--model-path")
+    block_size = _agreed(cards, "block_size", overrides.kv_cache_block_size, "--page-size")
+    first = cards[0][1]
+    tool_parser = _agreed(cards, "tool_call_parser", None, "--tool-call-parser", strict=False)
+    reasoning_parser = _agreed(cards, "reasoning_parser", None, "--reasoning-parser", strict=False)
+    lengths = [card.context_length for _, card in cards if card.context_length is not None]
+    return FleetModel(
+        served_model_name=served,
+        model_path=model_path,
+        tokenizer_path=overrides.model_path or first.tokenizer_path,
+        block_size=block_size,
+        context_length=min(lengths) if lengths else None,
+        tool_call_parser=tool_parser,
+        reasoning_parser=reasoning_parser,
+    )
+
+
+def _agreed(
+    cards: Sequence[tuple[str, EngineCard]], field: str, override: Any, flag: str, *, strict: bool = True
+) -> Any:
+    """The value every engine that knows ``field`` reports, or the override.
+
+    Disagreement is a `FleetError` (a warning when overridden or not ``strict``).
+    """
+    known = [(engine_id, card) for engine_id, card in cards if getattr(card, field) is not None]
+    if override is not None:
+        for engine_id, card in known:
+            if getattr(card, field) != override:
+                log.warning(
+                    "engine %s (%s) has %s %r; using the configured %r instead",
+                    engine_id, card.url, _label(field), getattr(card, field), override,
+                )  # fmt: skip
+        return override
+    if not known:
+        return None
+    first_id, first = known[0]
+    for engine_id, card in known[1:]:
+        if getattr(card, field) != getattr(first, field):
+            message = (
+                f"engine {engine_id} ({card.url}) has {_label(field)} {getattr(card, field)!r}, "
+                f"but engine {first_id} ({first.url}) has {getattr(first, field)!r}"
+            )
+            if not strict:
+                log.warning("%s; using %r", message, getattr(first, field))
+                continue
+            raise FleetError(f"{message}: start every engine with the same {flag}")
+    return getattr(first, field)
+
+
+def _label(field: str) -> str:
+    return "block size (page_size)" if field == "block_size" else field

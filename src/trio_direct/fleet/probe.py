@@ -1,0 +1,121 @@
+"""Asking one engine what it is, before serving from it.
+
+`probe_engine` dials the engine, works out which of SGLang's two gRPC APIs it speaks (``auto``: the
+native API first; a server that only speaks SMG answers the native call with UNIMPLEMENTED, or, if
+it is a grpclib server, with UNKNOWN "Missing content-type header", so any engine error that is not
+"unreachable" moves on to SMG), reads
+its `GetModelInfo` and `GetServerInfo` and returns the card with a client already configured for the
+engine's streaming mode. It does not retry: an engine that is down raises `EngineUnavailable` and the
+caller (`Fleet.connect`) decides how long to wait.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import trio
+
+from trio_direct.engine.errors import (
+    EngineDeadlineExceeded,
+    EngineError,
+    EngineUnavailable,
+    EngineUnimplemented,
+)
+from trio_direct.engine.native import NativeEngineClient
+from trio_direct.engine.smg import SmgEngineClient
+from trio_direct.engine.transport import ChannelPool, open_asyncio_loop
+from trio_direct.engine.types import EngineClient
+from trio_direct.fleet.card import CardError, EngineCard, engine_card
+from trio_direct.fleet.engine_url import parse_engine_url
+
+__all__ = ["ApiChoice", "ProbedEngine", "probe_command", "probe_engine"]
+
+ApiChoice = Literal["auto", "native", "smg"]
+
+
+@dataclass(frozen=True, slots=True)
+class ProbedEngine:
+    """An engine's card and the client to reach it with."""
+
+    card: EngineCard
+    client: EngineClient
+
+
+async def probe_engine(
+    url: str, pool: ChannelPool, *, api: ApiChoice = "auto", timeout: float = 10.0
+) -> ProbedEngine:
+    """Probe the engine at ``url`` (see `parse_engine_url` for the accepted forms).
+
+    Raises `ValueError` for a malformed URL, `EngineUnavailable` when the engine cannot be reached,
+    `EngineDeadlineExceeded` when the probe as a whole takes longer than ``timeout`` seconds,
+    `EngineUnimplemented` when the engine speaks neither API asked for, `CardError` when its info
+    makes no sense, and other `EngineError`s as the engine reports them.
+    """
+    if api not in ("auto", "native", "smg"):
+        raise ValueError(f"unknown engine API {api!r} (auto, native or smg)")
+    host, port = parse_engine_url(url)
+    channel = pool.get(host, port)
+    native_error: EngineError | None = None
+    with trio.move_on_after(timeout) as scope:
+        if api in ("auto", "native"):
+            native = NativeEngineClient(channel)
+            try:
+                model_info = await native.model_info(timeout=timeout)
+            except (EngineUnavailable, EngineDeadlineExceeded):
+                raise
+            except EngineError as error:
+                if api == "native":
+                    raise
+                native_error = error
+            else:
+                server_info = await native.server_info(timeout=timeout)
+                card = engine_card(url, host, port, "native", model_info, server_info)
+                return ProbedEngine(card, NativeEngineClient(channel, incremental=card.incremental_streaming))
+        smg = SmgEngineClient(channel)
+        try:
+            model_info = await smg.model_info(timeout=timeout)
+        except EngineUnimplemented:
+            # Neither API: the native answer says more (it may be an engine error, not a mismatch).
+            if native_error is not None:
+                raise native_error from None
+            raise
+        server_info = await smg.server_info(timeout=timeout)
+        return ProbedEngine(engine_card(url, host, port, "smg", model_info, server_info), smg)
+    assert scope.cancelled_caught
+    raise EngineDeadlineExceeded(f"probe took longer than {timeout:g}s", engine=channel.name)
+
+
+async def probe_command(urls: Sequence[str], api: ApiChoice = "auto", timeout: float = 10.0) -> int:
+    """``trio-direct probe URL...``: print each engine's card as JSON; 0 when every probe worked.
+
+    Probes run concurrently; cards are printed in the order of ``urls``, failures go to stderr.
+    Opens its own trio-asyncio loop, so call it straight from `trio.run`.
+    """
+    results: list[EngineCard | str] = ["" for _ in urls]
+
+    async def probe_one(index: int, url: str) -> None:
+        try:
+            results[index] = (await probe_engine(url, pool, api=api, timeout=timeout)).card
+        except (EngineError, CardError, ValueError) as error:
+            results[index] = f"{url}: {error}"
+
+    async with open_asyncio_loop():
+        pool = ChannelPool(connect_timeout=min(timeout, 5.0))
+        try:
+            async with trio.open_nursery() as nursery:
+                for index, url in enumerate(urls):
+                    nursery.start_soon(probe_one, index, url)
+        finally:
+            pool.close()
+    failed = 0
+    for result in results:
+        if isinstance(result, EngineCard):
+            print(json.dumps(result.to_json(), indent=2), flush=True)
+        else:
+            failed += 1
+            print(f"probe failed: {result}", file=sys.stderr, flush=True)
+    return 1 if failed else 0
