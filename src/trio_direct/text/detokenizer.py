@@ -1,0 +1,118 @@
+"""Engine output token ids to text, incrementally, one stream per request choice.
+
+Clients must never see half a character: a UTF-8 sequence split across tokens (CJK, emoji,
+byte-fallback) is held back until its last byte arrives. `tokenizers.decoders.DecodeStream`
+does this in Rust at well under a microsecond per token; this wrapper adds what it lacks: the
+end-of-stream flush (DecodeStream keeps a trailing incomplete sequence forever, where
+`decode(all_ids)` would show U+FFFD), list input, and a prompt context that cannot break it.
+
+Guarantee (property-tested): for any split of `ids` into `push` calls,
+`"".join(pushes) + flush() == tokenizer.decode(ids, skip_special_tokens)` for byte-level BPE
+tokenizers (GPT-2 style: Qwen, Llama 3, DeepSeek) on any ids, and for SentencePiece-style
+byte-fallback tokenizers (Llama 2, Mistral) on valid UTF-8 output. On invalid bytes the latter
+decode non-monotonically (a later byte token turns an earlier, already-streamed character into
+U+FFFD), which no stream can mirror without retracting text; DecodeStream then raises, and this
+wrapper continues with the same windowed algorithm in Python, best effort, instead of failing
+the request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tokenizers.decoders import DecodeStream
+
+from trio_direct.text.tokenizer import ModelTokenizer
+
+__all__ = ["IncrementalDetokenizer"]
+
+# Prompt ids kept as decoding context: enough for decoders whose output depends on the
+# previous token (SentencePiece's leading space), cheap to decode once.
+_PROMPT_CONTEXT = 4
+_REPLACEMENT = "\ufffd"
+
+
+class IncrementalDetokenizer:
+    """Stateful per-stream detokenizer; create one per request choice, never share it.
+
+    `spaces_between_special_tokens` is accepted for API parity with SGLang's sampling
+    parameters; like HF fast tokenizers (and SGLang with them), decoding ignores it.
+    """
+
+    __slots__ = ("_tokenizer", "_skip", "_stream", "_chunk", "_pending", "_prefix", "_done")
+
+    def __init__(
+        self,
+        tokenizer: ModelTokenizer,
+        skip_special_tokens: bool = True,
+        spaces_between_special_tokens: bool = True,
+        prompt_ids: Sequence[int] | None = None,
+    ) -> None:
+        self._tokenizer = tokenizer.tokenizer
+        self._skip = skip_special_tokens
+        context = list(prompt_ids[-_PROMPT_CONTEXT:]) if prompt_ids else []
+        # A prompt ending inside a UTF-8 sequence would make DecodeStream's prefix end in
+        # U+FFFD and every later step fail its prefix check; decode without context then.
+        if context and self._decode(context).endswith(_REPLACEMENT):
+            context = []
+        # None once DecodeStream has given up (see the module docstring).
+        self._stream: DecodeStream | None = DecodeStream(
+            ids=context or None, skip_special_tokens=skip_special_tokens
+        )
+        # Mirrors DecodeStream's window: the ids of the last emitted chunk (its decoding
+        # context) and the ids pushed since, which have not produced text yet.
+        self._chunk: list[int] = context
+        self._pending: list[int] = []
+        self._prefix = ""  # decode(self._chunk), kept only without DecodeStream
+        self._done = False
+
+    def push(self, token_ids: Sequence[int]) -> str:
+        """Append engine output ids; return the text they complete (possibly "")."""
+        if self._done:
+            raise RuntimeError("push() after flush()")
+        if self._stream is None:
+            return "".join(self._step_in_python(token_id) for token_id in token_ids)
+        step = self._stream.step
+        tokenizer = self._tokenizer
+        pending = self._pending
+        out = []
+        for index, token_id in enumerate(token_ids):
+            pending.append(token_id)
+            try:
+                piece = step(tokenizer, token_id)
+            except Exception:  # DecodeStream's "invalid prefix": see the module docstring
+                self._pending = pending[:-1]
+                self._stream = None
+                self._prefix = self._decode(self._chunk)
+                out.extend(self._step_in_python(i) for i in token_ids[index:])
+                return "".join(out)
+            if piece is not None:
+                out.append(piece)
+                self._chunk = pending
+                pending = []
+        self._pending = pending
+        return "".join(out)
+
+    def flush(self) -> str:
+        """End of stream: release held-back ids, with U+FFFD for bytes that never completed."""
+        self._done = True
+        if not self._pending:
+            return ""
+        pending, self._pending = self._pending, []
+        before = self._decode(self._chunk)
+        text = self._decode(self._chunk + pending)
+        return text[len(before) :] if text.startswith(before) else self._decode(pending)
+
+    def _step_in_python(self, token_id: int) -> str:
+        """DecodeStream's step, tolerating a window whose text no longer starts with its prefix."""
+        self._pending.append(token_id)
+        text = self._decode(self._chunk + self._pending)
+        if len(text) <= len(self._prefix) or text.endswith(_REPLACEMENT):
+            return ""
+        piece = text[len(self._prefix) :]
+        self._chunk, self._pending = self._pending, []
+        self._prefix = self._decode(self._chunk)
+        return piece
+
+    def _decode(self, ids: list[int]) -> str:
+        return self._tokenizer.decode(ids, skip_special_tokens=self._skip) if ids else ""

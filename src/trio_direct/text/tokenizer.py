@@ -1,0 +1,265 @@
+"""A model's tokenizer as the frontend needs it, loaded from an HF model directory without network.
+
+The frontend tokenizes prompts and detokenizes engine output itself (as smg does), so it must read
+the same files HF transformers reads and agree with it on special tokens, EOS ids and the chat
+template. Everything is resolved once at load time; the object is immutable afterwards and safe to
+share between requests and worker threads.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from tokenizers import Tokenizer
+
+__all__ = ["ModelTokenizer", "TokenizerLoadError"]
+
+# HF writes this sentinel (int(1e30)) for "no limit" into `model_max_length`.
+_UNLIMITED_MAX_LENGTH = 10**18
+# Texts this long (~0.5 ms to encode) are encoded without holding the GIL; see `encode`.
+_GIL_RELEASE_CHARS = 4096
+_SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "pad_token", "unk_token")
+
+
+class TokenizerLoadError(ValueError):
+    """The model directory lacks a usable tokenizer, or one of its files is malformed."""
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ModelTokenizer:
+    """An HF `tokenizers.Tokenizer` plus the metadata transformers keeps beside it.
+
+    `chat_templates` maps template names to sources; a single template is stored as "default"
+    (see `chat_template.select_chat_template`). Compared and hashed by identity.
+    """
+
+    tokenizer: Tokenizer
+    chat_templates: Mapping[str, str] = field(default_factory=dict)
+    bos_token: str | None = None
+    eos_token: str | None = None
+    pad_token: str | None = None
+    unk_token: str | None = None
+    additional_special_tokens: tuple[str, ...] = ()
+    eos_token_ids: frozenset[int] = frozenset()
+    special_token_ids: frozenset[int] = frozenset()
+    add_bos_token: bool = False
+    model_max_length: int | None = None
+
+    @classmethod
+    def from_directory(cls, path: str | Path) -> ModelTokenizer:
+        """Load `tokenizer.json` and the optional HF side files from a model directory.
+
+        Reads `tokenizer_config.json`, `generation_config.json` (or `config.json` when that is
+        missing, as transformers derives one from it), and the newer `chat_template.jinja` /
+        `chat_template.json` / `additional_chat_templates/*.jinja` files, which take precedence
+        over `tokenizer_config.json`'s `chat_template`.
+        """
+        directory = Path(path)
+        tokenizer_file = directory / "tokenizer.json"
+        if not tokenizer_file.is_file():
+            raise TokenizerLoadError(f"{directory} has no tokenizer.json")
+        try:
+            tokenizer = Tokenizer.from_file(str(tokenizer_file))
+        except Exception as exc:  # tokenizers raises a bare Exception on bad JSON
+            raise TokenizerLoadError(f"cannot load {tokenizer_file}: {exc}") from exc
+        # transformers never truncates or pads unless asked; a tokenizer.json may carry either.
+        tokenizer.no_truncation()
+        tokenizer.no_padding()
+
+        config = _read_json(directory / "tokenizer_config.json")
+        generation = _read_json(directory / "generation_config.json")
+        if not (directory / "generation_config.json").is_file():
+            generation = _read_json(directory / "config.json")
+
+        tokens = {key: _token_content(config.get(key)) for key in _SPECIAL_TOKEN_KEYS}
+        additional = tuple(
+            t for t in (_token_content(x) for x in config.get("additional_special_tokens") or ())
+            if t is not None
+        )
+
+        def token_id(token: str | None) -> int | None:
+            return None if token is None else tokenizer.token_to_id(token)
+
+        eos_ids = set(_int_list(generation.get("eos_token_id")))
+        if (eos_id := token_id(tokens["eos_token"])) is not None:
+            eos_ids.add(eos_id)
+
+        special_ids = {
+            i for i, added in tokenizer.get_added_tokens_decoder().items() if added.special
+        }
+        for key, entry in (config.get("added_tokens_decoder") or {}).items():
+            # Only trust entries that agree with tokenizer.json; the ids there are authoritative.
+            if isinstance(entry, Mapping) and entry.get("special"):
+                if token_id(entry.get("content")) == _as_int(key):
+                    special_ids.add(int(key))
+        for token in (*tokens.values(), *additional):
+            if (i := token_id(token)) is not None:
+                special_ids.add(i)
+
+        max_length = config.get("model_max_length")
+        if not isinstance(max_length, int) or max_length >= _UNLIMITED_MAX_LENGTH:
+            max_length = None
+
+        return cls(
+            tokenizer=tokenizer,
+            chat_templates=MappingProxyType(_chat_templates(directory, config)),
+            bos_token=tokens["bos_token"],
+            eos_token=tokens["eos_token"],
+            pad_token=tokens["pad_token"],
+            unk_token=tokens["unk_token"],
+            additional_special_tokens=additional,
+            eos_token_ids=frozenset(eos_ids),
+            special_token_ids=frozenset(special_ids),
+            add_bos_token=bool(config.get("add_bos_token", False)),
+            model_max_length=max_length,
+        )
+
+    @property
+    def chat_template(self) -> str | None:
+        """The template used when a request names none and passes no tools."""
+        return self.chat_templates.get("default")
+
+    @property
+    def vocab_size(self) -> int:
+        """Size of the id space, added tokens included (ids are below this)."""
+        return self.tokenizer.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def bos_token_id(self) -> int | None:
+        return None if self.bos_token is None else self.tokenizer.token_to_id(self.bos_token)
+
+    @property
+    def template_special_tokens(self) -> dict[str, Any]:
+        """The special-token variables HF passes to chat templates; unset ones stay undefined."""
+        out: dict[str, Any] = {
+            key: value
+            for key, value in (
+                ("bos_token", self.bos_token),
+                ("eos_token", self.eos_token),
+                ("pad_token", self.pad_token),
+                ("unk_token", self.unk_token),
+            )
+            if value is not None
+        }
+        if self.additional_special_tokens:
+            out["additional_special_tokens"] = list(self.additional_special_tokens)
+        return out
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids for `text`; special-token text (e.g. `<|im_end|>`) always maps to its id.
+
+        `add_special_tokens` runs the post-processor (BOS/EOS templates). When the config sets
+        `add_bos_token` and the post-processor did not add BOS, it is prepended, as transformers
+        does for Llama-style tokenizers. Rendered chat prompts use `add_special_tokens=False`:
+        the template already wrote BOS.
+        """
+        if len(text) < _GIL_RELEASE_CHARS:
+            ids = self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+        else:
+            # `Tokenizer.encode` holds the GIL for its whole run (~10 ms for 8k tokens), which
+            # would stall the event loop even from a worker thread; `encode_batch` releases it.
+            batch = self.tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)
+            ids = batch[0].ids
+        if add_special_tokens and self.add_bos_token:
+            bos = self.bos_token_id
+            if bos is not None and (not ids or ids[0] != bos):
+                ids.insert(0, bos)
+        return ids
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """Text for `ids`. Ids outside the vocabulary decode to nothing, as in `tokenizers`."""
+        return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        """The vocabulary entry (not the decoded text) for `token_id`, or None if unknown."""
+        return self.tokenizer.id_to_token(token_id)
+
+    def single_token_id(self, text: str) -> int | None:
+        """The id `text` encodes to when it is exactly one token that decodes back to `text`.
+
+        smg moves such stop strings into `stop_token_ids` so the engine stops by itself; longer
+        stops are matched client-side. The round-trip check keeps a stop that only *encodes*
+        to one token (a normalizer changed it) on the exact client-side path.
+        """
+        if not text:
+            return None
+        ids = self.tokenizer.encode(text, add_special_tokens=False).ids
+        if len(ids) != 1:
+            return None
+        if self.tokenizer.decode(ids, skip_special_tokens=False) != text:
+            return None
+        return ids[0]
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise TokenizerLoadError(f"cannot read {path}: {exc}") from exc
+    if not isinstance(value, dict):
+        raise TokenizerLoadError(f"{path} is not a JSON object")
+    return value
+
+
+def _token_content(value: object) -> str | None:
+    """A special token given as a plain string or as an AddedToken dict (`{"content": ...}`)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, Mapping) and isinstance(value.get("content"), str):
+        return value["content"]
+    return None
+
+
+def _as_int(value: object) -> int | None:
+    try:
+        return int(value)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        return None
+
+
+def _int_list(value: object) -> list[int]:
+    if isinstance(value, bool):
+        return []
+    if isinstance(value, int):
+        return [value]
+    if isinstance(value, list):
+        return [v for v in value if isinstance(v, int) and not isinstance(v, bool)]
+    return []
+
+
+def _chat_templates(directory: Path, config: Mapping[str, Any]) -> dict[str, str]:
+    """Named chat templates, in transformers' precedence: side files over tokenizer_config."""
+    templates = _named_templates(config.get("chat_template"))
+    json_file = directory / "chat_template.json"
+    if json_file.is_file():
+        templates = _named_templates(_read_json(json_file).get("chat_template")) or templates
+    jinja_file = directory / "chat_template.jinja"
+    if jinja_file.is_file():
+        templates = {"default": jinja_file.read_text(encoding="utf-8")}
+    extra = directory / "additional_chat_templates"
+    if extra.is_dir():
+        for file in sorted(extra.glob("*.jinja")):
+            templates.setdefault(file.stem, file.read_text(encoding="utf-8"))
+    return templates
+
+
+def _named_templates(value: object) -> dict[str, str]:
+    """`chat_template` as HF stores it: one string, or a list of `{"name", "template"}`."""
+    if isinstance(value, str):
+        return {"default": value}
+    if isinstance(value, list):
+        return {
+            item["name"]: item["template"]
+            for item in value
+            if isinstance(item, Mapping)
+            and isinstance(item.get("name"), str)
+            and isinstance(item.get("template"), str)
+        }
+    return {}
