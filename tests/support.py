@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
 
 import trio
 
+from trio_direct.engine.native import NativeEngineClient
 from trio_direct.engine.transport import EngineChannel, RpcMethod, ServerCall
 
 
@@ -31,3 +37,103 @@ class FakeEngine:
             return lambda call: self.handlers[path](call)
 
         return [RpcMethod(path, streaming, req, resp, dispatch(path)) for path, (streaming, req, resp) in types.items()]
+
+
+# ---- real processes and servers for scenario tests --------------------------------------------------
+
+
+@dataclass(slots=True)
+class MockEngineProcess:
+    """A `trio-direct mock-engine` child process, killed when the test's nursery closes."""
+
+    process: trio.Process
+    host: str
+    port: int
+    ready: dict
+
+    @property
+    def url(self) -> str:
+        return f"grpc://{self.host}:{self.port}"
+
+
+async def start_mock_engine(nursery: trio.Nursery, *args: str) -> MockEngineProcess:
+    """Start `python -m trio_direct mock-engine --port 0 ARGS` and wait for its ready line."""
+    command = [sys.executable, "-m", "trio_direct", "mock-engine", "--port", "0", *args]
+    process = await nursery.start(partial(trio.run_process, command, stdout=subprocess.PIPE, check=False))
+    buffer = b""
+    with trio.fail_after(30):
+        while b"\n" not in buffer:
+            data = await process.stdout.receive_some()
+            if not data:
+                raise RuntimeError(f"mock engine exited before it was ready: {command}")
+            buffer += data
+    ready = json.loads(buffer.split(b"\n", 1)[0])
+    return MockEngineProcess(process, ready["host"], ready["port"], ready)
+
+
+async def engine_accounting(url: str) -> dict:
+    """The mock engine's request accounting (requires an open asyncio loop)."""
+    host, port = url.removeprefix("grpc://").rsplit(":", 1)
+    channel = EngineChannel(host, int(port))
+    try:
+        return (await NativeEngineClient(channel, incremental=True).server_info())["mock_accounting"]
+    finally:
+        channel.close()
+
+
+async def start_frontend(nursery: trio.Nursery, *argv: str) -> str:
+    """An in-process `trio-direct serve` on an ephemeral loopback port; returns its base URL."""
+    from trio_direct.config import parse_serve_args
+    from trio_direct.frontend.serve import serve
+
+    config = parse_serve_args(["--host", "127.0.0.1", "--port", "0", "--engine-wait-timeout", "30", *argv], environ={})
+    binds = await nursery.start(serve, config)
+    return binds[0]
+
+
+class RawSseClient:
+    """A bare HTTP/1.1 SSE client on a trio socket: it can hang up at any byte, like a real client.
+
+    (httpx leaves its nested body generators unfinalized when a stream is abandoned early.)
+    """
+
+    def __init__(self, base_url: str) -> None:
+        host, port = base_url.removeprefix("http://").rsplit(":", 1)
+        self.host, self.port = host, int(port)
+
+    async def events(self, path: str, body: dict):
+        """Async iterator over the parsed `data:` payloads; closing it closes the connection."""
+        import h11
+
+        payload = json.dumps(body).encode()
+        stream = await trio.open_tcp_stream(self.host, self.port)
+        connection = h11.Connection(h11.CLIENT)
+        try:
+            headers = [
+                ("Host", self.host),
+                ("Content-Type", "application/json"),
+                ("Content-Length", str(len(payload))),
+                ("Connection", "close"),
+            ]
+            await stream.send_all(connection.send(h11.Request(method="POST", target=path, headers=headers)))
+            await stream.send_all(connection.send(h11.Data(data=payload)) + connection.send(h11.EndOfMessage()))
+            pending = b""
+            while True:
+                event = connection.next_event()
+                if event is h11.NEED_DATA:
+                    connection.receive_data(await stream.receive_some(65536))
+                    continue
+                if isinstance(event, h11.Response):
+                    if event.status_code != 200:
+                        raise AssertionError(f"status {event.status_code}")
+                elif isinstance(event, h11.Data):
+                    pending += bytes(event.data)
+                    *complete, pending = pending.split(b"\n\n")
+                    for record in complete:
+                        if record.startswith(b"data: "):
+                            data = record[len(b"data: ") :]
+                            yield "[DONE]" if data == b"[DONE]" else json.loads(data)
+                elif isinstance(event, (h11.EndOfMessage, h11.ConnectionClosed)):
+                    return
+        finally:
+            await stream.aclose()

@@ -63,6 +63,20 @@ class EngineCall:
         return batch
 
 
+    def drain_arrived(self) -> None:
+        """Read what already arrived unread, so a request the engine just finished is not aborted."""
+        while not self.ended_at_engine:
+            try:
+                chunk = self._chunks.next_nowait()  # type: ignore[union-attr]
+            except (trio.WouldBlock, StopAsyncIteration):
+                return
+            except EngineError as error:
+                self.ended_at_engine = not isinstance(error, _ENGINE_MAY_STILL_RUN)
+                return
+            if chunk.finish_reason is not None:
+                self.ended_at_engine = True
+
+
 def _next_nowait(chunks: AsyncIterator[GenerateChunk]) -> GenerateChunk | None:
     try:
         return chunks.next_nowait()  # type: ignore[attr-defined]
@@ -79,7 +93,10 @@ async def open_engine_call(
     try:
         async with client.generate(request) as chunks:
             call._chunks = chunks
-            yield call
+            try:
+                yield call
+            finally:
+                call.drain_arrived()
     finally:
         if not call.ended_at_engine:
             await abort_on_engine(client, request.rid, abort_timeout)

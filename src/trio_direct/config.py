@@ -1,0 +1,131 @@
+"""`trio-direct serve` settings: every flag also readable from a ``TRIO_DIRECT_*`` environment variable.
+
+The flag wins over the environment, the environment over the default. Repeatable flags
+(``--engine-url``) take a comma- or space-separated list from the environment. `hypercorn
+trio_direct.app:app` has no command line, so there the environment is the only source.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+
+ENV_PREFIX = "TRIO_DIRECT_"
+
+
+@dataclass(slots=True)
+class ServeConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    engine_url: list[str] = field(default_factory=list)
+    engine_api: str = "auto"
+    engine_wait_timeout: float = 120.0
+    connect_timeout: float = 5.0
+    model_path: str | None = None
+    served_model_name: str | None = None
+    kv_cache_block_size: int | None = None
+    chat_template: str | None = None
+    router_mode: str = "round-robin"
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
+    abort_timeout: float = 5.0
+    max_body_bytes: int = 32 * 1024 * 1024
+    max_n: int = 128
+    mock_engines: int = 2
+    mock_speedup: float = 1.0
+    log_level: str = "info"
+
+
+_HELP = {
+    "host": "address to listen on",
+    "port": "port to listen on",
+    "engine_url": "gRPC address of an SGLang engine (http://, grpc:// or host:port); repeat for more. "
+    "None: start built-in mock engines",
+    "engine_api": "engine gRPC API: auto (native, then SMG), native or smg",
+    "engine_wait_timeout": "seconds to keep retrying engines that are not up yet at start-up",
+    "connect_timeout": "seconds to wait for a TCP connection to an engine",
+    "model_path": "local model/tokenizer directory (default: the engines' tokenizer path)",
+    "served_model_name": "model name clients use (default: the engines' served name)",
+    "kv_cache_block_size": "KV block size (default: the engines' page size)",
+    "chat_template": "a Jinja chat template file overriding the model's",
+    "router_mode": "how requests are spread over engines",
+    "tool_call_parser": "tool-call parser name (default: the engines'); alias --dyn-tool-call-parser",
+    "reasoning_parser": "reasoning parser name (default: the engines'); alias --dyn-reasoning-parser",
+    "abort_timeout": "seconds an Abort to an engine may take before it is given up",
+    "max_body_bytes": "largest request body accepted (413 above)",
+    "max_n": "largest `n` accepted",
+    "mock_engines": "number of built-in mock engines started when no --engine-url is given",
+    "mock_speedup": "timing divisor of the built-in mock engines (inf = as fast as possible)",
+    "log_level": "debug, info, warning or error",
+}
+_CHOICES = {
+    "engine_api": ("auto", "native", "smg"),
+    "router_mode": ("round-robin", "random"),
+    "log_level": ("debug", "info", "warning", "error"),
+}
+_ALIASES = {"tool_call_parser": ["--dyn-tool-call-parser"], "reasoning_parser": ["--dyn-reasoning-parser"]}
+
+
+def _parse_float(text: str) -> float:
+    value = float(text)
+    if math.isnan(value):
+        raise argparse.ArgumentTypeError("must be a number")
+    return value
+
+
+def _converter(default: object):
+    if isinstance(default, bool):
+        return lambda text: text.strip().lower() in ("1", "true", "yes", "on")
+    if isinstance(default, int):
+        return int
+    if isinstance(default, float):
+        return _parse_float
+    return str
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str] | None = None) -> None:
+    """Declare every `ServeConfig` field as a flag whose default comes from the environment."""
+    environ = os.environ if environ is None else environ
+    defaults = ServeConfig()
+    for spec in fields(ServeConfig):
+        default = getattr(defaults, spec.name)
+        env_name = ENV_PREFIX + spec.name.upper()
+        flag = "--" + spec.name.replace("_", "-")
+        if spec.name == "engine_url":
+            env_default = environ.get(env_name, "").replace(",", " ").split()
+            parser.add_argument(flag, action="append", default=None, metavar="URL", help=f"{_HELP[spec.name]} [{env_name}]")
+            parser.set_defaults(engine_url_env=env_default)
+            continue
+        convert = _converter(default) if default is not None else (int if spec.name == "kv_cache_block_size" else str)
+        value = environ.get(env_name)
+        parser.add_argument(
+            flag,
+            *_ALIASES.get(spec.name, []),
+            dest=spec.name,
+            type=convert,
+            default=convert(value) if value is not None else default,
+            choices=_CHOICES.get(spec.name),
+            help=f"{_HELP[spec.name]} [{env_name}; default %(default)s]",
+        )
+
+
+def config_from_args(args: argparse.Namespace) -> ServeConfig:
+    values = {spec.name: getattr(args, spec.name) for spec in fields(ServeConfig) if spec.name != "engine_url"}
+    urls = args.engine_url if args.engine_url is not None else args.engine_url_env
+    return ServeConfig(engine_url=list(urls), **values)
+
+
+def config_from_env(environ: Mapping[str, str] | None = None) -> ServeConfig:
+    """The settings `hypercorn trio_direct.app:app` runs with."""
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser, environ)
+    return config_from_args(parser.parse_args([]))
+
+
+def parse_serve_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> ServeConfig:
+    parser = argparse.ArgumentParser(prog="trio-direct serve")
+    add_serve_arguments(parser, environ)
+    return config_from_args(parser.parse_args(argv))

@@ -1,0 +1,96 @@
+"""The HTTP surface (quart-trio): OpenAI routes, health, and OpenAI-style errors for everything.
+
+Handlers stay thin: the request path lives in `completions`. Every failure a client can cause or meet
+is answered with OpenAI's error envelope and a fitting status; nothing answers a bare 500 page.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from quart import Response, request
+from quart_trio import QuartTrio
+from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
+
+from trio_direct.frontend import completions
+from trio_direct.frontend.runtime import Frontend
+from trio_direct.openai import errors, responses
+from trio_direct.openai.errors import OpenAIError
+
+log = logging.getLogger(__name__)
+
+_JSON = "application/json"
+_SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def create_app(get_frontend: Callable[[], Frontend | None], *, max_body_bytes: int) -> QuartTrio:
+    """The ASGI app. `get_frontend` returns None while the frontend is still starting (503s then)."""
+    app = QuartTrio("trio_direct")
+    app.config["RESPONSE_TIMEOUT"] = None  # SSE streams last as long as generation does
+    app.config["BODY_TIMEOUT"] = 60
+    app.config["MAX_CONTENT_LENGTH"] = max_body_bytes
+
+    def frontend() -> Frontend:
+        current = get_frontend()
+        if current is None:
+            raise errors.service_unavailable("The server is starting: no engine is ready yet.")
+        return current
+
+    @app.get("/live")
+    async def live() -> Response:
+        return Response(b'{"status":"ok"}', content_type=_JSON)
+
+    @app.get("/health")
+    async def health() -> Response:
+        current = get_frontend()
+        if current is None or not current.healthy():
+            return Response(b'{"status":"unavailable"}', status=503, content_type=_JSON)
+        return Response(b'{"status":"ok"}', content_type=_JSON)
+
+    @app.get("/v1/models")
+    async def models() -> Response:
+        current = frontend()
+        body = responses.models_list([current.model_name], current.created, max_model_len=current.context_length)
+        return Response(body, content_type=_JSON)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions() -> Response:
+        current = frontend()
+        return await _respond(current, await completions.plan_chat(current, await request.get_data()))
+
+    @app.post("/v1/completions")
+    async def text_completions() -> Response:
+        current = frontend()
+        return await _respond(current, await completions.plan_completion(current, await request.get_data()))
+
+    @app.errorhandler(OpenAIError)
+    async def openai_error(error: OpenAIError) -> Response:
+        return Response(error.to_json(), status=error.status, content_type=_JSON)
+
+    @app.errorhandler(RequestEntityTooLarge)
+    async def too_large(_error: RequestEntityTooLarge) -> Response:
+        error = errors.payload_too_large(max_body_bytes)
+        return Response(error.to_json(), status=error.status, content_type=_JSON)
+
+    @app.errorhandler(HTTPException)
+    async def http_error(error: HTTPException) -> Response:
+        status = error.code or 500
+        message = f"{error.name}: {request.method} {request.path}"
+        body = errors.OpenAIError(message, status=status, type="invalid_request_error").to_json()
+        return Response(body, status=status, content_type=_JSON)
+
+    @app.errorhandler(Exception)
+    async def unexpected(error: Exception) -> Response:
+        log.exception("unexpected error serving %s %s", request.method, request.path)
+        internal = errors.internal_error()
+        return Response(internal.to_json(), status=internal.status, content_type=_JSON)
+
+    return app
+
+
+async def _respond(frontend: Frontend, completion: completions.Completion) -> Response:
+    if completion.request.stream:
+        return Response(completions.stream_completion(frontend, completion), headers=_SSE_HEADERS)
+    body = await completions.complete_unary(frontend, completion)
+    return Response(body, content_type=_JSON)

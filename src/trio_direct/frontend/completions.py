@@ -1,0 +1,353 @@
+"""`/v1/chat/completions` and `/v1/completions`, top to bottom.
+
+The path of one request, in order: decode and validate the body (`openai.requests`), build the
+prompt (chat template, tokenizer; on a worker thread when long), check it against the context limit,
+choose a worker (`Frontend.choose_worker`), plan one engine call per choice, then run them in the
+request's nursery (`choices.run_choices`) and write the client's output: SSE chunks as they come, or
+one body at the end.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import msgspec
+import trio
+
+from trio_direct.engine.errors import (
+    EngineError,
+    EngineInvalidArgument,
+    EngineResourceExhausted,
+    EngineUnavailable,
+)
+from trio_direct.engine.types import GenerateInput
+from trio_direct.frontend.choices import ChoiceEvent, ChoiceOutput, ChoicePlan, run_choices
+from trio_direct.frontend.runtime import Frontend
+from trio_direct.openai import errors, responses
+from trio_direct.openai.errors import OpenAIError
+from trio_direct.openai.requests import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    decode_chat_request,
+    decode_completion_request,
+    prompt_batch,
+)
+from trio_direct.openai.sampling import logprob_options, sampling_options, stop_strings
+from trio_direct.routing.simple import NoWorkerAvailable
+from trio_direct.text.chat_template import ChatTemplateError, render_chat
+from trio_direct.text.detokenizer import IncrementalDetokenizer
+from trio_direct.text.stop_strings import StopStringMatcher
+
+log = logging.getLogger(__name__)
+
+#: Prompts longer than this (characters) are rendered and tokenized on a worker thread, so that one
+#: long prompt does not stall every other stream on the event loop.
+THREAD_THRESHOLD_CHARS = 4096
+
+
+@dataclass(slots=True)
+class Prompt:
+    """One prompt as the engine gets it, and as `echo` returns it."""
+
+    token_ids: list[int]
+    text: str
+
+
+@dataclass(slots=True)
+class Completion:
+    """A planned request: what the handlers need to write the response."""
+
+    id: str
+    created: int
+    model: str
+    chat: bool
+    plans: list[ChoicePlan]
+    prompts: list[Prompt]
+    request: ChatCompletionRequest | CompletionRequest
+
+    @property
+    def include_usage(self) -> bool:
+        options = self.request.stream_options
+        return bool(options and options.include_usage)
+
+    def usage(self) -> responses.Usage:
+        prompt_tokens = sum(len(p.token_ids) for p in self.prompts)
+        outputs = [plan.output for plan in self.plans]
+        return responses.Usage(
+            prompt_tokens=prompt_tokens,
+            completion_tokens=sum(o.completion_tokens for o in outputs),
+            cached_tokens=sum(o.cached_tokens for o in outputs[:: max(1, len(outputs) // len(self.prompts))]),
+            reasoning_tokens=sum(o.reasoning_tokens for o in outputs),
+        )
+
+
+# ---- preparing ------------------------------------------------------------------------------------
+
+
+async def plan_chat(frontend: Frontend, body: bytes) -> Completion:
+    request = decode_chat_request(body)
+    _check_model(frontend, request.model)
+    messages = msgspec.to_builtins(request.messages)
+    _check_text_only(messages)
+    tools = msgspec.to_builtins(request.tools) if request.tools else None
+    size = sum(len(str(m.get("content") or "")) for m in messages)
+    prompt = await _maybe_in_thread(size, _chat_prompt, frontend, request, messages, tools)
+    return _plan(frontend, request, [prompt], chat=True, id_prefix="chatcmpl-")
+
+
+async def plan_completion(frontend: Frontend, body: bytes) -> Completion:
+    request = decode_completion_request(body)
+    _check_model(frontend, request.model)
+    if request.suffix:
+        raise errors.invalid_request("'suffix' is not supported.", param="suffix", code="unsupported_parameter")
+    prompts = []
+    for item in prompt_batch(request):
+        if isinstance(item, str):
+            prompts.append(await _maybe_in_thread(len(item), _text_prompt, frontend, item))
+        else:
+            _check_vocab(frontend, item)
+            text = frontend.tokenizer.decode(item, skip_special_tokens=False) if request.echo else ""
+            prompts.append(Prompt(list(item), text))
+    return _plan(frontend, request, prompts, chat=False, id_prefix="cmpl-")
+
+
+def _check_model(frontend: Frontend, model: str) -> None:
+    if model != frontend.model_name:
+        raise errors.model_not_found(model)
+
+
+def _check_text_only(messages: list[dict[str, Any]]) -> None:
+    for i, message in enumerate(messages):
+        content = message.get("content")
+        if isinstance(content, list):
+            for j, part in enumerate(content):
+                if part.get("type") != "text":
+                    raise errors.invalid_request(
+                        f"Content parts of type '{part.get('type')}' are not supported: this model takes text only.",
+                        param=f"messages[{i}].content[{j}].type",
+                        code="unsupported_parameter",
+                    )
+
+
+def _check_vocab(frontend: Frontend, token_ids: Sequence[int]) -> None:
+    vocab = frontend.tokenizer.vocab_size
+    bad = next((t for t in token_ids if t >= vocab), None)
+    if bad is not None:
+        raise errors.invalid_request(f"Token id {bad} is out of vocabulary (size {vocab}).", param="prompt")
+
+
+async def _maybe_in_thread(size: int, fn, *args: Any) -> Prompt:
+    if size > THREAD_THRESHOLD_CHARS:
+        return await trio.to_thread.run_sync(fn, *args)
+    return fn(*args)
+
+
+def _chat_prompt(frontend: Frontend, request: ChatCompletionRequest, messages, tools) -> Prompt:
+    try:
+        text = render_chat(
+            frontend.tokenizer,
+            messages,
+            tools=tools,
+            add_generation_prompt=not request.continue_final_message,
+            continue_final_message=request.continue_final_message,
+            chat_template_kwargs=request.chat_template_kwargs,
+            chat_template=frontend.chat_template_override,
+        )
+    except ChatTemplateError as error:
+        raise errors.invalid_request(f"Chat template error: {error}", param="messages") from None
+    # The template writes the special tokens itself; do not add a second BOS.
+    return Prompt(frontend.tokenizer.encode(text, add_special_tokens=False), text)
+
+
+def _text_prompt(frontend: Frontend, text: str) -> Prompt:
+    return Prompt(frontend.tokenizer.encode(text, add_special_tokens=True), text)
+
+
+def _plan(
+    frontend: Frontend,
+    request: ChatCompletionRequest | CompletionRequest,
+    prompts: list[Prompt],
+    *,
+    chat: bool,
+    id_prefix: str,
+) -> Completion:
+    if request.n > frontend.config.max_n:
+        raise errors.invalid_request(f"n must be at most {frontend.config.max_n}.", param="n")
+    limit = frontend.context_length
+    sampling = sampling_options(request, eos_token_ids=frontend.tokenizer.eos_token_ids)
+    for prompt in prompts:
+        if not prompt.token_ids:
+            raise errors.invalid_request("The prompt is empty after tokenization.", param="prompt")
+        if limit is not None and len(prompt.token_ids) >= limit:
+            raise errors.context_length_exceeded(len(prompt.token_ids), limit, sampling.max_new_tokens)
+    try:
+        worker = frontend.choose_worker()
+    except NoWorkerAvailable:
+        raise errors.service_unavailable("No engine is available to serve the request.") from None
+    return_logprob, top_logprobs = logprob_options(request)
+    stops = stop_strings(request)
+    request_key = uuid.uuid4().hex
+    plans = []
+    for prompt_index, prompt in enumerate(prompts):
+        options = sampling
+        if limit is not None and options.max_new_tokens is not None:
+            room = limit - len(prompt.token_ids)
+            if options.max_new_tokens > room:  # SGLang clips too; say so rather than fail the request
+                options = replace(options, max_new_tokens=room)
+        for sample in range(request.n):
+            index = prompt_index * request.n + sample
+            rid = f"{request_key}{index:04x}"  # fixed length: never a prefix of another rid
+            engine_request = GenerateInput(
+                rid=rid,
+                input_ids=prompt.token_ids,
+                sampling=options,
+                stream=True,
+                routed_dp_rank=worker.dp_rank,
+                return_logprob=return_logprob,
+                top_logprobs_num=top_logprobs,
+                original_text=prompt.text,
+            )
+            decoder = IncrementalDetokenizer(
+                frontend.tokenizer,
+                skip_special_tokens=request.skip_special_tokens,
+                spaces_between_special_tokens=request.spaces_between_special_tokens,
+                prompt_ids=prompt.token_ids,
+            )
+            matcher = StopStringMatcher(stops, request.include_stop_str_in_output) if stops else None
+            plans.append(ChoicePlan(worker.engine.client, engine_request, ChoiceOutput(index, decoder, matcher)))
+    log.debug("request %s: %d choice(s) on %s rank %s", request_key, len(plans), worker.engine.id, worker.dp_rank)
+    return Completion(
+        id=id_prefix + request_key,
+        created=frontend.created,
+        model=frontend.model_name,
+        chat=chat,
+        plans=plans,
+        prompts=prompts,
+        request=request,
+    )
+
+
+# ---- running --------------------------------------------------------------------------------------
+
+
+def engine_error_response(error: EngineError) -> OpenAIError:
+    """What a client hears of an engine failure: a status and a message without engine internals."""
+    log.warning("engine request failed: %s", error)
+    if isinstance(error, EngineInvalidArgument):
+        return errors.invalid_request(f"The engine rejected the request: {error.message}")
+    if isinstance(error, EngineResourceExhausted):
+        return errors.rate_limited("The engine is at capacity; retry later.")
+    if isinstance(error, EngineUnavailable):
+        return errors.service_unavailable("The engine serving the request is unavailable.")
+    return errors.engine_failure("The engine failed to complete the request.")
+
+
+def _abort_error(event: ChoiceEvent) -> OpenAIError:
+    log.warning("engine aborted choice %d: %s", event.index, event.abort_message)
+    return errors.engine_failure(f"The engine aborted the request: {event.abort_message or 'no reason given'}")
+
+
+async def stream_completion(frontend: Frontend, completion: Completion) -> AsyncIterator[bytes]:
+    """The SSE body. Everything that queued up while the client was slow goes out as one write."""
+    cid, created, model = completion.id, completion.created, completion.model
+    if completion.chat:
+        yield b"".join(responses.chat_role_chunk(cid, created, model, p.output.index) for p in completion.plans)
+    elif completion.request.echo:
+        n = completion.request.n
+        yield b"".join(
+            responses.completion_chunk(cid, created, model, p.output.index, completion.prompts[p.output.index // n].text)
+            for p in completion.plans
+        )
+    try:
+        async with run_choices(completion.plans, abort_timeout=frontend.config.abort_timeout) as batches:
+            async for batch in batches:
+                out = []
+                for event in _merge(batch):
+                    if event.finish_reason == "abort":
+                        raise _EngineAbort(event)
+                    out.append(_chunk(completion, event))
+                yield b"".join(out)
+    except EngineError as error:
+        yield responses.error_chunk(engine_error_response(error))
+    except _EngineAbort as abort:
+        yield responses.error_chunk(_abort_error(abort.event))
+    else:
+        if completion.include_usage:
+            yield responses.usage_chunk(cid, created, model, completion.usage(), chat=completion.chat)
+    yield responses.DONE
+
+
+class _EngineAbort(Exception):
+    def __init__(self, event: ChoiceEvent) -> None:
+        self.event = event
+
+
+def _merge(batch: list[ChoiceEvent]) -> list[ChoiceEvent]:
+    """One event per choice: the texts of a choice's events concatenated, its last finish kept."""
+    merged: dict[int, ChoiceEvent] = {}
+    for event in batch:
+        seen = merged.get(event.index)
+        if seen is None:
+            merged[event.index] = event
+        else:
+            seen.text += event.text
+            seen.token_ids += event.token_ids
+            seen.finish_reason, seen.matched_stop, seen.abort_message = (
+                event.finish_reason, event.matched_stop, event.abort_message
+            )  # fmt: skip
+    return list(merged.values())
+
+
+def _chunk(completion: Completion, event: ChoiceEvent) -> bytes:
+    cid, created, model = completion.id, completion.created, completion.model
+    if completion.chat:
+        if event.finish_reason is None:
+            return responses.chat_chunk(cid, created, model, event.index, {"content": event.text}) if event.text else b""
+        content = responses.chat_chunk(cid, created, model, event.index, {"content": event.text}) if event.text else b""
+        return content + responses.chat_chunk(cid, created, model, event.index, {}, event.finish_reason)
+    if event.finish_reason is None and not event.text:
+        return b""
+    return responses.completion_chunk(cid, created, model, event.index, event.text, event.finish_reason)
+
+
+async def complete_unary(frontend: Frontend, completion: Completion) -> bytes:
+    """The whole response body, once every choice has finished."""
+    texts: dict[int, list[str]] = {p.output.index: [] for p in completion.plans}
+    finish: dict[int, str | None] = {}
+    try:
+        async with run_choices(completion.plans, abort_timeout=frontend.config.abort_timeout) as batches:
+            async for batch in batches:
+                for event in batch:
+                    if event.finish_reason == "abort":
+                        raise _abort_error(event)
+                    texts[event.index].append(event.text)
+                    if event.finish_reason is not None:
+                        finish[event.index] = event.finish_reason
+    except EngineError as error:
+        raise engine_error_response(error) from None
+    cid, created, model = completion.id, completion.created, completion.model
+    if completion.chat:
+        choices = [
+            responses.ChatChoice(
+                index=index,
+                message=responses.ResponseMessage(content="".join(parts)),
+                finish_reason=finish.get(index),
+            )
+            for index, parts in texts.items()
+        ]
+        return responses.chat_completion(cid, created, model, choices, completion.usage())
+    n = completion.request.n
+    echo = completion.request.echo
+    choices = [
+        responses.CompletionChoice(
+            index=index,
+            text=(completion.prompts[index // n].text if echo else "") + "".join(parts),
+            finish_reason=finish.get(index),
+        )
+        for index, parts in texts.items()
+    ]
+    return responses.completion(cid, created, model, choices, completion.usage())

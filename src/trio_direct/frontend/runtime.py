@@ -1,0 +1,109 @@
+"""What the HTTP handlers serve from, and the task that sets it up and keeps it alive.
+
+`run_frontend` opens the asyncio loop the engine transport needs, starts built-in mock engines when
+no engine URL is given, probes and checks the fleet, loads the tokenizer, then reports a `Frontend`
+and holds everything open until cancelled. Both entry points use it: `trio-direct serve` (which runs
+hypercorn beside it) and `hypercorn trio_direct.app:app` (whose lifespan starts it).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import trio
+
+from trio_direct.config import ServeConfig
+from trio_direct.engine.transport import ChannelPool, open_asyncio_loop
+from trio_direct.fleet.fleet import Fleet, FleetOverrides, Worker
+from trio_direct.routing.simple import RandomRouter, RoundRobinRouter, Router
+from trio_direct.text.chat_template import load_chat_template
+from trio_direct.text.tokenizer import ModelTokenizer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True, eq=False)
+class Frontend:
+    """The fleet, the router and the model's text pipeline, shared by every request."""
+
+    config: ServeConfig
+    fleet: Fleet
+    router: Router
+    tokenizer: ModelTokenizer
+    #: The `--chat-template` file's text; None = the model's own templates.
+    chat_template_override: str | None
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def model_name(self) -> str:
+        return self.fleet.model.served_model_name
+
+    @property
+    def context_length(self) -> int | None:
+        return self.fleet.model.context_length
+
+    @property
+    def tool_call_parser(self) -> str | None:
+        """The flag wins over what the engines report (stored for the tool-calling parsers)."""
+        return self.config.tool_call_parser or self.fleet.model.tool_call_parser
+
+    @property
+    def reasoning_parser(self) -> str | None:
+        return self.config.reasoning_parser or self.fleet.model.reasoning_parser
+
+    def healthy(self) -> bool:
+        return bool(self.fleet.workers())
+
+    def choose_worker(self) -> Worker:
+        """The worker (engine and DP rank) for the next request; raises `NoWorkerAvailable`."""
+        return self.router.choose(self.fleet.workers())
+
+
+def make_router(mode: str) -> Router:
+    if mode == "random":
+        return RandomRouter()
+    return RoundRobinRouter()
+
+
+async def start_mock_engines(count: int, speedup: float, nursery: trio.Nursery) -> list[str]:
+    """Built-in CPU mock engines on ephemeral loopback ports, for trying trio-direct without a GPU."""
+    from trio_direct.mock.server import MockEngineConfig, run_mock_engine
+
+    urls = []
+    for index in range(count):
+        config = MockEngineConfig(speedup=speedup, incremental_streaming_output=True, seed=index)
+        running = await nursery.start(run_mock_engine, config)
+        urls.append(f"grpc://{running.host}:{running.port}")
+    log.info("no --engine-url given: serving %d built-in mock engines at %s", count, ", ".join(urls))
+    return urls
+
+
+async def run_frontend(config: ServeConfig, *, task_status: trio.TaskStatus[Frontend] = trio.TASK_STATUS_IGNORED) -> None:
+    async with open_asyncio_loop(), trio.open_nursery() as nursery:
+        urls = config.engine_url or await start_mock_engines(config.mock_engines, config.mock_speedup, nursery)
+        pool = ChannelPool(connect_timeout=config.connect_timeout)
+        try:
+            fleet = await Fleet.connect(
+                urls,
+                pool,
+                api=config.engine_api,
+                wait_timeout=config.engine_wait_timeout,
+                overrides=FleetOverrides(config.model_path, config.served_model_name, config.kv_cache_block_size),
+            )
+            tokenizer = await trio.to_thread.run_sync(ModelTokenizer.from_directory, Path(fleet.model.tokenizer_path))
+            template = load_chat_template(Path(config.chat_template)) if config.chat_template else None
+            frontend = Frontend(config, fleet, make_router(config.router_mode), tokenizer, template)
+            log.info(
+                "serving model %r from %d engine(s): %s",
+                frontend.model_name,
+                len(fleet.engines),
+                ", ".join(f"{e.id}={e.card.host}:{e.card.port} ({e.card.api}, {e.card.role})" for e in fleet.engines),
+            )
+            task_status.started(frontend)
+            await trio.sleep_forever()
+        finally:
+            pool.close()
+            nursery.cancel_scope.cancel()

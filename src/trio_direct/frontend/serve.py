@@ -1,0 +1,41 @@
+"""`trio-direct serve`: hypercorn's trio worker serving the app, beside the frontend's own tasks.
+
+hypercorn is started from code inside the trio-asyncio loop, so every request task inherits the loop
+that engine calls need (python-stack.md §4.2). trio's sockets set TCP_NODELAY on accepted
+connections, which avoids the ~40 ms delayed-ACK floor peers show with keep-alive SSE clients.
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import partial
+
+import hypercorn
+import hypercorn.trio
+import trio
+
+from trio_direct.config import ServeConfig
+from trio_direct.engine.transport import open_asyncio_loop
+from trio_direct.frontend.app import create_app
+from trio_direct.frontend.runtime import run_frontend
+
+log = logging.getLogger(__name__)
+
+
+def hypercorn_config(host: str, port: int) -> hypercorn.Config:
+    config = hypercorn.Config()
+    config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
+    config.accesslog = None
+    config.keep_alive_timeout = 75
+    config.graceful_timeout = 5
+    return config
+
+
+async def serve(config: ServeConfig, *, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
+    """Run the frontend and its HTTP server until cancelled; reports the bound addresses."""
+    async with open_asyncio_loop(), trio.open_nursery() as nursery:
+        frontend = await nursery.start(run_frontend, config)
+        app = create_app(lambda: frontend, max_body_bytes=config.max_body_bytes)
+        binds = await nursery.start(partial(hypercorn.trio.serve, app, hypercorn_config(config.host, config.port)))
+        log.info("OpenAI API for model %r on %s", frontend.model_name, ", ".join(binds))
+        task_status.started(binds)
