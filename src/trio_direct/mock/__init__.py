@@ -1,1 +1,5 @@
-"""CPU mock SGLang engine."""
+"""CPU mock SGLang engine: speaks the real wire contract, with no model behind it.
+
+The scheduling core (``scheduler``, ``radix_cache``, ``timing``, ``kv_types``) is plain
+synchronous code; the gRPC server, KV-event publisher and PD bootstrap are trio shells on it.
+"""
