@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import math
+from pathlib import Path
+
 import pytest
+import trio
 
 from support import FakeEngine
-from trio_direct.engine.transport import open_asyncio_loop, serve_grpc
+from trio_direct.engine.transport import EngineChannel, open_asyncio_loop, serve_grpc
+from trio_direct.mock.server import MockEngineConfig, RunningMockEngine, run_mock_engine
+from trio_direct.mock.tiny_model import ensure_tiny_model
 
 
 @pytest.fixture
@@ -24,3 +30,46 @@ def fake_engine_factory(aio_loop, nursery):
         return engine
 
     return start
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny ChatML model directory, written once per test session."""
+    return ensure_tiny_model(tmp_path_factory.mktemp("tiny-model") / "tiny-chatml")
+
+
+@pytest.fixture
+async def mock_engine_factory(aio_loop, tiny_model):
+    """Start in-process mock engines: `running = await mock_engine_factory(dp_size=2, ...)`.
+
+    Defaults for tests: the tiny model, `speedup=inf`, ephemeral gRPC and bootstrap ports. The
+    engines stop when the test ends.
+    """
+    async with trio.open_nursery() as nursery:
+
+        async def start(**overrides) -> RunningMockEngine:
+            options = {
+                "model_path": str(tiny_model),
+                "speedup": math.inf,
+                "disaggregation_bootstrap_port": 0,
+                **overrides,
+            }
+            return await nursery.start(run_mock_engine, MockEngineConfig(**options))
+
+        yield start
+        nursery.cancel_scope.cancel()
+
+
+@pytest.fixture
+async def dial(aio_loop):
+    """Open client channels to in-process engines: `channel = dial(port)`; closed after the test."""
+    channels: list[EngineChannel] = []
+
+    def open_channel(port: int, host: str = "127.0.0.1") -> EngineChannel:
+        channel = EngineChannel(host, port, connect_timeout=2.0)
+        channels.append(channel)
+        return channel
+
+    yield open_channel
+    for channel in channels:
+        channel.close()

@@ -1,0 +1,187 @@
+"""The ``trio-direct`` command line: one subcommand per program the project runs.
+
+``mock-engine`` serves a CPU mock SGLang engine (docs/mock-engine.md). Each subcommand registers
+its own parser and handler, so ``serve`` and ``probe`` slot in next to it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shlex
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+import trio
+
+if TYPE_CHECKING:
+    from trio_direct.mock.server import MockEngineConfig
+
+__all__ = ["build_parser", "main"]
+
+log = logging.getLogger("trio_direct")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="trio-direct", description="trio-direct: an OpenAI-compatible frontend for stock SGLang engines."
+    )
+    subcommands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_mock_engine(subcommands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one subcommand; returns the process exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler: Callable[[argparse.Namespace], int] = args.handler
+    return handler(args)
+
+
+# --- mock-engine ---------------------------------------------------------------------------------
+
+
+def _add_mock_engine(subcommands: argparse._SubParsersAction) -> None:
+    p = subcommands.add_parser(
+        "mock-engine",
+        help="serve a CPU mock SGLang engine (native and/or SMG gRPC API)",
+        description="Serve a CPU mock SGLang engine speaking the real gRPC contracts. "
+        'Prints one JSON line {"event": "ready", ...} to stdout once it accepts calls.',
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default %(default)s)")
+    p.add_argument("--port", type=int, default=0, help="gRPC port; 0 picks a free one (default)")
+    p.add_argument(
+        "--api", choices=("native", "smg", "both"), default="both",
+        help="gRPC API(s) to serve on the port; both adds grpc.health.v1 (default %(default)s)",
+    )
+    p.add_argument(
+        "--role", choices=("aggregated", "prefill", "decode"), default="aggregated",
+        help="PD disaggregation role (default %(default)s)",
+    )
+    p.add_argument("--page-size", type=int, default=1, help="KV page size in tokens (default %(default)s)")
+    p.add_argument("--dp-size", type=int, default=1, help="data-parallel ranks (default %(default)s)")
+    p.add_argument("--num-blocks", type=int, default=65536, help="KV pages per rank (default %(default)s)")
+    p.add_argument(
+        "--max-running-requests", type=int, default=256, help="decode batch cap per rank (default %(default)s)"
+    )
+    p.add_argument(
+        "--max-prefill-tokens", type=int, default=16384,
+        help="uncached prompt tokens per prefill step (default %(default)s)",
+    )
+    p.add_argument(
+        "--context-length", type=int, default=None,
+        help="context length override (default: the model config's max_position_embeddings)",
+    )
+    p.add_argument(
+        "--speedup", type=float, default=1.0,
+        help="divide simulated step times by this; 'inf' runs as fast as the CPU allows (default 1)",
+    )
+    p.add_argument(
+        "--incremental-streaming-output", action="store_true",
+        help="native API streams deltas instead of cumulative output_ids",
+    )
+    p.add_argument(
+        "--kv-events-config", default=None, metavar="JSON",
+        help="SGLang's --kv-events-config JSON (plus \"format\": \"map\"|\"array\")",
+    )
+    p.add_argument(
+        "--disaggregation-bootstrap-port", type=int, default=8998,
+        help="bootstrap port of a prefill engine; 0 picks a free one (default %(default)s)",
+    )
+    p.add_argument(
+        "--bootstrap-timeout", type=float, default=30.0,
+        help="seconds a PD leg waits for its partner (default %(default)s)",
+    )
+    p.add_argument(
+        "--model-path", default=None,
+        help="local tokenizer/model directory (default: the built-in tiny ChatML model)",
+    )
+    p.add_argument("--served-model-name", default=None, help="model id to report (default: the model path)")
+    p.add_argument("--tool-call-parser", default=None, help="parser name to advertise in server info")
+    p.add_argument("--reasoning-parser", default=None, help="parser name to advertise in server info")
+    p.add_argument("--seed", type=int, default=None, help="sampling seed of requests that bring none")
+    p.add_argument(
+        "--expose-accounting", action=argparse.BooleanOptionalAction, default=True,
+        help="add a mock_accounting key to the native GetServerInfo json_info (default on)",
+    )
+    p.add_argument(
+        "--log-level", default="info", choices=("debug", "info", "warning", "error"),
+        help="logging level (default %(default)s)",
+    )
+    p.set_defaults(handler=_run_mock_engine)
+
+
+def _run_mock_engine(args: argparse.Namespace) -> int:
+    # Imported here so other subcommands (and --help) do not load the mock engine.
+    from trio_direct.mock.server import MockEngineConfig
+
+    logging.basicConfig(
+        level=args.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    config = MockEngineConfig(
+        host=args.host,
+        port=args.port,
+        api=args.api,
+        role=args.role,
+        page_size=args.page_size,
+        dp_size=args.dp_size,
+        num_blocks=args.num_blocks,
+        max_running_requests=args.max_running_requests,
+        max_prefill_tokens=args.max_prefill_tokens,
+        context_length=args.context_length,
+        speedup=args.speedup,
+        incremental_streaming_output=args.incremental_streaming_output,
+        kv_events_config=args.kv_events_config,
+        disaggregation_bootstrap_port=args.disaggregation_bootstrap_port,
+        bootstrap_timeout=args.bootstrap_timeout,
+        model_path=args.model_path,
+        served_model_name=args.served_model_name,
+        tool_call_parser=args.tool_call_parser,
+        reasoning_parser=args.reasoning_parser,
+        seed=args.seed,
+        expose_accounting=args.expose_accounting,
+        log_level=args.log_level,
+        launch_command=shlex.join(sys.argv),
+    )
+    try:
+        config.validate()
+    except ValueError as exc:  # json.JSONDecodeError included
+        print(f"trio-direct mock-engine: error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        trio.run(_serve_mock_engine, config)
+    except BaseException as exc:
+        if not _only_interrupts(exc):
+            raise
+        log.info("interrupted; mock engine stopped")
+    return 0
+
+
+def _only_interrupts(exc: BaseException) -> bool:
+    """Whether ``exc`` is Ctrl-C, possibly wrapped in exception groups by the nurseries."""
+    if isinstance(exc, BaseExceptionGroup):
+        return all(_only_interrupts(inner) for inner in exc.exceptions)
+    return isinstance(exc, KeyboardInterrupt)
+
+
+async def _serve_mock_engine(config: MockEngineConfig) -> None:
+    from trio_direct.engine.transport import open_asyncio_loop
+    from trio_direct.mock.server import run_mock_engine
+
+    async with open_asyncio_loop():
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_stop_on_sigterm, nursery.cancel_scope)
+            running = await nursery.start(run_mock_engine, config)
+            print(json.dumps(running.ready_event()), flush=True)
+
+
+async def _stop_on_sigterm(scope: trio.CancelScope) -> None:
+    with trio.open_signal_receiver(signal.SIGTERM) as signals:
+        async for _ in signals:
+            log.info("SIGTERM; stopping the mock engine")
+            scope.cancel()
+            return
