@@ -1,7 +1,8 @@
 """The ``trio-direct`` command line: one subcommand per program the project runs.
 
-``mock-engine`` serves a CPU mock SGLang engine (docs/mock-engine.md). Each subcommand registers
-its own parser and handler, so ``serve`` and ``probe`` slot in next to it.
+``serve`` runs the OpenAI-compatible frontend (docs/direct-engines.md), ``probe`` prints what the
+frontend learns from engines, ``mock-engine`` serves a CPU mock SGLang engine (docs/mock-engine.md).
+Each subcommand registers its own parser and handler.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="trio-direct", description="trio-direct: an OpenAI-compatible frontend for stock SGLang engines."
     )
     subcommands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_serve(subcommands)
+    _add_probe(subcommands)
     _add_mock_engine(subcommands)
     return parser
 
@@ -40,6 +43,88 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     handler: Callable[[argparse.Namespace], int] = args.handler
     return handler(args)
+
+
+# --- serve ---------------------------------------------------------------------------------------
+
+
+def _add_serve(subcommands: argparse._SubParsersAction) -> None:
+    from trio_direct.config import add_serve_arguments
+
+    p = subcommands.add_parser(
+        "serve",
+        help="serve the OpenAI API from SGLang engines (built-in mock engines when no --engine-url)",
+        description="Serve an OpenAI-compatible API from stock SGLang engines over gRPC. "
+        "Every flag can also be set with the TRIO_DIRECT_<FLAG> environment variable.",
+    )
+    add_serve_arguments(p)
+    p.set_defaults(handler=_run_serve)
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    from trio_direct.config import config_from_args
+    from trio_direct.fleet.fleet import FleetError
+    from trio_direct.frontend.serve import serve
+
+    config = config_from_args(args)
+    _configure_logging(config.log_level)
+    try:
+        trio.run(_until_sigterm, serve, config)
+    except BaseException as exc:
+        fleet_error = _find(exc, FleetError)
+        if fleet_error is not None:
+            print(f"trio-direct serve: {fleet_error}", file=sys.stderr)
+            return 1
+        if not _only_interrupts(exc):
+            raise
+        log.info("interrupted; stopped")
+    return 0
+
+
+def _find(exc: BaseException, kind: type[BaseException]) -> BaseException | None:
+    """The first `kind` inside `exc` and the exception groups around it."""
+    if isinstance(exc, kind):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            if (found := _find(inner, kind)) is not None:
+                return found
+    return None
+
+
+async def _until_sigterm(run, *args) -> None:  # noqa: ANN001 - any async callable
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_stop_on_sigterm, nursery.cancel_scope)
+        await run(*args)
+        nursery.cancel_scope.cancel()
+
+
+def _configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+
+
+# --- probe ---------------------------------------------------------------------------------------
+
+
+def _add_probe(subcommands: argparse._SubParsersAction) -> None:
+    p = subcommands.add_parser(
+        "probe",
+        help="print what trio-direct learns from engines (engine cards as JSON)",
+        description="Probe SGLang engines over gRPC and print one engine card per URL as JSON.",
+    )
+    p.add_argument("urls", nargs="+", metavar="URL", help="engine gRPC address (grpc://h:p, http://h:p or h:p)")
+    p.add_argument("--engine-api", choices=("auto", "native", "smg"), default="auto", help="default %(default)s")
+    p.add_argument("--timeout", type=float, default=10.0, help="seconds per engine (default %(default)s)")
+    p.set_defaults(handler=_run_probe)
+
+
+def _run_probe(args: argparse.Namespace) -> int:
+    from trio_direct.fleet.probe import probe_command
+
+    _configure_logging("warning")
+    return trio.run(probe_command, args.urls, args.engine_api, args.timeout)
 
 
 # --- mock-engine ---------------------------------------------------------------------------------
@@ -119,9 +204,7 @@ def _run_mock_engine(args: argparse.Namespace) -> int:
     # Imported here so other subcommands (and --help) do not load the mock engine.
     from trio_direct.mock.server import MockEngineConfig
 
-    logging.basicConfig(
-        level=args.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    _configure_logging(args.log_level)
     config = MockEngineConfig(
         host=args.host,
         port=args.port,
@@ -182,6 +265,6 @@ async def _serve_mock_engine(config: MockEngineConfig) -> None:
 async def _stop_on_sigterm(scope: trio.CancelScope) -> None:
     with trio.open_signal_receiver(signal.SIGTERM) as signals:
         async for _ in signals:
-            log.info("SIGTERM; stopping the mock engine")
+            log.info("SIGTERM; stopping")
             scope.cancel()
             return

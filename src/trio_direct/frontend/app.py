@@ -71,7 +71,8 @@ def create_app(get_frontend: Callable[[], Frontend | None], *, max_body_bytes: i
     @app.errorhandler(RequestEntityTooLarge)
     async def too_large(_error: RequestEntityTooLarge) -> Response:
         error = errors.payload_too_large(max_body_bytes)
-        return Response(error.to_json(), status=error.status, content_type=_JSON)
+        # The rest of the body was never read: the connection cannot carry another request.
+        return Response(error.to_json(), status=error.status, content_type=_JSON, headers={"Connection": "close"})
 
     @app.errorhandler(HTTPException)
     async def http_error(error: HTTPException) -> Response:

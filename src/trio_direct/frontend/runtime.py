@@ -62,6 +62,10 @@ class Frontend:
         return self.router.choose(self.fleet.workers())
 
 
+#: The model name clients use with the built-in mock engines.
+MOCK_MODEL_NAME = "trio-direct-mock"
+
+
 def make_router(mode: str) -> Router:
     if mode == "random":
         return RandomRouter()
@@ -74,7 +78,9 @@ async def start_mock_engines(count: int, speedup: float, nursery: trio.Nursery) 
 
     urls = []
     for index in range(count):
-        config = MockEngineConfig(speedup=speedup, incremental_streaming_output=True, seed=index)
+        config = MockEngineConfig(
+            speedup=speedup, incremental_streaming_output=True, seed=index, served_model_name=MOCK_MODEL_NAME
+        )
         running = await nursery.start(run_mock_engine, config)
         urls.append(f"grpc://{running.host}:{running.port}")
     log.info("no --engine-url given: serving %d built-in mock engines at %s", count, ", ".join(urls))

@@ -1,0 +1,150 @@
+"""What the frontend costs, and how it compares with smg on the same mock engines.
+
+Part 1, latency added (c=1): two mock engines at --speedup 1 (real-time decode steps). The same
+chat prompt is sent (a) straight to an engine over gRPC and (b) through `trio-direct serve`; the
+difference of TTFT and inter-token latency is what the frontend adds.
+
+Part 2, throughput: two mock engines at --speedup inf (as fast as the mock can stream), fronted by
+`trio-direct serve` and by smg 1.13 (SMG API, round robin) in the same run; streamed tokens/s at
+c=1, 16, 64 and the ratio trio-direct / smg.
+
+    python benchmarks/frontend_bench.py [--smg PATH] [--requests-per-slot 8]
+
+smg is looked up on PATH, then in ~/.cache/trio-direct-smg-venv (pip install smg==1.13.0 there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import trio
+
+from loadgen import Children, chat_body, free_port, percentile, run_load, summary_ms, wait_http
+from trio_direct.engine.native import NativeEngineClient
+from trio_direct.engine.transport import EngineChannel, open_asyncio_loop
+from trio_direct.engine.types import GenerateInput, SamplingOptions
+from trio_direct.mock.tiny_model import default_tiny_model_dir, ensure_tiny_model
+from trio_direct.text.chat_template import render_chat
+from trio_direct.text.tokenizer import ModelTokenizer
+
+MODEL_NAME = "tiny"
+PROMPT = [{"role": "user", "content": "Tell me a long story about routers."}]
+
+
+def start_frontend(children: Children, engine_ports: list[int]) -> int:
+    port = free_port()
+    urls = [arg for p in engine_ports for arg in ("--engine-url", f"grpc://127.0.0.1:{p}")]
+    children.start(
+        [sys.executable, "-m", "trio_direct", "serve", "--port", str(port), "--log-level", "warning", *urls],
+        stdout=subprocess.DEVNULL,
+    )
+    wait_http(port)
+    return port
+
+
+def start_smg(children: Children, smg: str, engine_ports: list[int], model_dir: Path) -> int:
+    port = free_port()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    children.start(
+        [smg, "launch", "--host", "127.0.0.1", "--port", str(port),
+         "--worker-urls", *(f"grpc://127.0.0.1:{p}" for p in engine_ports),
+         "--policy", "round_robin", "--model-path", str(model_dir), "--log-level", "warn",
+         "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    wait_http(port, "/health")
+    wait_http(port, "/v1/models")
+    return port
+
+
+async def direct_latency(port: int, prompt_ids: list[int], requests: int, max_tokens: int) -> tuple[list, list]:
+    ttfts, gaps = [], []
+    async with open_asyncio_loop():
+        client = NativeEngineClient(EngineChannel("127.0.0.1", port), incremental=True)
+        for i in range(requests):
+            request = GenerateInput(
+                rid=f"direct-{i:08d}", input_ids=prompt_ids, sampling=SamplingOptions(max_new_tokens=max_tokens, ignore_eos=True)
+            )
+            start = last = time.perf_counter()
+            async with client.generate(request) as chunks:
+                async for chunk in chunks:
+                    now = time.perf_counter()
+                    if chunk.token_ids:
+                        if last is start:
+                            ttfts.append(now - start)
+                        else:
+                            gaps.append(now - last)
+                        last = now
+        client.channel.close()
+    return ttfts, gaps
+
+
+def find_smg(given: str | None) -> str | None:
+    for candidate in (given, shutil.which("smg"), str(Path.home() / ".cache/trio-direct-smg-venv/bin/smg")):
+        if candidate and Path(candidate).exists():
+            return candidate
+    return None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smg", help="path of the smg executable")
+    parser.add_argument("--requests-per-slot", type=int, default=8, help="requests per concurrent slot")
+    parser.add_argument("--latency-requests", type=int, default=30)
+    args = parser.parse_args()
+    model_dir = ensure_tiny_model(default_tiny_model_dir())
+    tokenizer = ModelTokenizer.from_directory(model_dir)
+    prompt_ids = tokenizer.encode(render_chat(tokenizer, PROMPT), add_special_tokens=False)
+    model = str(model_dir)
+    smg = find_smg(args.smg)
+
+    with Children() as children:
+        print("== latency added by the frontend (c=1, mock --speedup 1, 32 tokens) ==")
+        realtime = [children.mock_engine("--incremental-streaming-output") for _ in range(2)]
+        frontend = start_frontend(children, realtime)
+        direct_ttft, direct_gaps = trio.run(direct_latency, realtime[0], prompt_ids, args.latency_requests, 32)
+        samples, _ = trio.run(lambda: run_load("127.0.0.1", frontend, chat_body(model, 32), concurrency=1, requests=args.latency_requests))
+        front_ttft = [s.ttft for s in samples if s.ttft is not None]
+        front_gaps = [g for s in samples for g in s.gaps]
+        print(f"direct gRPC   TTFT {summary_ms(direct_ttft)}   ITL {summary_ms(direct_gaps)}")
+        print(f"trio-direct   TTFT {summary_ms(front_ttft)}   ITL {summary_ms(front_gaps)}")
+        added = percentile(front_ttft, 0.5) - percentile(direct_ttft, 0.5)
+        added_itl = percentile(front_gaps, 0.5) - percentile(direct_gaps, 0.5)
+        print(f"added by trio-direct: TTFT p50 {added * 1e3:+.2f} ms, ITL p50 {added_itl * 1e3:+.2f} ms")
+
+        print("\n== streamed tokens/s (mock --speedup inf, 2 engines, 64 tokens per request) ==")
+        fast = [children.mock_engine("--speedup", "inf", "--incremental-streaming-output") for _ in range(2)]
+        targets = {"trio-direct": start_frontend(children, fast)}
+        if smg:
+            targets["smg 1.13"] = start_smg(children, smg, fast, model_dir)
+        else:
+            print("(smg not found: no comparison; pip install smg==1.13.0 into ~/.cache/trio-direct-smg-venv)")
+        rates: dict[tuple[str, int], float] = {}
+        for concurrency in (1, 16, 64):
+            for name, port in targets.items():
+                requests = concurrency * args.requests_per_slot
+                trio.run(lambda: run_load("127.0.0.1", port, chat_body(model, 64), concurrency=concurrency, requests=concurrency))
+                samples, wall = trio.run(
+                    lambda: run_load("127.0.0.1", port, chat_body(model, 64), concurrency=concurrency, requests=requests)
+                )
+                ok = [s for s in samples if s.ok]
+                tokens = sum(s.completion_tokens for s in ok)
+                rates[name, concurrency] = tokens / wall
+                ttft = [s.ttft for s in ok if s.ttft is not None]
+                print(
+                    f"c={concurrency:<3} {name:<12} {tokens / wall:9.0f} tok/s  {len(ok)}/{len(samples)} ok  "
+                    f"TTFT {summary_ms(ttft)}"
+                )
+            if smg:
+                ratio = rates["trio-direct", concurrency] / rates["smg 1.13", concurrency]
+                print(f"c={concurrency:<3} ratio trio-direct/smg: {ratio:.2f}")
+
+
+if __name__ == "__main__":
+    main()

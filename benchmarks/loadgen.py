@@ -1,0 +1,181 @@
+"""Shared pieces of the frontend benchmarks: child processes and a lean SSE load client.
+
+The client speaks HTTP/1.1 with h11 over trio sockets (TCP_NODELAY, one fresh connection per
+request), so it adds no keep-alive/Nagle floor (peers.md §6.3) and costs the same for every target.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import h11
+import trio
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass(slots=True)
+class Sample:
+    """One streamed request as the client saw it."""
+
+    ttft: float | None = None
+    gaps: list[float] = field(default_factory=list)
+    completion_tokens: int = 0
+    ok: bool = False
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def summary_ms(values: list[float]) -> str:
+    return f"p50 {percentile(values, 0.5) * 1e3:7.2f} ms  p99 {percentile(values, 0.99) * 1e3:7.2f} ms"
+
+
+async def sse_request(host: str, port: int, path: str, body: dict) -> Sample:
+    """POST `body`, read the SSE stream to [DONE]; times the first and every later content event."""
+    sample = Sample()
+    payload = json.dumps(body).encode()
+    start = time.perf_counter()
+    stream = await trio.open_tcp_stream(host, port)
+    connection = h11.Connection(h11.CLIENT)
+    try:
+        headers = [("Host", host), ("Content-Type", "application/json"), ("Content-Length", str(len(payload)))]
+        await stream.send_all(
+            connection.send(h11.Request(method="POST", target=path, headers=headers))
+            + connection.send(h11.Data(data=payload))
+            + connection.send(h11.EndOfMessage())
+        )
+        pending, last = b"", None
+        while True:
+            event = connection.next_event()
+            if event is h11.NEED_DATA:
+                connection.receive_data(await stream.receive_some(65536))
+                continue
+            if isinstance(event, h11.Response) and event.status_code != 200:
+                return sample
+            if isinstance(event, h11.Data):
+                pending += bytes(event.data)
+                *records, pending = pending.split(b"\n\n")
+                now = time.perf_counter()
+                for record in records:
+                    data = record.removeprefix(b"data: ")
+                    if data == b"[DONE]":
+                        sample.ok = True
+                        return sample
+                    chunk = json.loads(data)
+                    if chunk.get("usage"):
+                        sample.completion_tokens = chunk["usage"]["completion_tokens"]
+                    choices = chunk.get("choices") or []
+                    if choices and (choices[0].get("delta", {}).get("content") or choices[0].get("text")):
+                        if sample.ttft is None:
+                            sample.ttft = now - start
+                        else:
+                            sample.gaps.append(now - last)
+                        last = now
+            if isinstance(event, (h11.EndOfMessage, h11.ConnectionClosed)):
+                return sample
+    finally:
+        await stream.aclose()
+
+
+async def run_load(host: str, port: int, body: dict, *, concurrency: int, requests: int) -> tuple[list[Sample], float]:
+    """`requests` requests, `concurrency` at a time; returns the samples and the wall time."""
+    samples: list[Sample] = []
+    limiter = trio.Semaphore(concurrency)
+
+    async def one() -> None:
+        async with limiter:
+            samples.append(await sse_request(host, port, "/v1/chat/completions", body))
+
+    start = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        for _ in range(requests):
+            nursery.start_soon(one)
+    return samples, time.perf_counter() - start
+
+
+def chat_body(model: str, max_tokens: int) -> dict:
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": "Tell me a long story about routers."}],
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+
+
+class Children:
+    """Child processes started by a benchmark, all stopped at exit."""
+
+    def __init__(self) -> None:
+        self.processes: list[subprocess.Popen] = []
+
+    def start(self, command: list[str], **kwargs) -> subprocess.Popen:
+        process = subprocess.Popen(command, start_new_session=True, **kwargs)
+        self.processes.append(process)
+        return process
+
+    def mock_engine(self, *args: str) -> int:
+        """A `trio-direct mock-engine` process; returns its gRPC port."""
+        process = self.start(
+            [sys.executable, "-m", "trio_direct", "mock-engine", "--port", "0", *args],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        return json.loads(process.stdout.readline())["port"]
+
+    def close(self) -> None:
+        for process in self.processes:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGTERM)
+        for process in self.processes:
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+
+    def __enter__(self) -> Children:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_http(port: int, path: str = "/health", timeout: float = 60.0) -> None:
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"nothing healthy on port {port}{path} after {timeout}s")
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")

@@ -1,0 +1,74 @@
+"""The `trio-direct` command line as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+from functools import partial
+
+import httpx
+import pytest
+import trio
+
+from support import start_mock_engine
+
+pytestmark = pytest.mark.slow
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+async def test_serve_without_engines_runs_built_in_mocks_and_stops_on_sigterm(nursery):
+    port = free_port()
+    command = [sys.executable, "-m", "trio_direct", "serve", "--port", str(port), "--mock-speedup", "inf"]
+    process = await nursery.start(partial(trio.run_process, command, check=False, stderr=subprocess.DEVNULL))
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+        with trio.fail_after(60):
+            while True:
+                try:
+                    if (await client.get("/health")).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                await trio.sleep(0.2)
+        models = (await client.get("/v1/models")).json()
+        assert [m["id"] for m in models["data"]] == ["trio-direct-mock"]
+        reply = await client.post(
+            "/v1/chat/completions",
+            json={"model": "trio-direct-mock", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4},
+        )
+        assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 4
+    process.send_signal(signal.SIGTERM)
+    with trio.fail_after(20):
+        assert await process.wait() == 0
+
+
+async def test_serve_stops_with_one_clear_message_when_no_engine_comes_up():
+    port = free_port()
+    dead = free_port()
+    result = await trio.run_process(
+        [sys.executable, "-m", "trio_direct", "serve", "--port", str(port), "--engine-url", f"127.0.0.1:{dead}",
+         "--engine-wait-timeout", "0.5"],
+        capture_stdout=True, capture_stderr=True, check=False,
+    )  # fmt: skip
+    assert result.returncode == 1
+    last_line = result.stderr.decode().strip().splitlines()[-1]
+    assert f"127.0.0.1:{dead}" in last_line and "Traceback" not in result.stderr.decode()
+
+
+async def test_probe_prints_the_engine_card(nursery):
+    engine = await start_mock_engine(nursery, "--page-size", "16", "--dp-size", "2", "--incremental-streaming-output")
+    result = await trio.run_process(
+        [sys.executable, "-m", "trio_direct", "probe", engine.url], capture_stdout=True, check=False
+    )
+    assert result.returncode == 0
+    card = json.loads(result.stdout)
+    card = card[0] if isinstance(card, list) else card
+    assert (card["api"], card["role"], card["block_size"], card["dp_size"]) == ("native", "aggregated", 16, 2)
+    assert card["incremental_streaming"] is True
