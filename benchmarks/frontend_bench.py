@@ -25,7 +25,7 @@ from pathlib import Path
 
 import trio
 
-from loadgen import Children, chat_body, free_port, percentile, run_load, summary_ms, wait_http
+from loadgen import Children, chat_body, cpu_seconds, free_port, median, percentile, run_load, summary_ms, wait_http
 from trio_direct.engine.native import NativeEngineClient
 from trio_direct.engine.transport import EngineChannel, open_asyncio_loop
 from trio_direct.engine.types import GenerateInput, SamplingOptions
@@ -37,21 +37,21 @@ MODEL_NAME = "tiny"
 PROMPT = [{"role": "user", "content": "Tell me a long story about routers."}]
 
 
-def start_frontend(children: Children, engine_ports: list[int]) -> int:
+def start_frontend(children: Children, engine_ports: list[int]) -> tuple[int, int]:
     port = free_port()
     urls = [arg for p in engine_ports for arg in ("--engine-url", f"grpc://127.0.0.1:{p}")]
-    children.start(
+    process = children.start(
         [sys.executable, "-m", "trio_direct", "serve", "--port", str(port), "--log-level", "warning", *urls],
         stdout=subprocess.DEVNULL,
     )
     wait_http(port)
-    return port
+    return port, process.pid
 
 
-def start_smg(children: Children, smg: str, engine_ports: list[int], model_dir: Path) -> int:
+def start_smg(children: Children, smg: str, engine_ports: list[int], model_dir: Path) -> tuple[int, int]:
     port = free_port()
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    children.start(
+    process = children.start(
         [smg, "launch", "--host", "127.0.0.1", "--port", str(port),
          "--worker-urls", *(f"grpc://127.0.0.1:{p}" for p in engine_ports),
          "--policy", "round_robin", "--model-path", str(model_dir), "--log-level", "warn",
@@ -60,7 +60,7 @@ def start_smg(children: Children, smg: str, engine_ports: list[int], model_dir: 
     )  # fmt: skip
     wait_http(port, "/health")
     wait_http(port, "/v1/models")
-    return port
+    return port, process.pid
 
 
 async def direct_latency(port: int, prompt_ids: list[int], requests: int, max_tokens: int) -> tuple[list, list]:
@@ -96,7 +96,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smg", help="path of the smg executable")
     parser.add_argument("--requests-per-slot", type=int, default=8, help="requests per concurrent slot")
-    parser.add_argument("--latency-requests", type=int, default=30)
+    parser.add_argument("--latency-requests", type=int, default=60)
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per measurement")
     args = parser.parse_args()
     model_dir = ensure_tiny_model(default_tiny_model_dir())
     tokenizer = ModelTokenizer.from_directory(model_dir)
@@ -107,11 +108,17 @@ def main() -> None:
     with Children() as children:
         print("== latency added by the frontend (c=1, mock --speedup 1, 32 tokens) ==")
         realtime = [children.mock_engine("--incremental-streaming-output") for _ in range(2)]
-        frontend = start_frontend(children, realtime)
-        direct_ttft, direct_gaps = trio.run(direct_latency, realtime[0], prompt_ids, args.latency_requests, 32)
-        samples, _ = trio.run(lambda: run_load("127.0.0.1", frontend, chat_body(model, 32), concurrency=1, requests=args.latency_requests))
-        front_ttft = [s.ttft for s in samples if s.ttft is not None]
-        front_gaps = [g for s in samples for g in s.gaps]
+        frontend, _ = start_frontend(children, realtime)
+        direct_ttft, direct_gaps, front_ttft, front_gaps = [], [], [], []
+        for _ in range(args.rounds):  # alternate the two paths so both see the same machine noise
+            ttft, gaps = trio.run(direct_latency, realtime[0], prompt_ids, args.latency_requests // args.rounds, 32)
+            direct_ttft += ttft
+            direct_gaps += gaps
+            samples, _ = trio.run(
+                lambda: run_load("127.0.0.1", frontend, chat_body(model, 32), concurrency=1, requests=args.latency_requests // args.rounds)
+            )
+            front_ttft += [s.ttft for s in samples if s.ttft is not None]
+            front_gaps += [g for s in samples for g in s.gaps]
         print(f"direct gRPC   TTFT {summary_ms(direct_ttft)}   ITL {summary_ms(direct_gaps)}")
         print(f"trio-direct   TTFT {summary_ms(front_ttft)}   ITL {summary_ms(front_gaps)}")
         added = percentile(front_ttft, 0.5) - percentile(direct_ttft, 0.5)
@@ -125,26 +132,36 @@ def main() -> None:
             targets["smg 1.13"] = start_smg(children, smg, fast, model_dir)
         else:
             print("(smg not found: no comparison; pip install smg==1.13.0 into ~/.cache/trio-direct-smg-venv)")
-        rates: dict[tuple[str, int], float] = {}
+        rates: dict[tuple[str, int], list[float]] = {}
+        cpu: dict[tuple[str, int], list[float]] = {}
         for concurrency in (1, 16, 64):
-            for name, port in targets.items():
-                requests = concurrency * args.requests_per_slot
+            for name, (port, _pid) in targets.items():  # warm-up
                 trio.run(lambda: run_load("127.0.0.1", port, chat_body(model, 64), concurrency=concurrency, requests=concurrency))
-                samples, wall = trio.run(
-                    lambda: run_load("127.0.0.1", port, chat_body(model, 64), concurrency=concurrency, requests=requests)
-                )
-                ok = [s for s in samples if s.ok]
-                tokens = sum(s.completion_tokens for s in ok)
-                rates[name, concurrency] = tokens / wall
-                ttft = [s.ttft for s in ok if s.ttft is not None]
+            ttfts: dict[str, list[float]] = {name: [] for name in targets}
+            for _ in range(args.rounds):  # interleaved rounds; the median is reported
+                for name, (port, pid) in targets.items():
+                    requests = concurrency * args.requests_per_slot
+                    cpu_before = cpu_seconds(pid)
+                    samples, wall = trio.run(
+                        lambda: run_load("127.0.0.1", port, chat_body(model, 64), concurrency=concurrency, requests=requests)
+                    )
+                    tokens = sum(s.completion_tokens for s in samples if s.ok)
+                    cpu.setdefault((name, concurrency), []).append((cpu_seconds(pid) - cpu_before) / max(tokens, 1))
+                    ok = [s for s in samples if s.ok]
+                    if len(ok) != len(samples):
+                        print(f"  {name}: {len(samples) - len(ok)} of {len(samples)} requests failed")
+                    rates.setdefault((name, concurrency), []).append(sum(s.completion_tokens for s in ok) / wall)
+                    ttfts[name] += [s.ttft for s in ok if s.ttft is not None]
+            for name in targets:
+                runs = rates[name, concurrency]
                 print(
-                    f"c={concurrency:<3} {name:<12} {tokens / wall:9.0f} tok/s  {len(ok)}/{len(samples)} ok  "
-                    f"TTFT {summary_ms(ttft)}"
+                    f"c={concurrency:<3} {name:<12} {median(runs):9.0f} tok/s (median of {len(runs)}: "
+                    f"{', '.join(f'{r:.0f}' for r in runs)})  CPU {median(cpu[name, concurrency]) * 1e6:5.1f} us/token  "
+                    f"TTFT {summary_ms(ttfts[name])}"
                 )
             if smg:
-                ratio = rates["trio-direct", concurrency] / rates["smg 1.13", concurrency]
+                ratio = median(rates["trio-direct", concurrency]) / median(rates["smg 1.13", concurrency])
                 print(f"c={concurrency:<3} ratio trio-direct/smg: {ratio:.2f}")
-
 
 if __name__ == "__main__":
     main()

@@ -177,5 +177,11 @@ def wait_http(port: int, path: str = "/health", timeout: float = 60.0) -> None:
     raise RuntimeError(f"nothing healthy on port {port}{path} after {timeout}s")
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time a process has used so far (Linux /proc): a noise-robust cost measure."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")

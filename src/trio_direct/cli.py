@@ -33,12 +33,18 @@ def build_parser() -> argparse.ArgumentParser:
     subcommands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_serve(subcommands)
     _add_probe(subcommands)
+    _add_bench(subcommands)
     _add_mock_engine(subcommands)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one subcommand; returns the process exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["bench"]:  # bench owns its whole command line (and its --help)
+        from trio_direct.bench import bench_main
+
+        return bench_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     handler: Callable[[argparse.Namespace], int] = args.handler
@@ -125,6 +131,18 @@ def _run_probe(args: argparse.Namespace) -> int:
 
     _configure_logging("warning")
     return trio.run(probe_command, args.urls, args.engine_api, args.timeout)
+
+
+# --- bench ---------------------------------------------------------------------------------------
+
+
+def _add_bench(subcommands: argparse._SubParsersAction) -> None:
+    p = subcommands.add_parser(
+        "bench",
+        help="replay a request trace against a frontend (or an embedded fleet); see docs/bench.md",
+        add_help=False,
+    )
+    p.set_defaults(handler=lambda _args: 0)  # main() hands `bench ...` to bench_main before parsing
 
 
 # --- mock-engine ---------------------------------------------------------------------------------

@@ -103,20 +103,41 @@ class _ChunkDecoder:
             ids = ids[self.seen :]
         self.seen += len(ids)
         chunk = GenerateChunk(token_ids=ids)
-        if message.meta_info:
-            meta = decode_meta_info(message.meta_info)
-            chunk.prompt_tokens = meta.get("prompt_tokens") or 0
-            chunk.completion_tokens = meta.get("completion_tokens") or 0
-            chunk.cached_tokens = meta.get("cached_tokens") or 0
-            chunk.reasoning_tokens = meta.get("reasoning_tokens") or 0
-            chunk.dp_rank = meta.get("dp_rank")
-            _apply_finish(chunk, meta.get("finish_reason"))
+        meta = message.meta_info
+        if meta:  # only the keys a router reads, decoded without a JSON parse per value
+            chunk.prompt_tokens = _count(meta.get("prompt_tokens"))
+            chunk.completion_tokens = _count(meta.get("completion_tokens"))
+            chunk.cached_tokens = _count(meta.get("cached_tokens"))
+            chunk.reasoning_tokens = _count(meta.get("reasoning_tokens"))
+            rank = meta.get("dp_rank")
+            chunk.dp_rank = None if rank in (None, "null") else _count(rank)
+            finish = meta.get("finish_reason")
+            if finish not in (None, "null"):
+                _apply_finish(chunk, _lenient_json(finish))
         if message.finished:
             self.finished = True
             if chunk.finish_reason is None:
                 # The engine's generator ended without a finish chunk (reference §6.1).
                 chunk.finish_reason = "stop"
         return chunk
+
+
+def _count(raw: str | None) -> int:
+    """An integer `meta_info` value (JSON text); anything else counts as 0."""
+    if not raw:
+        return 0
+    try:
+        return int(raw)
+    except ValueError:
+        value = _lenient_json(raw)
+        return int(value) if isinstance(value, (int, float)) and value == value and abs(value) != float("inf") else 0
+
+
+def _lenient_json(raw: str) -> Any:
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw
 
 
 def _apply_finish(chunk: GenerateChunk, finish: Any) -> None:

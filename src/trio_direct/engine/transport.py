@@ -190,6 +190,8 @@ class EngineChannel:
     async def _connected(self) -> Channel:
         if self._channel is None:
             self._channel = Channel(self.host, self.port, config=_HTTP2_CONFIG)
+        elif self._channel._connected:  # noqa: SLF001 - the hot path: no task for an open connection
+            return self._channel
         try:
             await asyncio.wait_for(self._channel.__connect__(), self.connect_timeout)
         except asyncio.TimeoutError:
@@ -297,6 +299,10 @@ class ServerCall:
         if not self._done:
             self._replies.append(message)
             self._wake()
+
+    def unsent_tail(self) -> Any | None:
+        """The last reply not yet written to the wire (a sender may still amend it), else None."""
+        return self._replies[-1] if self._replies else None
 
     def finish(self) -> None:
         self.fail("OK", "")

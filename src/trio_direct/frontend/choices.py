@@ -1,15 +1,17 @@
 """The choices of one OpenAI request, each an engine call, run inside the request's one nursery.
 
-`run_choices` is a `trio.as_safe_channel` generator: its task is the request's nursery, so when the
-HTTP side stops listening (client gone, server shutting down) every engine call in it is left through
-`open_engine_call`, whose ``finally`` sends the Abort. A choice whose text hits a stop string ends
-there too, even if its engine would have gone on.
+`run_choices` opens the request's nursery: one task per choice, each an engine call, started at
+once. When the HTTP side stops listening (client gone, server shutting down) every engine call in it
+is left through `open_engine_call`, whose ``finally`` sends the Abort. A choice whose text hits a
+stop string ends there too, even if its engine would have gone on. Failures travel in-band, in order,
+so the reader gets every event that came before one.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -89,52 +91,70 @@ class ChoicePlan:
     on_first_chunk: Callable[[], None] | None = field(default=None)
 
 
-@trio.as_safe_channel
-async def run_choices(plans: list[ChoicePlan], *, abort_timeout: float) -> AsyncGenerator[list[ChoiceEvent], None]:
-    """Yield batches of events until every choice ended; engine failures are raised as they come."""
-    if len(plans) == 1:
-        plan = plans[0]
-        async with open_engine_call(plan.client, plan.request, abort_timeout=abort_timeout) as call:
-            while batch := await call.next_batch():
-                event = _event(plan, batch)
-                yield [event]
-                if event.finish_reason is not None:
-                    return
-        return
+class ChoiceFailed(Exception):
+    """Carries a choice's engine failure to the reader, in order, after the events before it."""
+
+    def __init__(self, error: EngineError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+@asynccontextmanager
+async def run_choices(plans: list[ChoicePlan], *, abort_timeout: float) -> AsyncIterator[ChoiceEvents]:
+    """Start every choice's engine call at once; read their events from the yielded `ChoiceEvents`.
+
+    The nursery here is the request's: leaving the block (client gone, error, all done) cancels
+    whatever still runs, and each engine call's own ``finally`` sends its Abort.
+    """
     send, receive = trio.open_memory_channel(math.inf)
-    try:
-        async with trio.open_nursery() as nursery:
-            for plan in plans:
-                nursery.start_soon(_run_choice, plan, abort_timeout, send.clone())
-            send.close()
-            async with receive:
-                async for event in receive:
-                    batch = [event]
-                    while True:
-                        try:
-                            batch.append(receive.receive_nowait())
-                        except (trio.WouldBlock, trio.EndOfChannel):
-                            break
-                    yield batch
-    except BaseExceptionGroup as group:
-        # One choice's engine failed and the others were cancelled: report that failure plainly.
-        failures = group.subgroup(lambda e: not isinstance(e, trio.Cancelled))
-        if failures is not None and len(failures.exceptions) == 1 and isinstance(failures.exceptions[0], EngineError):
-            raise failures.exceptions[0] from None
-        raise
+    async with trio.open_nursery() as nursery:
+        for plan in plans:
+            nursery.start_soon(_run_choice, plan, abort_timeout, send.clone())
+        send.close()
+        try:
+            yield ChoiceEvents(receive)
+        finally:
+            nursery.cancel_scope.cancel()
+
+
+class ChoiceEvents:
+    """Batches of events as they come; raises a choice's engine failure where it happened."""
+
+    __slots__ = ("_receive",)
+
+    def __init__(self, receive: trio.MemoryReceiveChannel) -> None:
+        self._receive = receive
+
+    def __aiter__(self) -> ChoiceEvents:
+        return self
+
+    async def __anext__(self) -> list[ChoiceEvent]:
+        try:
+            batch = [await self._receive.receive()]
+        except trio.EndOfChannel:
+            raise StopAsyncIteration from None
+        while True:  # what else already arrived goes out in the same write
+            try:
+                batch.append(self._receive.receive_nowait())
+            except (trio.WouldBlock, trio.EndOfChannel):
+                break
+        for item in batch:
+            if type(item) is ChoiceFailed:
+                raise item.error
+        return batch
 
 
 async def _run_choice(plan: ChoicePlan, abort_timeout: float, send: trio.MemorySendChannel) -> None:
-    async with send, open_engine_call(plan.client, plan.request, abort_timeout=abort_timeout) as call:
-        while batch := await call.next_batch():
-            event = _event(plan, batch)
-            send.send_nowait(event)
-            if event.finish_reason is not None:
-                return
-
-
-def _event(plan: ChoicePlan, batch: list[GenerateChunk]) -> ChoiceEvent:
-    if plan.on_first_chunk is not None:
-        plan.on_first_chunk()
-        plan.on_first_chunk = None
-    return plan.output.push(batch)
+    async with send:
+        try:
+            async with open_engine_call(plan.client, plan.request, abort_timeout=abort_timeout) as call:
+                while batch := await call.next_batch():
+                    if plan.on_first_chunk is not None:
+                        plan.on_first_chunk()
+                        plan.on_first_chunk = None
+                    event = plan.output.push(batch)
+                    send.send_nowait(event)
+                    if event.finish_reason is not None:
+                        return
+        except EngineError as error:
+            send.send_nowait(ChoiceFailed(error))

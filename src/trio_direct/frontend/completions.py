@@ -254,23 +254,18 @@ def _abort_error(event: ChoiceEvent) -> OpenAIError:
 async def stream_completion(frontend: Frontend, completion: Completion) -> AsyncIterator[bytes]:
     """The SSE body. Everything that queued up while the client was slow goes out as one write."""
     cid, created, model = completion.id, completion.created, completion.model
-    if completion.chat:
-        yield b"".join(responses.chat_role_chunk(cid, created, model, p.output.index) for p in completion.plans)
-    elif completion.request.echo:
-        n = completion.request.n
-        yield b"".join(
-            responses.completion_chunk(cid, created, model, p.output.index, completion.prompts[p.output.index // n].text)
-            for p in completion.plans
-        )
     try:
         async with run_choices(completion.plans, abort_timeout=frontend.config.abort_timeout) as batches:
+            if opening := _opening(completion):
+                yield opening  # written while the engine calls are already on their way
             async for batch in batches:
                 out = []
                 for event in _merge(batch):
                     if event.finish_reason == "abort":
                         raise _EngineAbort(event)
                     out.append(_chunk(completion, event))
-                yield b"".join(out)
+                if data := b"".join(out):
+                    yield data
     except EngineError as error:
         yield responses.error_chunk(engine_error_response(error))
     except _EngineAbort as abort:
@@ -279,6 +274,20 @@ async def stream_completion(frontend: Frontend, completion: Completion) -> Async
         if completion.include_usage:
             yield responses.usage_chunk(cid, created, model, completion.usage(), chat=completion.chat)
     yield responses.DONE
+
+
+def _opening(completion: Completion) -> bytes:
+    """The role delta of every chat choice (OpenAI's first chunk), or the echoed prompts."""
+    cid, created, model = completion.id, completion.created, completion.model
+    if completion.chat:
+        return b"".join(responses.chat_role_chunk(cid, created, model, p.output.index) for p in completion.plans)
+    if completion.request.echo:
+        n = completion.request.n
+        return b"".join(
+            responses.completion_chunk(cid, created, model, p.output.index, completion.prompts[p.output.index // n].text)
+            for p in completion.plans
+        )
+    return b""
 
 
 class _EngineAbort(Exception):

@@ -22,8 +22,9 @@ from trio_direct.frontend.runtime import run_frontend
 log = logging.getLogger(__name__)
 
 
-def hypercorn_config(host: str, port: int) -> hypercorn.Config:
+def hypercorn_config(host: str, port: int, log_level: str = "info") -> hypercorn.Config:
     config = hypercorn.Config()
+    config.loglevel = log_level.upper()
     config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
     config.accesslog = None
     config.keep_alive_timeout = 75
@@ -36,6 +37,6 @@ async def serve(config: ServeConfig, *, task_status: trio.TaskStatus[list[str]] 
     async with open_asyncio_loop(), trio.open_nursery() as nursery:
         frontend = await nursery.start(run_frontend, config)
         app = create_app(lambda: frontend, max_body_bytes=config.max_body_bytes)
-        binds = await nursery.start(partial(hypercorn.trio.serve, app, hypercorn_config(config.host, config.port)))
+        binds = await nursery.start(partial(hypercorn.trio.serve, app, hypercorn_config(config.host, config.port, config.log_level)))
         log.info("OpenAI API for model %r on %s", frontend.model_name, ", ".join(binds))
         task_status.started(binds)

@@ -332,6 +332,7 @@ class _GenerateCall:
         "_stream",
         "_incremental",
         "_report_rank",
+        "_unsent",
     )
 
     def __init__(
@@ -355,6 +356,8 @@ class _GenerateCall:
         self._stream = stream
         self._incremental = incremental
         self._report_rank = report_rank
+        #: rid -> its last message handed to the call, which may still be waiting to be written.
+        self._unsent: dict[str, pb.GenerateResponse] = {}
 
     def output(self, out: RequestOutput, dp_rank: int) -> None:
         call = self._call
@@ -368,8 +371,17 @@ class _GenerateCall:
             self._finishes[rid] = finish
         all_done = len(self._finishes) == len(self._ids)
         if self._stream:
-            ids = out.new_token_ids if self._incremental else self._ids[rid]
-            call.send(pb.GenerateResponse(output_ids=ids, meta_info=self._meta(out, dp_rank), finished=all_done))
+            if self._incremental and (tail := call.unsent_tail()) is not None and tail is self._unsent.get(rid):
+                # Like SGLang's incremental streaming: deltas that queued behind a slow reader go
+                # out coalesced into one message.
+                tail.output_ids.extend(out.new_token_ids)
+                tail.meta_info.update(self._meta(out, dp_rank))
+                tail.finished = all_done
+            else:
+                ids = out.new_token_ids if self._incremental else self._ids[rid]
+                message = pb.GenerateResponse(output_ids=ids, meta_info=self._meta(out, dp_rank), finished=all_done)
+                self._unsent[rid] = message
+                call.send(message)
             if all_done:
                 call.finish()
             return

@@ -1,0 +1,363 @@
+"""Subscribes to one SGLang engine's ZMQ KV-event publishers and keeps its index honest.
+
+One SUB socket per DP rank receives ``[topic, seq (8-byte big-endian), msgpack batch]``
+(``kv-events.md`` §3). Every batch goes through the rank's ``SequenceTracker``; a gap is
+filled from the engine's replay ROUTER when it has one (§5), and whenever history is
+provably lost -- no replay endpoint, replay too short or failed, publisher restarted, engine
+down -- the sink is told to clear that rank, because routing on a stale index is worse than
+routing on an empty one (``user-asks.md`` §4). Decoding and sequence rules live in
+``kv_events``; this module only moves frames and applies the decisions.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Protocol
+
+import trio
+import zmq
+
+from trio_direct.fleet.card import KvEventSource
+from trio_direct.routing.kv_events import (
+    Apply,
+    BadBatch,
+    Gap,
+    KvEvent,
+    Restart,
+    SequenceTracker,
+    Skip,
+    decode_batch,
+)
+from trio_direct.zmqio import TrioSocket
+
+__all__ = [
+    "DEFAULT_LIVE_BUFFER",
+    "DEFAULT_REPLAY_TIMEOUT",
+    "END_SEQ",
+    "RCVHWM",
+    "KvEventCounters",
+    "KvEventSink",
+    "KvEventSubscriber",
+]
+
+log = logging.getLogger(__name__)
+
+#: A SUB drops silently at its receive HWM; the default 1000 lost ~4 % of a flood.
+RCVHWM = 1_000_000
+#: Seq frame of the replay end marker (-1).
+END_SEQ = b"\xff" * 8
+#: Longest a whole replay may take before the rank is cleared instead.
+DEFAULT_REPLAY_TIMEOUT = 5.0
+#: Live batches held while a replay runs (Dynamo's bootstrap uses 4096); beyond it they
+#: wait in the socket's own queue.
+DEFAULT_LIVE_BUFFER = 4096
+#: Frames handled between checkpoints when working through held live batches.
+_CHUNK = 256
+
+
+class KvEventSink(Protocol):
+    """Where decoded events go: the routing index, keyed by this engine's DP rank."""
+
+    def on_events(self, dp_rank: int, events: tuple[KvEvent, ...]) -> None: ...
+
+    def on_clear(self, dp_rank: int, reason: str) -> None: ...
+
+
+@dataclass(slots=True)
+class KvEventCounters:
+    """What happened on this engine's sockets, summed over its ranks.
+
+    ``batches``/``events``: applied to the sink. ``dropped_events``: malformed events left out
+    of otherwise good batches. ``bad_batches``: undecodable payloads or malformed frames.
+    ``gaps``: sequence gaps seen (joining mid-stream included). ``replays``: replay requests.
+    ``lost``: batches never applied because history was gone. ``restarts``: publisher restarts.
+    """
+
+    batches: int = 0
+    events: int = 0
+    dropped_events: int = 0
+    bad_batches: int = 0
+    gaps: int = 0
+    replays: int = 0
+    lost: int = 0
+    restarts: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+@dataclass(slots=True)
+class _Rank:
+    """One DP rank's socket and sequence state."""
+
+    source: KvEventSource
+    sub: TrioSocket
+    topic: bytes
+    tracker: SequenceTracker = field(default_factory=SequenceTracker)
+    #: Live frames received but not yet handled (held during a replay).
+    pending: deque[list[bytes]] = field(default_factory=deque)
+    #: Bumped by ``engine_down`` so an in-flight replay knows its result is stale.
+    epoch: int = 0
+    rank_mismatch_logged: bool = False
+
+
+class _ReplayFailed(Exception):
+    pass
+
+
+class KvEventSubscriber:
+    """The KV-event subscription of one engine, all its DP ranks.
+
+    ``await nursery.start(subscriber.run)`` returns once every SUB is connecting; ``run``
+    returns only when cancelled, and closes its sockets on the way out. An endpoint nobody
+    listens on is fine: ZMQ keeps reconnecting by itself.
+    """
+
+    def __init__(
+        self,
+        engine: str,
+        sources: Sequence[KvEventSource],
+        sink: KvEventSink,
+        *,
+        ctx: zmq.Context | None = None,
+        replay_timeout: float = DEFAULT_REPLAY_TIMEOUT,
+        live_buffer: int = DEFAULT_LIVE_BUFFER,
+    ) -> None:
+        if live_buffer < 1:
+            raise ValueError("live_buffer must be at least 1")
+        ranks = [source.dp_rank for source in sources]
+        if len(set(ranks)) != len(ranks):
+            raise ValueError(f"duplicate DP ranks in KV event sources: {ranks}")
+        self.engine = engine
+        self.sources = tuple(sources)
+        self.sink = sink
+        self.counters = KvEventCounters()
+        self.replay_timeout = replay_timeout
+        self.live_buffer = live_buffer
+        self._ctx = ctx if ctx is not None else zmq.Context.instance()
+        self._ranks: dict[int, _Rank] = {}
+
+    def last_applied(self, dp_rank: int) -> int | None:
+        """Seq of the last batch applied for ``dp_rank`` (``None`` before the first)."""
+        rank = self._ranks.get(dp_rank)
+        return None if rank is None else rank.tracker.last_applied
+
+    def engine_down(self) -> None:
+        """The engine is gone: clear every rank and start each sequence afresh.
+
+        A restarted engine numbers from 0 again, which a fresh tracker simply applies; if the
+        engine was in fact still up, its next batch shows as a gap from 0 and gets replayed.
+        """
+        for source in self.sources:
+            rank = self._ranks.get(source.dp_rank)
+            if rank is not None:
+                rank.tracker.reset()
+                rank.epoch += 1
+            log.info("engine %s rank %d: engine down, index cleared", self.engine, source.dp_rank)
+            self.sink.on_clear(source.dp_rank, "engine down")
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Receive and apply events on every rank until cancelled."""
+        try:
+            for source in self.sources:
+                sub = TrioSocket(self._ctx, zmq.SUB, rcvhwm=RCVHWM)
+                topic = source.topic.encode()
+                self._ranks[source.dp_rank] = _Rank(source, sub, topic)
+                sub.subscribe(topic)
+                sub.connect(source.endpoint)
+            async with trio.open_nursery() as nursery:
+                for rank in self._ranks.values():
+                    nursery.start_soon(self._run_rank, rank)
+                task_status.started()
+        finally:
+            for rank in self._ranks.values():
+                rank.sub.close()
+            self._ranks.clear()
+
+    # -- live stream ---------------------------------------------------------------------
+
+    async def _run_rank(self, rank: _Rank) -> None:
+        while True:
+            if rank.pending:
+                # Held frames from a replay: work through them, but stay fair.
+                await trio.lowlevel.checkpoint()
+            else:
+                rank.pending.extend(await rank.sub.recv_batch())
+            for _ in range(min(len(rank.pending), _CHUNK)):
+                await self._on_live(rank, rank.pending.popleft())
+
+    async def _on_live(self, rank: _Rank, frames: list[bytes]) -> None:
+        if len(frames) != 3 or len(frames[1]) != 8:
+            self._bad_frames(rank, f"{len(frames)} frames")
+            return
+        topic, seq_frame, payload = frames
+        if topic != rank.topic:
+            return  # the SUB filter is a prefix match; another topic's batch is not ours
+        seq = int.from_bytes(seq_frame, "big")
+        action = rank.tracker.observe(seq)
+        if isinstance(action, Restart):
+            self.counters.restarts += 1
+            log.info(
+                "engine %s rank %d: publisher restarted (seq %d after %d), index cleared",
+                self.engine, rank.source.dp_rank, action.got, action.last,
+            )
+            reason = f"publisher restarted (seq {action.got} after {action.last})"
+            self.sink.on_clear(rank.source.dp_rank, reason)
+            action = rank.tracker.observe(seq)
+        if isinstance(action, Apply):
+            self._apply(rank, seq, payload)
+        elif isinstance(action, Gap):
+            await self._recover(rank, action, payload)
+
+    def _apply(self, rank: _Rank, seq: int, payload: bytes) -> None:
+        """Hand one in-sequence batch to the sink; a bad payload still uses up its seq."""
+        try:
+            batch = decode_batch(payload)
+        except BadBatch as exc:
+            self.counters.bad_batches += 1
+            log.warning(
+                "engine %s rank %d: skipped bad batch %d: %s", self.engine, rank.source.dp_rank, seq, exc
+            )
+            return
+        self.counters.batches += 1
+        self.counters.dropped_events += batch.dropped_events
+        if batch.dropped_events:
+            log.warning(
+                "engine %s rank %d: dropped %d malformed events of batch %d",
+                self.engine, rank.source.dp_rank, batch.dropped_events, seq,
+            )
+        mismatch = batch.dp_rank is not None and batch.dp_rank != rank.source.dp_rank
+        if mismatch and not rank.rank_mismatch_logged:
+            rank.rank_mismatch_logged = True
+            log.warning(
+                "engine %s rank %d: batches say dp_rank %d; indexing them under the endpoint's rank %d",
+                self.engine, rank.source.dp_rank, batch.dp_rank, rank.source.dp_rank,
+            )
+        if batch.events:
+            self.counters.events += len(batch.events)
+            self.sink.on_events(rank.source.dp_rank, batch.events)
+
+    def _bad_frames(self, rank: _Rank, what: str) -> None:
+        self.counters.bad_batches += 1
+        log.warning(
+            "engine %s rank %d: skipped malformed message (%s)", self.engine, rank.source.dp_rank, what
+        )
+
+    # -- gaps ----------------------------------------------------------------------------
+
+    async def _recover(self, rank: _Rank, gap: Gap, payload: bytes) -> None:
+        """Fill ``gap`` from replay if possible, else clear the rank; then apply ``gap.got``."""
+        self.counters.gaps += 1
+        dp_rank = rank.source.dp_rank
+        joined = rank.tracker.last_applied is None
+        what = f"joined at seq {gap.got}" if joined else f"gap {gap.expected}→{gap.got}"
+        if rank.source.replay_endpoint is None:
+            lost = self._lose(rank, gap.expected, gap.got, f"{what}, no replay endpoint")
+            log.warning(
+                "engine %s rank %d: %s, no replay endpoint: %d batches lost, index cleared",
+                self.engine, dp_rank, what, lost,
+            )
+            self._apply_next(rank, gap.got, payload)
+            return
+
+        self.counters.replays += 1
+        epoch = rank.epoch
+        try:
+            replayed = await self._replay_holding_live(rank, gap.expected)
+        except _ReplayFailed as exc:
+            if rank.epoch == epoch:
+                lost = self._lose(rank, gap.expected, gap.got, f"{what}, replay failed ({exc})")
+                log.warning(
+                    "engine %s rank %d: %s, replay failed (%s): %d batches lost, index cleared",
+                    self.engine, dp_rank, what, exc, lost,
+                )
+                self._apply_next(rank, gap.got, payload)
+            return
+        if rank.epoch != epoch:
+            # engine_down cleared the rank meanwhile; these batches predate the clear.
+            return
+
+        first = replayed[0][0] if replayed else None
+        lost_history = rank.tracker.replay_result(first)
+        applied = lost = 0
+        for index, (seq, data) in enumerate([*replayed, (gap.got, payload)]):
+            action = rank.tracker.observe_replayed(seq)
+            if isinstance(action, Gap):
+                why = "replay had nothing" if first is None else f"replay starts at {first}"
+                lost += self._lose(rank, action.expected, seq, f"{what}, history lost ({why})")
+                action = rank.tracker.observe_replayed(seq)
+            if isinstance(action, Apply):
+                self._apply(rank, seq, data)
+                applied += index < len(replayed)
+            else:
+                assert isinstance(action, Skip)
+        if lost_history or lost:
+            log.warning(
+                "engine %s rank %d: %s, history lost: %d batches lost, index cleared, replayed %d batches",
+                self.engine, dp_rank, what, lost, applied,
+            )
+        else:
+            log.info("engine %s rank %d: %s, replayed %d batches", self.engine, dp_rank, what, applied)
+
+    def _apply_next(self, rank: _Rank, seq: int, payload: bytes) -> None:
+        """Apply the batch that ``accept_loss`` made the next one."""
+        action = rank.tracker.observe_replayed(seq)
+        assert isinstance(action, Apply), action
+        self._apply(rank, seq, payload)
+
+    def _lose(self, rank: _Rank, expected: int, resume: int, why: str) -> int:
+        """Batches ``expected`` .. ``resume - 1`` are gone: clear the rank, resume at ``resume``."""
+        missing = resume - expected
+        self.counters.lost += missing
+        self.sink.on_clear(rank.source.dp_rank, f"{why}: {missing} batches lost")
+        rank.tracker.accept_loss(resume)
+        return missing
+
+    async def _replay_holding_live(self, rank: _Rank, start_seq: int) -> list[tuple[int, bytes]]:
+        """Replay from ``start_seq`` while holding live batches that arrive meanwhile."""
+        result: list[tuple[int, bytes]] = []
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._hold_live, rank)
+            try:
+                result = await self._fetch_replay(rank.source, start_seq)
+            except _ReplayFailed as exc:
+                failure: _ReplayFailed | None = exc
+            else:
+                failure = None
+            nursery.cancel_scope.cancel()
+        if failure is not None:
+            raise failure
+        return result
+
+    async def _hold_live(self, rank: _Rank) -> None:
+        # Past the bound, stop reading: the socket's RCVHWM queue holds the rest.
+        while len(rank.pending) < self.live_buffer:
+            rank.pending.extend(await rank.sub.recv_batch(self.live_buffer - len(rank.pending)))
+        await trio.sleep_forever()
+
+    async def _fetch_replay(self, source: KvEventSource, start_seq: int) -> list[tuple[int, bytes]]:
+        """Every batch the publisher still buffers from ``start_seq`` on, in order.
+
+        Replies come as ``[b"", seq, payload]`` (SGLang ≤ 0.5.19) or ``[b"", topic, seq,
+        payload]`` (0.5.23); the end marker has seq ``0xFF×8`` in either layout.
+        """
+        assert source.replay_endpoint is not None
+        batches: list[tuple[int, bytes]] = []
+        try:
+            with TrioSocket(self._ctx, zmq.DEALER) as dealer, trio.fail_after(self.replay_timeout):
+                dealer.connect(source.replay_endpoint)
+                await dealer.send_multipart([b"", start_seq.to_bytes(8, "big")])
+                while True:
+                    for frames in await dealer.recv_batch():
+                        if len(frames) not in (3, 4) or frames[0] != b"" or len(frames[-2]) != 8:
+                            raise _ReplayFailed(f"malformed reply of {len(frames)} frames")
+                        if frames[-2] == END_SEQ:
+                            return batches
+                        batches.append((int.from_bytes(frames[-2], "big"), frames[-1]))
+        except trio.TooSlowError:
+            raise _ReplayFailed(f"no end marker within {self.replay_timeout:g}s") from None
+        except zmq.ZMQError as exc:
+            raise _ReplayFailed(str(exc)) from None
