@@ -21,6 +21,9 @@ class ServeConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     engine_url: list[str] = field(default_factory=list)
+    prefill_engine_url: list[str] = field(default_factory=list)
+    enforce_disagg: bool = False
+    decode_abort_deadline: float = 30.0
     engine_api: str = "auto"
     engine_wait_timeout: float = 120.0
     connect_timeout: float = 5.0
@@ -44,6 +47,9 @@ _HELP = {
     "port": "port to listen on",
     "engine_url": "gRPC address of an SGLang engine (http://, grpc:// or host:port); repeat for more. "
     "None: start built-in mock engines",
+    "prefill_engine_url": "an engine expected to be a prefill engine (checked against its probe); repeat for more",
+    "enforce_disagg": "with prefill engines configured, answer 503 while none is healthy instead of serving aggregated",
+    "decode_abort_deadline": "seconds a cancelled decode leg may wait for its first message (the KV transfer) before its Abort",
     "engine_api": "engine gRPC API: auto (native, then SMG), native or smg",
     "engine_wait_timeout": "seconds to keep retrying engines that are not up yet at start-up",
     "connect_timeout": "seconds to wait for a TCP connection to an engine",
@@ -66,6 +72,7 @@ _CHOICES = {
     "router_mode": ("round-robin", "random"),
     "log_level": ("debug", "info", "warning", "error"),
 }
+_URL_LISTS = ("engine_url", "prefill_engine_url")
 _ALIASES = {"tool_call_parser": ["--dyn-tool-call-parser"], "reasoning_parser": ["--dyn-reasoning-parser"]}
 
 
@@ -94,10 +101,19 @@ def add_serve_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, s
         default = getattr(defaults, spec.name)
         env_name = ENV_PREFIX + spec.name.upper()
         flag = "--" + spec.name.replace("_", "-")
-        if spec.name == "engine_url":
+        if spec.name in _URL_LISTS:
             env_default = environ.get(env_name, "").replace(",", " ").split()
             parser.add_argument(flag, action="append", default=None, metavar="URL", help=f"{_HELP[spec.name]} [{env_name}]")
-            parser.set_defaults(engine_url_env=env_default)
+            parser.set_defaults(**{spec.name + "_env": env_default})
+            continue
+        if isinstance(default, bool):
+            value = environ.get(env_name)
+            parser.add_argument(
+                flag,
+                action=argparse.BooleanOptionalAction,
+                default=_converter(default)(value) if value is not None else default,
+                help=f"{_HELP[spec.name]} [{env_name}]",
+            )
             continue
         convert = _converter(default) if default is not None else (int if spec.name == "kv_cache_block_size" else str)
         value = environ.get(env_name)
@@ -113,9 +129,11 @@ def add_serve_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, s
 
 
 def config_from_args(args: argparse.Namespace) -> ServeConfig:
-    values = {spec.name: getattr(args, spec.name) for spec in fields(ServeConfig) if spec.name != "engine_url"}
-    urls = args.engine_url if args.engine_url is not None else args.engine_url_env
-    return ServeConfig(engine_url=list(urls), **values)
+    values = {spec.name: getattr(args, spec.name) for spec in fields(ServeConfig) if spec.name not in _URL_LISTS}
+    for name in _URL_LISTS:
+        given = getattr(args, name)
+        values[name] = list(given if given is not None else getattr(args, name + "_env"))
+    return ServeConfig(**values)
 
 
 def config_from_env(environ: Mapping[str, str] | None = None) -> ServeConfig:

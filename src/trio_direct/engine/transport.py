@@ -33,6 +33,7 @@ from grpclib.const import Cardinality, Handler, Status
 from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 from grpclib.server import Server
 
+from trio_direct.exception_groups import unwrap_single_exception
 from trio_direct.engine.errors import (
     EngineDeadlineExceeded,
     EngineError,
@@ -159,18 +160,14 @@ class EngineChannel:
         HTTP/2 stream, which the engine observes as a client cancel.
         """
         send, receive = trio.open_memory_channel(math.inf)
-        try:
+        # The pump never raises, so a lone exception is the caller's own: give it back unwrapped.
+        with unwrap_single_exception():
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._pump, path, request, response_type, timeout, send)
                 try:
                     yield MessageStream(receive)
                 finally:
                     nursery.cancel_scope.cancel()
-        except BaseExceptionGroup as group:
-            # The pump never raises, so a lone exception is the caller's own: give it back unwrapped.
-            if len(group.exceptions) == 1:
-                raise group.exceptions[0] from group.exceptions[0].__cause__
-            raise
 
     async def _pump(self, path, request, response_type, timeout, send) -> None:
         with send:
@@ -385,8 +382,9 @@ class _Server(Server):
     def close(self) -> None:
         super().close()
         for protocol in list(self._protocols):
-            if protocol.processor is not None:
-                protocol.processor.close("server closed")
+            processor = getattr(protocol, "processor", None)  # absent until the connection is made
+            if processor is not None:
+                processor.close("server closed")
 
 
 async def serve_grpc(

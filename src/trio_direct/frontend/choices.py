@@ -13,11 +13,13 @@ import math
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Protocol
 
 import trio
 
 from trio_direct.engine.errors import EngineError
+from trio_direct.exception_groups import unwrap_single_exception
 from trio_direct.engine.types import EngineClient, GenerateChunk, GenerateInput
 from trio_direct.frontend.engine_call import open_engine_call
 
@@ -58,6 +60,12 @@ class ChoiceOutput:
     cached_tokens: int = 0
     reasoning_tokens: int = 0
     finish_reason: str | None = None
+    #: Disaggregated serving: the prefill leg's cache hit (the decode leg reports the whole prompt).
+    prompt_cached_tokens: int | None = None
+
+    @property
+    def usage_cached_tokens(self) -> int:
+        return self.cached_tokens if self.prompt_cached_tokens is None else self.prompt_cached_tokens
 
     def push(self, batch: list[GenerateChunk]) -> ChoiceEvent:
         token_ids = [token for chunk in batch for token in chunk.token_ids]
@@ -82,12 +90,22 @@ class ChoiceOutput:
 
 
 @dataclass(slots=True)
+class EngineLeg:
+    """One engine call: the engine and the request it gets."""
+
+    client: EngineClient
+    request: GenerateInput
+
+
+@dataclass(slots=True)
 class ChoicePlan:
-    """What to run for one choice: the engine, the request for it, and its output state."""
+    """What to run for one choice: the generating engine and its request, the output state, and,
+    when serving disaggregated, the prefill leg."""
 
     client: EngineClient
     request: GenerateInput
     output: ChoiceOutput
+    prefill: EngineLeg | None = None
     on_first_chunk: Callable[[], None] | None = field(default=None)
 
 
@@ -100,21 +118,38 @@ class ChoiceFailed(Exception):
 
 
 @asynccontextmanager
-async def run_choices(plans: list[ChoicePlan], *, abort_timeout: float) -> AsyncIterator[ChoiceEvents]:
-    """Start every choice's engine call at once; read their events from the yielded `ChoiceEvents`.
+async def run_choices(
+    plans: list[ChoicePlan], *, abort_timeout: float, decode_abort_deadline: float = 30.0
+) -> AsyncIterator[ChoiceEvents]:
+    """Start every choice's engine call(s) at once; read their events from the yielded `ChoiceEvents`.
 
     The nursery here is the request's: leaving the block (client gone, error, all done) cancels
     whatever still runs, and each engine call's own ``finally`` sends its Abort.
     """
+    from trio_direct.frontend.disaggregation import run_disaggregated_choice
+
     send, receive = trio.open_memory_channel(math.inf)
-    async with trio.open_nursery() as nursery:
-        for plan in plans:
-            nursery.start_soon(_run_choice, plan, abort_timeout, send.clone())
-        send.close()
-        try:
-            yield ChoiceEvents(receive)
-        finally:
-            nursery.cancel_scope.cancel()
+    # Choice tasks report failures in-band and never raise: what leaves is the reader's own.
+    with unwrap_single_exception():
+        async with trio.open_nursery() as nursery:
+            for plan in plans:
+                if plan.prefill is None:
+                    nursery.start_soon(_run_choice, plan, abort_timeout, send.clone())
+                else:
+                    nursery.start_soon(
+                        partial(
+                            run_disaggregated_choice,
+                            plan,
+                            abort_timeout=abort_timeout,
+                            decode_abort_deadline=decode_abort_deadline,
+                            send=send.clone(),
+                        )
+                    )
+            send.close()
+            try:
+                yield ChoiceEvents(receive)
+            finally:
+                nursery.cancel_scope.cancel()
 
 
 class ChoiceEvents:
@@ -146,15 +181,37 @@ class ChoiceEvents:
 
 async def _run_choice(plan: ChoicePlan, abort_timeout: float, send: trio.MemorySendChannel) -> None:
     async with send:
-        try:
-            async with open_engine_call(plan.client, plan.request, abort_timeout=abort_timeout) as call:
-                while batch := await call.next_batch():
-                    if plan.on_first_chunk is not None:
-                        plan.on_first_chunk()
-                        plan.on_first_chunk = None
-                    event = plan.output.push(batch)
-                    send.send_nowait(event)
-                    if event.finish_reason is not None:
-                        return
-        except EngineError as error:
-            send.send_nowait(ChoiceFailed(error))
+        await stream_choice(plan, abort_timeout, send)
+
+
+async def stream_choice(
+    plan: ChoicePlan,
+    abort_timeout: float,
+    send: trio.MemorySendChannel,
+    *,
+    on_first_message: Callable[[], None] | None = None,
+) -> None:
+    """Run the choice's generating engine call, sending its events (or its failure) to `send`."""
+    try:
+        async with open_engine_call(plan.client, plan.request, abort_timeout=abort_timeout) as call:
+            while batch := await call.next_batch():
+                if on_first_message is not None:
+                    on_first_message()
+                    on_first_message = None
+                if plan.on_first_chunk is not None:
+                    plan.on_first_chunk()
+                    plan.on_first_chunk = None
+                event = plan.output.push(batch)
+                offer(send, event)
+                if event.finish_reason is not None:
+                    return
+    except EngineError as error:
+        offer(send, ChoiceFailed(error))
+
+
+def offer(send: trio.MemorySendChannel, item: object) -> None:
+    """Hand `item` to the reader, if it is still there (a cancelled decode leg outlives it)."""
+    try:
+        send.send_nowait(item)
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        pass

@@ -24,9 +24,10 @@ from trio_direct.engine.errors import (
     EngineResourceExhausted,
     EngineUnavailable,
 )
-from trio_direct.engine.types import GenerateInput
-from trio_direct.frontend.choices import ChoiceEvent, ChoiceOutput, ChoicePlan, run_choices
-from trio_direct.frontend.runtime import Frontend
+from trio_direct.engine.types import Bootstrap, GenerateInput
+from trio_direct.frontend.choices import ChoiceEvent, ChoiceOutput, ChoicePlan, EngineLeg, run_choices
+from trio_direct.frontend.disaggregation import new_room
+from trio_direct.frontend.runtime import Frontend, Route
 from trio_direct.openai import errors, responses
 from trio_direct.openai.errors import OpenAIError
 from trio_direct.openai.requests import (
@@ -80,7 +81,7 @@ class Completion:
         return responses.Usage(
             prompt_tokens=prompt_tokens,
             completion_tokens=sum(o.completion_tokens for o in outputs),
-            cached_tokens=sum(o.cached_tokens for o in outputs[:: max(1, len(outputs) // len(self.prompts))]),
+            cached_tokens=sum(o.usage_cached_tokens for o in outputs[:: max(1, len(outputs) // len(self.prompts))]),
             reasoning_tokens=sum(o.reasoning_tokens for o in outputs),
         )
 
@@ -185,9 +186,10 @@ def _plan(
         if limit is not None and len(prompt.token_ids) >= limit:
             raise errors.context_length_exceeded(len(prompt.token_ids), limit, sampling.max_new_tokens)
     try:
-        worker = frontend.choose_worker()
+        route = frontend.choose_route()
     except NoWorkerAvailable:
         raise errors.service_unavailable("No engine is available to serve the request.") from None
+    worker = route.decode
     return_logprob, top_logprobs = logprob_options(request)
     stops = stop_strings(request)
     request_key = uuid.uuid4().hex
@@ -218,8 +220,17 @@ def _plan(
                 prompt_ids=prompt.token_ids,
             )
             matcher = StopStringMatcher(stops, request.include_stop_str_in_output) if stops else None
-            plans.append(ChoicePlan(worker.engine.client, engine_request, ChoiceOutput(index, decoder, matcher)))
-    log.debug("request %s: %d choice(s) on %s rank %s", request_key, len(plans), worker.engine.id, worker.dp_rank)
+            plan = ChoicePlan(worker.engine.client, engine_request, ChoiceOutput(index, decoder, matcher))
+            if route.prefill is not None:
+                plan.prefill = _pair_with_prefill(engine_request, route)
+            plans.append(plan)
+    if route.prefill is None:
+        log.debug("request %s: %d choice(s) on %s rank %s", request_key, len(plans), worker.engine.id, worker.dp_rank)
+    else:
+        log.info(
+            "request %s: %d choice(s), prefill on %s rank %s, decode on %s rank %s",
+            request_key, len(plans), route.prefill.engine.id, route.prefill.dp_rank, worker.engine.id, worker.dp_rank,
+        )  # fmt: skip
     return Completion(
         id=id_prefix + request_key,
         created=frontend.created,
@@ -229,6 +240,16 @@ def _plan(
         prompts=prompts,
         request=request,
     )
+
+
+def _pair_with_prefill(decode_request: GenerateInput, route: Route) -> EngineLeg:
+    """Give the decode request and its prefill twin the same rid and bootstrap triple."""
+    prefill_worker = route.prefill
+    card = prefill_worker.engine.card
+    room = new_room(prefill_worker.engine.client, route.decode.engine.client)
+    decode_request.bootstrap = Bootstrap(card.bootstrap_host or card.host, card.bootstrap_port or 8998, room)
+    prefill_request = replace(decode_request, routed_dp_rank=prefill_worker.dp_rank)
+    return EngineLeg(prefill_worker.engine.client, prefill_request)
 
 
 # ---- running --------------------------------------------------------------------------------------
@@ -255,7 +276,11 @@ async def stream_completion(frontend: Frontend, completion: Completion) -> Async
     """The SSE body. Everything that queued up while the client was slow goes out as one write."""
     cid, created, model = completion.id, completion.created, completion.model
     try:
-        async with run_choices(completion.plans, abort_timeout=frontend.config.abort_timeout) as batches:
+        async with run_choices(
+            completion.plans,
+            abort_timeout=frontend.config.abort_timeout,
+            decode_abort_deadline=frontend.config.decode_abort_deadline,
+        ) as batches:
             if opening := _opening(completion):
                 yield opening  # written while the engine calls are already on their way
             async for batch in batches:
@@ -328,7 +353,11 @@ async def complete_unary(frontend: Frontend, completion: Completion) -> bytes:
     texts: dict[int, list[str]] = {p.output.index: [] for p in completion.plans}
     finish: dict[int, str | None] = {}
     try:
-        async with run_choices(completion.plans, abort_timeout=frontend.config.abort_timeout) as batches:
+        async with run_choices(
+            completion.plans,
+            abort_timeout=frontend.config.abort_timeout,
+            decode_abort_deadline=frontend.config.decode_abort_deadline,
+        ) as batches:
             async for batch in batches:
                 for event in batch:
                     if event.finish_reason == "abort":

@@ -17,8 +17,8 @@ import trio
 
 from trio_direct.config import ServeConfig
 from trio_direct.engine.transport import ChannelPool, open_asyncio_loop
-from trio_direct.fleet.fleet import Fleet, FleetOverrides, Worker
-from trio_direct.routing.simple import RandomRouter, RoundRobinRouter, Router
+from trio_direct.fleet.fleet import Fleet, FleetError, FleetOverrides, Worker
+from trio_direct.routing.simple import NoWorkerAvailable, RandomRouter, RoundRobinRouter, Router
 from trio_direct.text.chat_template import load_chat_template
 from trio_direct.text.tokenizer import ModelTokenizer
 
@@ -36,6 +36,8 @@ class Frontend:
     #: The `--chat-template` file's text; None = the model's own templates.
     chat_template_override: str | None
     created: int = field(default_factory=lambda: int(time.time()))
+    prefill_router: Router = field(default_factory=RoundRobinRouter)
+    decode_router: Router = field(default_factory=RoundRobinRouter)
 
     @property
     def model_name(self) -> str:
@@ -54,12 +56,60 @@ class Frontend:
     def reasoning_parser(self) -> str | None:
         return self.config.reasoning_parser or self.fleet.model.reasoning_parser
 
-    def healthy(self) -> bool:
-        return bool(self.fleet.workers())
+    @property
+    def disaggregated(self) -> bool:
+        """Prefill engines are configured: requests are served as prefill + decode pairs."""
+        return any(engine.card.role == "prefill" for engine in self.fleet.engines)
 
-    def choose_worker(self) -> Worker:
-        """The worker (engine and DP rank) for the next request; raises `NoWorkerAvailable`."""
-        return self.router.choose(self.fleet.workers())
+    def healthy(self) -> bool:
+        try:
+            self.choose_route(dry_run=True)
+        except NoWorkerAvailable:
+            return False
+        return True
+
+    def choose_route(self, *, dry_run: bool = False) -> Route:
+        """Where the next request goes; raises `NoWorkerAvailable` when nothing healthy can serve it.
+
+        With prefill engines, a prefill worker and a decode worker (each pool round-robin), else,
+        unless `--enforce-disagg`, an aggregated worker.
+        """
+        workers = self.fleet.workers()
+        if self.disaggregated:
+            prefill = self.fleet.prefill_workers()
+            decode = [w for w in workers if w.engine.card.role == "decode"]
+            if prefill and decode:
+                if dry_run:
+                    return Route(decode[0], prefill[0])
+                return Route(self.decode_router.choose(decode), self.prefill_router.choose(prefill))
+            if self.config.enforce_disagg:
+                raise NoWorkerAvailable("no healthy prefill and decode engine pair (--enforce-disagg)")
+        aggregated = [w for w in workers if w.engine.card.role == "aggregated"]
+        if dry_run and aggregated:
+            return Route(aggregated[0], None)
+        return Route(self.router.choose(aggregated), None)
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """The workers of one request: `decode` generates; `prefill` is set for disaggregated serving."""
+
+    decode: Worker
+    prefill: Worker | None = None
+
+
+def check_roles(fleet: Fleet, prefill_urls: list[str]) -> None:
+    """`--prefill-engine-url` must name prefill engines, and `--engine-url` must not."""
+    expected = set(prefill_urls)
+    for engine in fleet.engines:
+        meant_prefill = engine.card.url in expected
+        if meant_prefill != (engine.card.role == "prefill"):
+            flag = "--prefill-engine-url" if meant_prefill else "--engine-url"
+            raise FleetError(
+                f"engine {engine.id} ({engine.card.url}) reports role {engine.card.role!r} "
+                f"(disaggregation_mode), but was given with {flag}"
+                + (" (expected a prefill engine)" if meant_prefill else "; give prefill engines with --prefill-engine-url")
+            )
 
 
 #: The model name clients use with the built-in mock engines.
@@ -89,7 +139,9 @@ async def start_mock_engines(count: int, speedup: float, nursery: trio.Nursery) 
 
 async def run_frontend(config: ServeConfig, *, task_status: trio.TaskStatus[Frontend] = trio.TASK_STATUS_IGNORED) -> None:
     async with open_asyncio_loop(), trio.open_nursery() as nursery:
-        urls = config.engine_url or await start_mock_engines(config.mock_engines, config.mock_speedup, nursery)
+        urls = config.engine_url + config.prefill_engine_url
+        if not urls:
+            urls = await start_mock_engines(config.mock_engines, config.mock_speedup, nursery)
         pool = ChannelPool(connect_timeout=config.connect_timeout)
         try:
             fleet = await Fleet.connect(
@@ -99,6 +151,7 @@ async def run_frontend(config: ServeConfig, *, task_status: trio.TaskStatus[Fron
                 wait_timeout=config.engine_wait_timeout,
                 overrides=FleetOverrides(config.model_path, config.served_model_name, config.kv_cache_block_size),
             )
+            check_roles(fleet, config.prefill_engine_url)
             tokenizer = await trio.to_thread.run_sync(ModelTokenizer.from_directory, Path(fleet.model.tokenizer_path))
             template = load_chat_template(Path(config.chat_template)) if config.chat_template else None
             frontend = Frontend(config, fleet, make_router(config.router_mode), tokenizer, template)

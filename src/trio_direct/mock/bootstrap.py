@@ -31,6 +31,8 @@ __all__ = [
     "receive_kv",
 ]
 
+#: Aborted rooms remembered at most (oldest forgotten first).
+_MAX_ABORTED_ROOMS = 100_000
 #: How long a decode connection waits for its prefill leg before it is told "unmatched".
 DEFAULT_UNMATCHED_TIMEOUT = 30.0
 _HELLO_TIMEOUT = 5.0
@@ -141,6 +143,10 @@ class BootstrapServer:
         self.unmatched_timeout = unmatched_timeout
         self._rooms: dict[int, _Room] = {}
         self._connections = 0
+        #: room -> (why, until when): prefill legs aborted before their decode leg connected, so a
+        #: late decode leg learns at once that no transfer will come (as SGLang's decode side does
+        #: when the sender is marked failed) instead of waiting out the unmatched timeout.
+        self._aborted: dict[int, tuple[str, float]] = {}
 
     @property
     def pending_rooms(self) -> frozenset[int]:
@@ -213,6 +219,16 @@ class BootstrapServer:
         entry.abort_reason = reason
         entry.released.set()
         self._forget(entry)
+        if tokens is None and not entry.matched.is_set():
+            self._remember_abort(entry.room, reason or "prefill leg aborted")
+
+    def _remember_abort(self, room: int, reason: str) -> None:
+        now = trio.current_time()
+        for old in [r for r, (_, until) in self._aborted.items() if until < now]:
+            del self._aborted[old]
+        if len(self._aborted) >= _MAX_ABORTED_ROOMS:
+            del self._aborted[next(iter(self._aborted))]
+        self._aborted[room] = (reason, now + self.unmatched_timeout)
 
     def _forget(self, entry: _Room) -> None:
         if self._rooms.get(entry.room) is entry:
@@ -232,6 +248,10 @@ class BootstrapServer:
         buffer = MessageBuffer()
         room = await _read_hello(stream, buffer)
         if room is None:
+            return
+        aborted = self._aborted.pop(room, None)
+        if aborted is not None and aborted[1] >= trio.current_time():
+            await _send(stream, {"status": "aborted", "message": aborted[0]})
             return
         entry = self._rooms.setdefault(room, _Room(room))
         if entry.matched.is_set():

@@ -1,0 +1,118 @@
+"""One choice served by a prefill engine and a decode engine, both legs in the request's nursery.
+
+The two `Generate` calls carry the same rid and the same bootstrap triple (the prefill engine's
+bootstrap host and port, a fresh random room); the engines pair up by themselves. The decode stream
+drives the client's output; the prefill stream is read to its end (its usage holds the prompt's
+cached tokens) and a prefill failure fails the choice even when decode already produced tokens.
+
+Cancellation (client gone, shutdown, the other leg failed):
+- the prefill leg is reset and aborted at once (`open_engine_call`, as for any call);
+- the decode leg is **not** torn down before its first message: until then a KV transfer may be in
+  flight, and resetting a receiving decode request can crash or leak the engine. The leg runs in a
+  shielded scope; `DecodeLeg.abandon` (called from the watcher's ``finally``) either cancels it at
+  once (first message seen) or lets it run until its first message, bounded by
+  `--decode-abort-deadline`. Then its stream is reset and it is aborted like any call.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+
+import trio
+
+from trio_direct.engine.errors import EngineError, EngineInternal
+from trio_direct.engine.types import Bootstrap, EngineClient, GenerateInput
+from trio_direct.frontend.choices import ChoiceFailed, ChoicePlan, offer, stream_choice
+from trio_direct.frontend.engine_call import open_engine_call
+
+log = logging.getLogger(__name__)
+
+#: SMG engines carry the room as int32, native ones as int64.
+_SMG_ROOM_BITS = 31
+_NATIVE_ROOM_BITS = 63
+
+
+def new_room(*clients: EngineClient) -> int:
+    """A fresh non-negative bootstrap room that fits every leg's API."""
+    bits = _SMG_ROOM_BITS if any(c.api == "smg" for c in clients) else _NATIVE_ROOM_BITS
+    return random.getrandbits(bits)
+
+
+def bootstrap_for(host: str, port: int, room: int) -> Bootstrap:
+    return Bootstrap(host=host, port=port, room=room)
+
+
+class DecodeLeg:
+    """The decode leg's lifetime, decided by the leg's own state rather than by the request's."""
+
+    __slots__ = ("scope", "first_message", "done", "abandoned", "deadline")
+
+    def __init__(self, deadline: float) -> None:
+        self.scope = trio.CancelScope()
+        self.first_message = False
+        self.done = False
+        self.abandoned = False
+        self.deadline = deadline
+
+    def abandon(self) -> None:
+        """The request no longer wants this leg's output: end it as soon as that is safe."""
+        if self.done or self.abandoned:
+            return
+        self.abandoned = True
+        if self.first_message:
+            self.scope.cancel()
+        else:
+            self.scope.deadline = trio.current_time() + self.deadline
+
+    def saw_first_message(self) -> None:
+        self.first_message = True
+        if self.abandoned:
+            self.scope.cancel()
+
+
+async def run_disaggregated_choice(
+    plan: ChoicePlan, *, abort_timeout: float, decode_abort_deadline: float, send: trio.MemorySendChannel
+) -> None:
+    """Run both legs of one choice; events and failures go to `send`."""
+    leg = DecodeLeg(decode_abort_deadline)
+    async with send, trio.open_nursery() as nursery:
+        nursery.start_soon(_prefill_leg, plan, abort_timeout, send.clone())
+        watcher = trio.CancelScope()
+        nursery.start_soon(_watch, leg, watcher)
+        try:
+            with trio.CancelScope(shield=True):
+                with leg.scope:
+                    await stream_choice(plan, abort_timeout, send, on_first_message=leg.saw_first_message)
+        finally:
+            leg.done = True
+            watcher.cancel()
+    if leg.abandoned and not leg.first_message:
+        log.warning("decode leg %s gave no first message within %.1fs; aborted", plan.request.rid, leg.deadline)
+
+
+async def _watch(leg: DecodeLeg, scope: trio.CancelScope) -> None:
+    """Turns the request's cancellation into `leg.abandon()`, which the shielded leg cannot see."""
+    with scope:
+        try:
+            await trio.sleep_forever()
+        finally:
+            leg.abandon()
+
+
+async def _prefill_leg(plan: ChoicePlan, abort_timeout: float, send: trio.MemorySendChannel) -> None:
+    prefill = plan.prefill
+    assert prefill is not None
+    async with send:
+        try:
+            async with open_engine_call(prefill.client, prefill.request, abort_timeout=abort_timeout) as call:
+                while batch := await call.next_batch():
+                    last = batch[-1]
+                    if last.finish_reason is None:
+                        continue
+                    plan.output.prompt_cached_tokens = last.cached_tokens
+                    if last.finish_reason == "abort":
+                        raise EngineInternal(f"prefill aborted: {last.abort_message or 'no reason given'}")
+        except EngineError as error:
+            log.warning("prefill leg %s on %s failed: %s", prefill.request.rid, prefill.client.name, error)
+            offer(send, ChoiceFailed(error))
