@@ -199,8 +199,11 @@ async def test_a_rendezvous_timeout_fails_the_request(aio_loop, nursery):
                 "/v1/chat/completions",
                 json={"model": model, "messages": [{"role": "user", "content": "word " * 400}], "max_tokens": 4},
             )
-    assert reply.status_code == 502
-    assert "abort" in reply.json()["error"]["message"].lower()
+        assert reply.status_code == 502
+        assert "abort" in reply.json()["error"]["message"].lower()
+        body = {"model": model, "messages": [{"role": "user", "content": "word " * 400}], "max_tokens": 4, "stream": True}
+        events = [e async for e in RawSseClient(base).events("/v1/chat/completions", body)]
+    assert events[-1] == "[DONE]" and "error" in events[-2], "a streamed request ends with an error event"
     prefill_account, decode_account = await settle(prefill, decode)
     assert_no_early_decode_abort(decode_account)
     assert not prefill_account["live"]

@@ -25,6 +25,7 @@ from trio_direct.engine.errors import (
     EngineUnavailable,
 )
 from trio_direct.engine.types import Bootstrap, GenerateInput
+from trio_direct.fleet.card import DEFAULT_BOOTSTRAP_PORT
 from trio_direct.frontend.choices import ChoiceEvent, ChoiceOutput, ChoicePlan, EngineLeg, run_choices
 from trio_direct.frontend.disaggregation import new_room
 from trio_direct.frontend.runtime import Frontend, Route
@@ -247,7 +248,8 @@ def _pair_with_prefill(decode_request: GenerateInput, route: Route) -> EngineLeg
     prefill_worker = route.prefill
     card = prefill_worker.engine.card
     room = new_room(prefill_worker.engine.client, route.decode.engine.client)
-    decode_request.bootstrap = Bootstrap(card.bootstrap_host or card.host, card.bootstrap_port or 8998, room)
+    port = card.bootstrap_port or DEFAULT_BOOTSTRAP_PORT
+    decode_request.bootstrap = Bootstrap(card.bootstrap_host or card.host, port, room)
     prefill_request = replace(decode_request, routed_dp_rank=prefill_worker.dp_rank)
     return EngineLeg(prefill_worker.engine.client, prefill_request)
 
@@ -272,15 +274,19 @@ def _abort_error(event: ChoiceEvent) -> OpenAIError:
     return errors.engine_failure(f"The engine aborted the request: {event.abort_message or 'no reason given'}")
 
 
+def _run(frontend: Frontend, completion: Completion):  # noqa: ANN202 - run_choices' context manager
+    return run_choices(
+        completion.plans,
+        abort_timeout=frontend.config.abort_timeout,
+        decode_abort_deadline=frontend.config.decode_abort_deadline,
+    )
+
+
 async def stream_completion(frontend: Frontend, completion: Completion) -> AsyncIterator[bytes]:
     """The SSE body. Everything that queued up while the client was slow goes out as one write."""
     cid, created, model = completion.id, completion.created, completion.model
     try:
-        async with run_choices(
-            completion.plans,
-            abort_timeout=frontend.config.abort_timeout,
-            decode_abort_deadline=frontend.config.decode_abort_deadline,
-        ) as batches:
+        async with _run(frontend, completion) as batches:
             if opening := _opening(completion):
                 yield opening  # written while the engine calls are already on their way
             async for batch in batches:
@@ -353,11 +359,7 @@ async def complete_unary(frontend: Frontend, completion: Completion) -> bytes:
     texts: dict[int, list[str]] = {p.output.index: [] for p in completion.plans}
     finish: dict[int, str | None] = {}
     try:
-        async with run_choices(
-            completion.plans,
-            abort_timeout=frontend.config.abort_timeout,
-            decode_abort_deadline=frontend.config.decode_abort_deadline,
-        ) as batches:
+        async with _run(frontend, completion) as batches:
             async for batch in batches:
                 for event in batch:
                     if event.finish_reason == "abort":

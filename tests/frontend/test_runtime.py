@@ -1,0 +1,64 @@
+"""Which engines a request goes to: aggregated, or a prefill + decode pair."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from trio_direct.config import ServeConfig
+from trio_direct.fleet.fleet import Engine, Fleet, FleetError
+from trio_direct.frontend.runtime import Frontend, check_roles
+from trio_direct.routing.simple import NoWorkerAvailable, RoundRobinRouter
+
+
+def engine(engine_id: str, role: str, url: str = "") -> Engine:
+    card = SimpleNamespace(role=role, dp_size=1, url=url or f"grpc://{engine_id}:1")
+    return Engine(engine_id, card, client=SimpleNamespace(api="native", name=engine_id))
+
+
+def frontend(engines: list[Engine], **config) -> Frontend:
+    return Frontend(ServeConfig(**config), Fleet(engines, model=None), RoundRobinRouter(), tokenizer=None, chat_template_override=None)
+
+
+def test_aggregated_engines_take_turns():
+    front = frontend([engine("e0", "aggregated"), engine("e1", "aggregated")])
+    routes = [front.choose_route() for _ in range(4)]
+    assert [r.decode.engine.id for r in routes] == ["e0", "e1", "e0", "e1"]
+    assert all(r.prefill is None for r in routes)
+    assert not front.disaggregated
+
+
+def test_prefill_and_decode_pools_are_paired_and_each_round_robin():
+    front = frontend([engine("p0", "prefill"), engine("p1", "prefill"), engine("d0", "decode"), engine("d1", "decode")])
+    pairs = [(r.prefill.engine.id, r.decode.engine.id) for r in (front.choose_route() for _ in range(4))]
+    assert pairs == [("p0", "d0"), ("p1", "d1"), ("p0", "d0"), ("p1", "d1")]
+    assert front.disaggregated and front.healthy()
+
+
+def test_without_a_healthy_prefill_engine_aggregated_engines_serve_unless_disaggregation_is_enforced():
+    prefill, decode, aggregated = engine("p0", "prefill"), engine("d0", "decode"), engine("a0", "aggregated")
+    prefill.healthy = False
+    relaxed = frontend([prefill, decode, aggregated])
+    route = relaxed.choose_route()
+    assert route.prefill is None and route.decode.engine.id == "a0"
+    strict = frontend([prefill, decode, aggregated], enforce_disagg=True)
+    with pytest.raises(NoWorkerAvailable, match="enforce-disagg"):
+        strict.choose_route()
+    assert not strict.healthy()
+
+
+def test_a_decode_engine_never_serves_alone():
+    prefill, decode = engine("p0", "prefill"), engine("d0", "decode")
+    prefill.healthy = False
+    with pytest.raises(NoWorkerAvailable):
+        frontend([prefill, decode]).choose_route()
+
+
+def test_roles_must_match_the_flags_they_were_given_with():
+    fleet = Fleet([engine("e0", "prefill", "grpc://a:1"), engine("e1", "decode", "grpc://b:1")], model=None)
+    check_roles(fleet, ["grpc://a:1"])
+    with pytest.raises(FleetError, match=r"e0 \(grpc://a:1\) reports role 'prefill'.*--engine-url"):
+        check_roles(fleet, [])
+    with pytest.raises(FleetError, match=r"e1 \(grpc://b:1\) reports role 'decode'.*--prefill-engine-url"):
+        check_roles(fleet, ["grpc://a:1", "grpc://b:1"])
