@@ -1,7 +1,8 @@
 """Shared pieces of the frontend benchmarks: child processes and a lean SSE load client.
 
-The client speaks HTTP/1.1 with h11 over trio sockets (TCP_NODELAY, one fresh connection per
-request), so it adds no keep-alive/Nagle floor (peers.md §6.3) and costs the same for every target.
+The client speaks HTTP/1.1 with h11 over trio sockets (TCP_NODELAY), with one keep-alive connection
+per concurrent slot as OpenAI clients do; trio sockets set TCP_NODELAY, so there is no
+keep-alive/Nagle floor (peers.md §6.3), and it costs the same for every target.
 """
 
 from __future__ import annotations
@@ -43,15 +44,30 @@ def summary_ms(values: list[float]) -> str:
     return f"p50 {percentile(values, 0.5) * 1e3:7.2f} ms  p99 {percentile(values, 0.99) * 1e3:7.2f} ms"
 
 
-async def sse_request(host: str, port: int, path: str, body: dict) -> Sample:
-    """POST `body`, read the SSE stream to [DONE]; times the first and every later content event."""
-    sample = Sample()
-    payload = json.dumps(body).encode()
-    start = time.perf_counter()
-    stream = await trio.open_tcp_stream(host, port)
-    connection = h11.Connection(h11.CLIENT)
-    try:
-        headers = [("Host", host), ("Content-Type", "application/json"), ("Content-Length", str(len(payload)))]
+class SseConnection:
+    """One keep-alive HTTP/1.1 connection (as OpenAI clients keep theirs), reused request after request."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self._stream: trio.SocketStream | None = None
+        self._h11: h11.Connection | None = None
+
+    async def aclose(self) -> None:
+        if self._stream is not None:
+            await self._stream.aclose()
+            self._stream = None
+
+    async def request(self, path: str, body: dict) -> Sample:
+        """POST `body`, read the SSE stream to [DONE]; times the first and every later content event."""
+        sample = Sample()
+        payload = json.dumps(body).encode()
+        start = time.perf_counter()
+        if self._stream is None or self._h11.our_state is not h11.IDLE:
+            await self.aclose()
+            self._stream = await trio.open_tcp_stream(self.host, self.port)
+            self._h11 = h11.Connection(h11.CLIENT)
+        stream, connection = self._stream, self._h11
+        headers = [("Host", self.host), ("Content-Type", "application/json"), ("Content-Length", str(len(payload)))]
         await stream.send_all(
             connection.send(h11.Request(method="POST", target=path, headers=headers))
             + connection.send(h11.Data(data=payload))
@@ -64,8 +80,8 @@ async def sse_request(host: str, port: int, path: str, body: dict) -> Sample:
                 connection.receive_data(await stream.receive_some(65536))
                 continue
             if isinstance(event, h11.Response) and event.status_code != 200:
-                return sample
-            if isinstance(event, h11.Data):
+                sample.ok = False
+            elif isinstance(event, h11.Data):
                 pending += bytes(event.data)
                 *records, pending = pending.split(b"\n\n")
                 now = time.perf_counter()
@@ -73,7 +89,7 @@ async def sse_request(host: str, port: int, path: str, body: dict) -> Sample:
                     data = record.removeprefix(b"data: ")
                     if data == b"[DONE]":
                         sample.ok = True
-                        return sample
+                        continue
                     chunk = json.loads(data)
                     if chunk.get("usage"):
                         sample.completion_tokens = chunk["usage"]["completion_tokens"]
@@ -84,25 +100,32 @@ async def sse_request(host: str, port: int, path: str, body: dict) -> Sample:
                         else:
                             sample.gaps.append(now - last)
                         last = now
-            if isinstance(event, (h11.EndOfMessage, h11.ConnectionClosed)):
+            elif isinstance(event, h11.EndOfMessage):
+                if connection.our_state is h11.DONE and connection.their_state is h11.DONE:
+                    connection.start_next_cycle()
                 return sample
-    finally:
-        await stream.aclose()
+            elif isinstance(event, h11.ConnectionClosed):
+                await self.aclose()
+                return sample
 
 
 async def run_load(host: str, port: int, body: dict, *, concurrency: int, requests: int) -> tuple[list[Sample], float]:
-    """`requests` requests, `concurrency` at a time; returns the samples and the wall time."""
+    """`requests` requests over `concurrency` keep-alive connections; returns the samples and the wall time."""
     samples: list[Sample] = []
-    limiter = trio.Semaphore(concurrency)
+    remaining = iter(range(requests))
 
-    async def one() -> None:
-        async with limiter:
-            samples.append(await sse_request(host, port, "/v1/chat/completions", body))
+    async def worker() -> None:
+        connection = SseConnection(host, port)
+        try:
+            for _ in remaining:
+                samples.append(await connection.request("/v1/chat/completions", body))
+        finally:
+            await connection.aclose()
 
     start = time.perf_counter()
     async with trio.open_nursery() as nursery:
-        for _ in range(requests):
-            nursery.start_soon(one)
+        for _ in range(concurrency):
+            nursery.start_soon(worker)
     return samples, time.perf_counter() - start
 
 

@@ -287,10 +287,12 @@ async def stream_completion(frontend: Frontend, completion: Completion) -> Async
     cid, created, model = completion.id, completion.created, completion.model
     try:
         async with _run(frontend, completion) as batches:
-            if opening := _opening(completion):
-                yield opening  # written while the engine calls are already on their way
+            # The opening chunks go out with the first output: writing them first would hold up the
+            # dispatch of the engine calls behind a socket write.
+            opening = _opening(completion)
             async for batch in batches:
-                out = []
+                out = [opening] if opening else []
+                opening = b""
                 for event in _merge(batch):
                     if event.finish_reason == "abort":
                         raise _EngineAbort(event)
