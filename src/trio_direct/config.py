@@ -32,6 +32,12 @@ class ServeConfig:
     kv_cache_block_size: int | None = None
     chat_template: str | None = None
     router_mode: str = "round-robin"
+    router_kv_overlap_score_credit: float = 1.0
+    router_prefill_load_scale: float = 1.0
+    router_temperature: float = 0.0
+    router_kv_events: bool = True
+    router_ttl_secs: float = 120.0
+    load_poll_interval: float = 0.0
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
     abort_timeout: float = 5.0
@@ -57,7 +63,13 @@ _HELP = {
     "served_model_name": "model name clients use (default: the engines' served name)",
     "kv_cache_block_size": "KV block size (default: the engines' page size)",
     "chat_template": "a Jinja chat template file overriding the model's",
-    "router_mode": "how requests are spread over engines",
+    "router_mode": "how requests are spread over engines: round-robin, random, or kv (prefix overlap and load)",
+    "router_kv_overlap_score_credit": "kv: weight of cached prefix blocks against prefill work (0 = load only)",
+    "router_prefill_load_scale": "kv: weight of prefill blocks against decode blocks in the cost",
+    "router_temperature": "kv: 0 picks the cheapest engine; > 0 samples, softer the higher",
+    "router_kv_events": "kv: index the engines' KV events; --no-router-kv-events learns from routing decisions instead",
+    "router_ttl_secs": "kv without events: how long a routed prefix is assumed cached",
+    "load_poll_interval": "kv: seconds between GetLoad polls that correct load from other frontends (0 = off)",
     "tool_call_parser": "tool-call parser name (default: the engines'); alias --dyn-tool-call-parser",
     "reasoning_parser": "reasoning parser name (default: the engines'); alias --dyn-reasoning-parser",
     "abort_timeout": "seconds an Abort to an engine may take before it is given up",
@@ -69,7 +81,7 @@ _HELP = {
 }
 _CHOICES = {
     "engine_api": ("auto", "native", "smg"),
-    "router_mode": ("round-robin", "random"),
+    "router_mode": ("round-robin", "random", "kv"),
     "log_level": ("debug", "info", "warning", "error"),
 }
 _URL_LISTS = ("engine_url", "prefill_engine_url")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+import msgspec
 from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
@@ -63,6 +64,20 @@ def create_app(get_frontend: Callable[[], Frontend | None], *, max_body_bytes: i
     async def text_completions() -> Response:
         current = frontend()
         return await _respond(current, await completions.plan_completion(current, await request.get_data()))
+
+    @app.get("/debug/routing")
+    async def routing_state() -> Response:
+        return Response(msgspec.json.encode(frontend().explain_route()), content_type=_JSON)
+
+    @app.post("/debug/routing")
+    async def routing_for_prompt() -> Response:
+        """Body: a chat or completions request; answer: how it would be routed now."""
+        current = frontend()
+        body = await request.get_data()
+        plan = completions.plan_chat if b'"messages"' in body else completions.plan_completion
+        completion = await plan(current, body)
+        report = current.explain_route(completion.prompts[0].token_ids)
+        return Response(msgspec.json.encode(report), content_type=_JSON)
 
     @app.errorhandler(OpenAIError)
     async def openai_error(error: OpenAIError) -> Response:

@@ -102,7 +102,7 @@ class ChoicePlan:
     """What to run for one choice: the generating engine and its request, the output state, and,
     when serving disaggregated, the prefill leg."""
 
-    client: EngineClient
+    client: EngineClient | None  # set when the request is routed
     request: GenerateInput
     output: ChoiceOutput
     prefill: EngineLeg | None = None

@@ -2,9 +2,10 @@
 
 The path of one request, in order: decode and validate the body (`openai.requests`), build the
 prompt (chat template, tokenizer; on a worker thread when long), check it against the context limit,
-choose a worker (`Frontend.choose_worker`), plan one engine call per choice, then run them in the
-request's nursery (`choices.run_choices`) and write the client's output: SSE chunks as they come, or
-one body at the end.
+plan one engine call per choice; then, when the response runs, choose the engines
+(`Frontend.choose_route`: round-robin, or KV-aware; a prefill + decode pair when disaggregated), run
+the calls in the request's nursery (`choices.run_choices`) and write the client's output: SSE chunks
+as they come, or one body at the end.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 import msgspec
@@ -26,7 +29,7 @@ from trio_direct.engine.errors import (
 )
 from trio_direct.engine.types import Bootstrap, GenerateInput
 from trio_direct.fleet.card import DEFAULT_BOOTSTRAP_PORT
-from trio_direct.frontend.choices import ChoiceEvent, ChoiceOutput, ChoicePlan, EngineLeg, run_choices
+from trio_direct.frontend.choices import ChoiceEvent, ChoiceEvents, ChoiceOutput, ChoicePlan, EngineLeg, run_choices
 from trio_direct.frontend.disaggregation import new_room
 from trio_direct.frontend.runtime import Frontend, Route
 from trio_direct.openai import errors, responses
@@ -64,6 +67,7 @@ class Completion:
     """A planned request: what the handlers need to write the response."""
 
     id: str
+    key: str
     created: int
     model: str
     chat: bool
@@ -186,11 +190,8 @@ def _plan(
             raise errors.invalid_request("The prompt is empty after tokenization.", param="prompt")
         if limit is not None and len(prompt.token_ids) >= limit:
             raise errors.context_length_exceeded(len(prompt.token_ids), limit, sampling.max_new_tokens)
-    try:
-        route = frontend.choose_route()
-    except NoWorkerAvailable:
-        raise errors.service_unavailable("No engine is available to serve the request.") from None
-    worker = route.decode
+    if not frontend.healthy():
+        raise errors.service_unavailable("No engine is available to serve the request.")
     return_logprob, top_logprobs = logprob_options(request)
     stops = stop_strings(request)
     request_key = uuid.uuid4().hex
@@ -209,7 +210,6 @@ def _plan(
                 input_ids=prompt.token_ids,
                 sampling=options,
                 stream=True,
-                routed_dp_rank=worker.dp_rank,
                 return_logprob=return_logprob,
                 top_logprobs_num=top_logprobs,
                 original_text=prompt.text,
@@ -221,19 +221,12 @@ def _plan(
                 prompt_ids=prompt.token_ids,
             )
             matcher = StopStringMatcher(stops, request.include_stop_str_in_output) if stops else None
-            plan = ChoicePlan(worker.engine.client, engine_request, ChoiceOutput(index, decoder, matcher))
-            if route.prefill is not None:
-                plan.prefill = _pair_with_prefill(engine_request, route)
-            plans.append(plan)
-    if route.prefill is None:
-        log.debug("request %s: %d choice(s) on %s rank %s", request_key, len(plans), worker.engine.id, worker.dp_rank)
-    else:
-        log.info(
-            "request %s: %d choice(s), prefill on %s rank %s, decode on %s rank %s",
-            request_key, len(plans), route.prefill.engine.id, route.prefill.dp_rank, worker.engine.id, worker.dp_rank,
-        )  # fmt: skip
+            # The engine is chosen when the request runs (`_run`), so routing load is only ever
+            # counted for a request that will release it.
+            plans.append(ChoicePlan(None, engine_request, ChoiceOutput(index, decoder, matcher)))
     return Completion(
         id=id_prefix + request_key,
+        key=request_key,
         created=frontend.created,
         model=frontend.model_name,
         chat=chat,
@@ -241,6 +234,25 @@ def _plan(
         prompts=prompts,
         request=request,
     )
+
+
+def _assign(frontend: Frontend, completion: Completion, route: Route) -> None:
+    """Point every choice at the route's engines (and pair it with its prefill leg)."""
+    worker = route.decode
+    for plan in completion.plans:
+        plan.client = worker.engine.client
+        plan.request.routed_dp_rank = worker.dp_rank
+        plan.on_first_chunk = partial(frontend.first_token, completion.key)
+        if route.prefill is not None:
+            plan.prefill = _pair_with_prefill(plan.request, route)
+    if route.prefill is None:
+        log.debug("request %s: %d choice(s) on %s rank %s", completion.key, len(completion.plans), worker.engine.id, worker.dp_rank)
+    else:
+        log.info(
+            "request %s: %d choice(s), prefill on %s rank %s, decode on %s rank %s",
+            completion.key, len(completion.plans), route.prefill.engine.id, route.prefill.dp_rank,
+            worker.engine.id, worker.dp_rank,
+        )  # fmt: skip
 
 
 def _pair_with_prefill(decode_request: GenerateInput, route: Route) -> EngineLeg:
@@ -274,12 +286,23 @@ def _abort_error(event: ChoiceEvent) -> OpenAIError:
     return errors.engine_failure(f"The engine aborted the request: {event.abort_message or 'no reason given'}")
 
 
-def _run(frontend: Frontend, completion: Completion):  # noqa: ANN202 - run_choices' context manager
-    return run_choices(
-        completion.plans,
-        abort_timeout=frontend.config.abort_timeout,
-        decode_abort_deadline=frontend.config.decode_abort_deadline,
-    )
+@asynccontextmanager
+async def _run(frontend: Frontend, completion: Completion) -> AsyncIterator[ChoiceEvents]:
+    """Route the request, then run its choices; its routing load is released however it ends."""
+    try:
+        route = frontend.choose_route(completion.prompts[0].token_ids, completion.key)
+    except NoWorkerAvailable:
+        raise errors.service_unavailable("No engine is available to serve the request.") from None
+    try:
+        _assign(frontend, completion, route)
+        async with run_choices(
+            completion.plans,
+            abort_timeout=frontend.config.abort_timeout,
+            decode_abort_deadline=frontend.config.decode_abort_deadline,
+        ) as batches:
+            yield batches
+    finally:
+        frontend.release(completion.key)
 
 
 async def stream_completion(frontend: Frontend, completion: Completion) -> AsyncIterator[bytes]:
@@ -303,6 +326,8 @@ async def stream_completion(frontend: Frontend, completion: Completion) -> Async
         yield responses.error_chunk(engine_error_response(error))
     except _EngineAbort as abort:
         yield responses.error_chunk(_abort_error(abort.event))
+    except OpenAIError as error:
+        yield responses.error_chunk(error)
     else:
         if completion.include_usage:
             yield responses.usage_chunk(cid, created, model, completion.usage(), chat=completion.chat)

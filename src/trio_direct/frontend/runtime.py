@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,6 +19,8 @@ import trio
 from trio_direct.config import ServeConfig
 from trio_direct.engine.transport import ChannelPool, open_asyncio_loop
 from trio_direct.fleet.fleet import Fleet, FleetError, FleetOverrides, Worker
+from trio_direct.frontend.kv_routing import KvRouting
+from trio_direct.routing.kv_router import Decision
 from trio_direct.routing.simple import NoWorkerAvailable, RandomRouter, RoundRobinRouter, Router
 from trio_direct.text.chat_template import load_chat_template
 from trio_direct.text.tokenizer import ModelTokenizer
@@ -38,6 +41,8 @@ class Frontend:
     created: int = field(default_factory=lambda: int(time.time()))
     prefill_router: Router = field(default_factory=RoundRobinRouter)
     decode_router: Router = field(default_factory=RoundRobinRouter)
+    #: `--router-mode kv`: the KV index, its subscriptions and the cost-based routers.
+    kv: KvRouting | None = None
 
     @property
     def model_name(self) -> str:
@@ -68,11 +73,15 @@ class Frontend:
             return False
         return True
 
-    def choose_route(self, *, dry_run: bool = False) -> Route:
-        """Where the next request goes; raises `NoWorkerAvailable` when nothing healthy can serve it.
+    def choose_route(
+        self, token_ids: Sequence[int] = (), request_id: str | None = None, *, dry_run: bool = False
+    ) -> Route:
+        """Where a request goes; raises `NoWorkerAvailable` when nothing healthy can serve it.
 
-        With prefill engines, a prefill worker and a decode worker (each pool round-robin), else,
-        unless `--enforce-disagg`, an aggregated worker.
+        With prefill engines, a prefill worker and a decode worker, else (unless `--enforce-disagg`)
+        an aggregated worker. Round-robin/random pools take turns; in kv mode the prefill (or
+        aggregated) pool is weighed by prefix overlap and load, the decode pool by load. A route
+        chosen with a `request_id` counts as load until `release(request_id)`.
         """
         workers = self.fleet.workers()
         if self.disaggregated:
@@ -81,13 +90,51 @@ class Frontend:
             if prefill and decode:
                 if dry_run:
                     return Route(decode[0], prefill[0])
+                if self.kv is not None:
+                    prefill_worker, decision = self.kv.choose(self.kv.router, prefill, token_ids, request_id)
+                    decode_worker, decode_decision = self.kv.choose(self.kv.decode_router, decode, token_ids, request_id)
+                    return Route(decode_worker, prefill_worker, decision, decode_decision)
                 return Route(self.decode_router.choose(decode), self.prefill_router.choose(prefill))
             if self.config.enforce_disagg:
                 raise NoWorkerAvailable("no healthy prefill and decode engine pair (--enforce-disagg)")
         aggregated = [w for w in workers if w.engine.card.role == "aggregated"]
-        if dry_run and aggregated:
+        if dry_run:
+            if not aggregated:
+                raise NoWorkerAvailable("no healthy engine")
             return Route(aggregated[0], None)
+        if self.kv is not None:
+            worker, decision = self.kv.choose(self.kv.router, aggregated, token_ids, request_id)
+            return Route(worker, None, decision)
         return Route(self.router.choose(aggregated), None)
+
+    def explain_route(self, token_ids: Sequence[int] | None = None) -> dict:
+        """What `GET/POST /debug/routing` shows: the mode, the workers, and in kv mode the index
+        state and, for a prompt, every candidate's overlap, load and cost (nothing is recorded)."""
+        workers = self.fleet.workers() + self.fleet.prefill_workers()
+        report: dict = {
+            "router_mode": self.config.router_mode,
+            "disaggregated": self.disaggregated,
+            "workers": [
+                {"engine": w.engine.id, "url": w.engine.card.url, "role": w.engine.card.role, "dp_rank": w.dp_rank}
+                for w in workers
+            ],
+        }
+        if self.kv is not None:
+            report["kv"] = self.kv.stats()
+            if token_ids is not None:
+                report["prompt_tokens"] = len(token_ids)
+                report["route"] = self.choose_route(token_ids, None).to_json()
+        return report
+
+    def first_token(self, request_id: str) -> None:
+        """The request's first output arrived: its prefill no longer loads its engine."""
+        if self.kv is not None:
+            self.kv.first_token(request_id)
+
+    def release(self, request_id: str) -> None:
+        """The request ended (completion, abort or error): its load leaves its engines."""
+        if self.kv is not None:
+            self.kv.free(request_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +143,22 @@ class Route:
 
     decode: Worker
     prefill: Worker | None = None
+    #: kv mode: why the (prefill or aggregated) worker was chosen, and the decode worker.
+    decision: Decision | None = None
+    decode_decision: Decision | None = None
+
+    def to_json(self) -> dict:
+        """The route as `GET /debug/routing` shows it."""
+
+        def worker(w: Worker | None) -> dict | None:
+            return None if w is None else {"engine": w.engine.id, "url": w.engine.card.url, "dp_rank": w.dp_rank}
+
+        return {
+            "decode" if self.prefill else "engine": worker(self.decode),
+            **({"prefill": worker(self.prefill)} if self.prefill else {}),
+            "decision": self.decision.to_json() if self.decision else None,
+            **({"decode_decision": self.decode_decision.to_json()} if self.decode_decision else {}),
+        }
 
 
 def check_roles(fleet: Fleet, prefill_urls: list[str]) -> None:
@@ -117,6 +180,7 @@ MOCK_MODEL_NAME = "trio-direct-mock"
 
 
 def make_router(mode: str) -> Router:
+    """The router of the round-robin/random modes (kv mode falls back to it only if asked to)."""
     if mode == "random":
         return RandomRouter()
     return RoundRobinRouter()
@@ -155,6 +219,13 @@ async def run_frontend(config: ServeConfig, *, task_status: trio.TaskStatus[Fron
             tokenizer = await trio.to_thread.run_sync(ModelTokenizer.from_directory, Path(fleet.model.tokenizer_path))
             template = load_chat_template(Path(config.chat_template)) if config.chat_template else None
             frontend = Frontend(config, fleet, make_router(config.router_mode), tokenizer, template)
+            if config.router_mode == "kv":
+                try:
+                    frontend.kv = KvRouting(fleet, config)
+                except ValueError as error:
+                    raise FleetError(str(error)) from None
+                await nursery.start(frontend.kv.run)
+                log.info("KV-aware routing: %s", frontend.kv.stats())
             log.info(
                 "serving model %r from %d engine(s): %s",
                 frontend.model_name,

@@ -1,0 +1,179 @@
+"""KV-aware routing for a running frontend (`--router-mode kv`): the engines' own KV events feed one
+index per fleet, and a `KvRouter` weighs prefix overlap against load for every request.
+
+- One ZMQ subscription per engine and DP rank (`KvEventSubscriber`), from the probed `kv_events`
+  descriptor; events update the `KvIndex` at a routing block of ``--kv-cache-block-size`` tokens
+  (16 by default, a multiple of every engine's page size), so a page-size-1 engine costs no more
+  per event or per decision than a page-16 one.
+- Engines that publish no events are routed by load alone, or, with ``--no-router-kv-events``,
+  from an approximate index of this frontend's own decisions (TTL ``--router-ttl-secs``).
+- Load is tracked from dispatch (`ActiveSequences`), released at the first token and at the end,
+  and optionally corrected from the engines' `GetLoad` (``--load-poll-interval``), which is how load
+  from other frontends is learnt.
+- Disaggregated: the prefill pool is routed KV-aware, the decode pool by load only.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import trio
+
+from trio_direct.config import ServeConfig
+from trio_direct.engine.errors import EngineError
+from trio_direct.fleet.fleet import Engine, Fleet, Worker
+from trio_direct.routing.block_hash import RoutingKey
+from trio_direct.routing.kv_index import KvIndex
+from trio_direct.routing.kv_router import Decision, KvRouter, KvRouterConfig
+from trio_direct.routing.kv_subscriber import KvEventSubscriber
+
+log = logging.getLogger(__name__)
+
+DEFAULT_ROUTING_BLOCK = 16
+
+
+def routing_block_size(fleet: Fleet, configured: int | None) -> int:
+    """The routing block: the flag, else the smallest multiple of every page size that is >= 16."""
+    pages = {_page_size(engine) for engine in fleet.engines}
+    if configured is not None:
+        bad = sorted(p for p in pages if configured % p)
+        if bad:
+            raise ValueError(f"--kv-cache-block-size {configured} is not a multiple of the engines' page size {bad[0]}")
+        return configured
+    block = math.lcm(*pages) if pages else 1
+    return block * math.ceil(DEFAULT_ROUTING_BLOCK / block)
+
+
+def _page_size(engine: Engine) -> int:
+    return engine.card.kv_block_size or engine.card.block_size or 1
+
+
+def routing_key(worker: Worker) -> RoutingKey:
+    return RoutingKey(worker.engine.id, worker.dp_rank)
+
+
+class _IndexSink:
+    """Feeds one engine's events into the index, per DP rank."""
+
+    def __init__(self, index: KvIndex, engine: Engine) -> None:
+        self._index = index
+        self._engine = engine
+        self._single_rank = engine.card.dp_size <= 1
+
+    def _key(self, dp_rank: int) -> RoutingKey:
+        return RoutingKey(self._engine.id, None if self._single_rank else dp_rank)
+
+    def on_events(self, dp_rank: int, events: Sequence[Any]) -> None:
+        key = self._key(dp_rank)
+        for event in events:
+            self._index.apply(key, event)
+
+    def on_clear(self, dp_rank: int, reason: str) -> None:
+        log.info("KV index of %s cleared: %s", self._key(dp_rank), reason)
+        self._index.clear_worker(self._key(dp_rank))
+
+
+class KvRouting:
+    """The index, the subscriptions and the routers of one frontend."""
+
+    def __init__(self, fleet: Fleet, config: ServeConfig) -> None:
+        self.fleet = fleet
+        self.block_size = routing_block_size(fleet, config.kv_cache_block_size)
+        self.use_events = config.router_kv_events
+        self.index = KvIndex(self.block_size) if self.use_events else None
+        router_config = KvRouterConfig(
+            overlap_score_credit=config.router_kv_overlap_score_credit,
+            prefill_load_scale=config.router_prefill_load_scale,
+            temperature=config.router_temperature,
+            use_kv_events=self.use_events,
+            ttl_secs=config.router_ttl_secs,
+            block_size=self.block_size,
+        )
+        self.router = KvRouter(router_config, self.index)
+        # Decode engines of a disaggregated fleet hold no reusable prefix: load alone decides.
+        load_only = KvRouterConfig(overlap_score_credit=0.0, block_size=self.block_size, use_kv_events=False)
+        self.decode_router = KvRouter(load_only)
+        self.subscribers: list[KvEventSubscriber] = []
+        self.load_poll_interval = config.load_poll_interval
+        if self.index is not None:
+            for engine in fleet.engines:
+                if engine.card.role == "decode":
+                    continue
+                ranks = [None] if engine.card.dp_size <= 1 else list(range(engine.card.dp_size))
+                for rank in ranks:
+                    self.index.register_worker(RoutingKey(engine.id, rank), _page_size(engine))
+                if engine.card.kv_events:
+                    sink = _IndexSink(self.index, engine)
+                    self.subscribers.append(KvEventSubscriber(engine.id, engine.card.kv_events, sink))
+                else:
+                    log.warning(
+                        "engine %s publishes no KV events: it is routed by load only (start SGLang with "
+                        "--kv-events-config, or run trio-direct with --no-router-kv-events)",
+                        engine.id,
+                    )
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Keep the index fed (and load polled) until cancelled."""
+        async with trio.open_nursery() as nursery:
+            for subscriber in self.subscribers:
+                await nursery.start(subscriber.run)
+            if self.load_poll_interval > 0:
+                nursery.start_soon(self._poll_load)
+            task_status.started()
+
+    async def _poll_load(self) -> None:
+        while True:
+            for engine in self.fleet.engines:
+                if not engine.healthy:
+                    continue
+                try:
+                    loads = await engine.client.load(timeout=min(self.load_poll_interval, 5.0))
+                except EngineError as error:
+                    log.debug("GetLoad on %s failed: %s", engine.id, error)
+                    continue
+                router = self.decode_router if engine.card.role == "decode" else self.router
+                for load in loads:
+                    rank = load.get("dp_rank")
+                    key = RoutingKey(engine.id, rank if engine.card.dp_size > 1 else None)
+                    router.active.set_external_load(
+                        key,
+                        running=int(load.get("num_running_reqs") or 0),
+                        waiting=int(load.get("num_waiting_reqs") or 0),
+                        used_tokens=int(load.get("num_used_tokens") or 0),
+                        waiting_tokens=load.get("num_waiting_uncached_tokens"),
+                    )
+            await trio.sleep(self.load_poll_interval)
+
+    # ---- per request ------------------------------------------------------------------------------
+
+    def choose(
+        self, router: KvRouter, workers: Sequence[Worker], token_ids: Sequence[int], request_id: str | None
+    ) -> tuple[Worker, Decision]:
+        """Route (or, without a request id, only weigh) `token_ids` over `workers`."""
+        by_key = {routing_key(w): w for w in workers}
+        keys = list(by_key)
+        if request_id is None:
+            decision = router.decide(token_ids, keys)
+        else:
+            decision = router.route(request_id, token_ids, keys)
+            log.debug("%s", decision.explain())
+        return by_key[decision.worker], decision
+
+    def first_token(self, request_id: str) -> None:
+        self.router.first_token(request_id)
+        self.decode_router.first_token(request_id)
+
+    def free(self, request_id: str) -> None:
+        self.router.free(request_id)
+        self.decode_router.free(request_id)
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "block_size": self.block_size,
+            "mode": "events" if self.use_events else "approximate",
+            "index": self.index.stats() if self.index is not None else None,
+            "subscribers": {s.engine: s.counters.as_dict() for s in self.subscribers},
+        }

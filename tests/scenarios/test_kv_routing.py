@@ -1,0 +1,200 @@
+"""KV-aware routing from the engines' own ZMQ KV events, through real mock engines."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from functools import partial
+
+import httpx
+import pytest
+import trio
+
+from support import engine_accounting, start_frontend, start_mock_engine
+from trio_direct.mock.server import MockEngineConfig, run_mock_engine
+
+pytestmark = pytest.mark.slow
+
+FAST = ("--speedup", "inf", "--incremental-streaming-output")
+SYSTEM_PROMPTS = [
+    f"You are assistant number {i}. " + " ".join(f"rule {i}.{j}: be precise and kind." for j in range(40)) for i in range(6)
+]
+
+
+def kv_config(fmt: str = "map", *, replay: bool = True) -> str:
+    config = {"publisher": "zmq", "endpoint": "tcp://*:0", "topic": "", "format": fmt}
+    if replay:
+        config["replay_endpoint"] = "tcp://*:0"
+    return json.dumps(config)
+
+
+def chat_body(model: str, system: str, question: str) -> dict:
+    return {
+        "model": model,
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}],
+        "max_tokens": 4,
+    }
+
+
+async def model_of(client: httpx.AsyncClient) -> str:
+    return (await client.get("/v1/models")).json()["data"][0]["id"]
+
+
+async def indexed_blocks(client: httpx.AsyncClient) -> int:
+    return (await client.get("/debug/routing")).json()["kv"]["index"]["blocks"]
+
+
+async def served_by(engines, response: dict) -> int:
+    """Which engine served a response: the one whose accounting saw its rid."""
+    rid = response["id"].split("-", 1)[1] + "0000"
+    for i, engine in enumerate(engines):
+        if rid in (await engine_accounting(engine.url))["first_output_at"]:
+            return i
+    raise AssertionError(f"no engine served {rid}")
+
+
+@pytest.mark.parametrize("fmt", ["map", "array"])
+async def test_a_shared_system_prompt_goes_where_it_is_cached(aio_loop, nursery, fmt):
+    engines = [await start_mock_engine(nursery, *FAST, "--kv-events-config", kv_config(fmt)) for _ in range(2)]
+    base = await start_frontend(nursery, "--router-mode", "kv", *(a for e in engines for a in ("--engine-url", e.url)))
+    async with httpx.AsyncClient(base_url=base, timeout=30) as client:
+        model = await model_of(client)
+        first = (await client.post("/v1/chat/completions", json=chat_body(model, SYSTEM_PROMPTS[0], "Hi"))).json()
+        with trio.fail_after(10):
+            while await indexed_blocks(client) == 0:  # the engine's BlockStored events arrive
+                await trio.sleep(0.02)
+        second = (await client.post("/v1/chat/completions", json=chat_body(model, SYSTEM_PROMPTS[0], "Hello?"))).json()
+        explained = await client.post("/debug/routing", json=chat_body(model, SYSTEM_PROMPTS[0], "Hey"))
+    assert await served_by(engines, first) == await served_by(engines, second)
+    assert second["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    route = explained.json()["route"]["decision"]
+    assert len(route["candidates"]) == 2
+    assert max(c["overlap_blocks"] for c in route["candidates"]) > 0
+
+
+async def test_prefix_groups_stick_to_one_engine_while_load_stays_spread(aio_loop, nursery):
+    engines = [await start_mock_engine(nursery, *FAST, "--kv-events-config", kv_config()) for _ in range(3)]
+    base = await start_frontend(nursery, "--router-mode", "kv", *(a for e in engines for a in ("--engine-url", e.url)))
+    placement: dict[int, set[int]] = {group: set() for group in range(6)}
+    async with httpx.AsyncClient(base_url=base, timeout=30) as client:
+        model = await model_of(client)
+        for round_ in range(4):
+            for group, system in enumerate(SYSTEM_PROMPTS):
+                body = chat_body(model, system, f"question {round_}")
+                response = (await client.post("/v1/chat/completions", json=body)).json()
+                placement[group].add(await served_by(engines, response))
+            blocks = await indexed_blocks(client)
+            with trio.fail_after(10):  # let this round's events land before the next round routes
+                while await indexed_blocks(client) < blocks:
+                    await trio.sleep(0.02)
+            await trio.sleep(0.1)
+    sticky = [group for group, where in placement.items() if len(where) == 1]
+    assert len(sticky) >= 5, placement  # a group moves at most once (its first requests race its events)
+    used = set().union(*placement.values())
+    assert used == {0, 1, 2}, f"every engine serves some groups: {placement}"
+
+
+async def test_dp_ranks_are_routed_separately(aio_loop, nursery):
+    engine = await start_mock_engine(nursery, *FAST, "--dp-size", "2", "--kv-events-config", kv_config())
+    base = await start_frontend(nursery, "--router-mode", "kv", "--engine-url", engine.url)
+    async with httpx.AsyncClient(base_url=base, timeout=30) as client:
+        model = await model_of(client)
+        await client.post("/v1/chat/completions", json=chat_body(model, SYSTEM_PROMPTS[1], "Hi"))
+        with trio.fail_after(10):
+            while await indexed_blocks(client) == 0:
+                await trio.sleep(0.02)
+        report = (await client.post("/debug/routing", json=chat_body(model, SYSTEM_PROMPTS[1], "Again"))).json()
+    candidates = report["route"]["decision"]["candidates"]
+    assert sorted(c["dp_rank"] for c in candidates) == [0, 1]
+    overlaps = sorted(c["overlap_blocks"] for c in candidates)
+    assert overlaps[0] == 0 and overlaps[1] > 0, "only the rank that served the prompt holds it"
+
+
+async def test_approximate_mode_learns_from_its_own_routing(aio_loop, nursery):
+    engines = [await start_mock_engine(nursery, *FAST) for _ in range(2)]
+    base = await start_frontend(
+        nursery, "--router-mode", "kv", "--no-router-kv-events", *(a for e in engines for a in ("--engine-url", e.url))
+    )
+    async with httpx.AsyncClient(base_url=base, timeout=30) as client:
+        model = await model_of(client)
+        responses = [
+            (await client.post("/v1/chat/completions", json=chat_body(model, SYSTEM_PROMPTS[2], f"q{i}"))).json()
+            for i in range(3)
+        ]
+    assert len({await served_by(engines, r) for r in responses}) == 1
+    assert responses[-1]["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+
+
+async def start_in_process_engine(nursery, **config):
+    return await nursery.start(run_mock_engine, MockEngineConfig(speedup=float("inf"), incremental_streaming_output=True, **config))
+
+
+async def subscriber_counters(client: httpx.AsyncClient) -> dict:
+    return (await client.get("/debug/routing")).json()["kv"]["subscribers"]["e0"]
+
+
+@pytest.mark.parametrize("replay", [True, False])
+async def test_a_sequence_gap_is_replayed_or_clears_the_index(aio_loop, nursery, replay):
+    running = await start_in_process_engine(nursery, kv_events_config=kv_config(replay=replay))
+    base = await start_frontend(nursery, "--router-mode", "kv", "--engine-url", f"grpc://127.0.0.1:{running.port}")
+    async with httpx.AsyncClient(base_url=base, timeout=30) as client:
+        model = await model_of(client)
+        await client.post("/v1/chat/completions", json=chat_body(model, SYSTEM_PROMPTS[3], "one"))
+        with trio.fail_after(10):
+            while await indexed_blocks(client) == 0:
+                await trio.sleep(0.02)
+        running.engine._publishers[0].drop_next(1)  # the next batch is lost on the wire
+        await client.post("/v1/chat/completions", json=chat_body(model, SYSTEM_PROMPTS[4], "two"))
+        await client.post("/v1/chat/completions", json=chat_body(model, SYSTEM_PROMPTS[5], "three"))
+        with trio.fail_after(10):
+            while (await subscriber_counters(client))["gaps"] == 0:
+                await trio.sleep(0.02)
+        counters = await subscriber_counters(client)
+        if replay:
+            assert counters["replays"] >= 1 and counters["lost"] == 0
+            report = (await client.post("/debug/routing", json=chat_body(model, SYSTEM_PROMPTS[4], "x"))).json()
+            assert report["route"]["decision"]["overlap_blocks"] > 0, "the replayed batch was indexed"
+        else:
+            assert counters["lost"] >= 1
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+async def test_an_engine_restart_resets_its_index(aio_loop, nursery):
+    port, kv_port = free_port(), free_port()
+    config = json.dumps({"publisher": "zmq", "endpoint": f"tcp://*:{kv_port}", "topic": ""})
+    args = (*FAST, "--kv-events-config", config)
+    # The restarted engine must come back on the same ports, so it is run by hand here.
+    command = [sys.executable, "-m", "trio_direct", "mock-engine", "--port", str(port), *args]
+
+    async def start_fixed():
+        process = await nursery.start(partial(trio.run_process, command, stdout=subprocess.PIPE, check=False))
+        with trio.fail_after(30):
+            assert await process.stdout.receive_some()
+        return process
+
+    process = await start_fixed()
+    base = await start_frontend(nursery, "--router-mode", "kv", "--engine-url", f"grpc://127.0.0.1:{port}")
+    async with httpx.AsyncClient(base_url=base, timeout=30) as client:
+        model = await model_of(client)
+        await client.post("/v1/chat/completions", json=chat_body(model, SYSTEM_PROMPTS[0], "before"))
+        with trio.fail_after(10):
+            while await indexed_blocks(client) == 0:
+                await trio.sleep(0.02)
+        process.kill()
+        await process.wait()
+        await start_fixed()
+        await trio.sleep(0.5)  # the new publisher's subscription settles
+        reply = await client.post("/v1/chat/completions", json=chat_body(model, SYSTEM_PROMPTS[1], "after"))
+        assert reply.status_code == 200
+        with trio.fail_after(10):
+            while (await subscriber_counters(client))["restarts"] + (await subscriber_counters(client))["lost"] == 0:
+                await trio.sleep(0.05)
+        report = (await client.post("/debug/routing", json=chat_body(model, SYSTEM_PROMPTS[0], "x"))).json()
+    assert report["route"]["decision"]["overlap_blocks"] == 0, "what the old process cached is forgotten"
