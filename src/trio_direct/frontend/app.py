@@ -1,7 +1,8 @@
 """The HTTP surface (quart-trio): OpenAI routes, health, and OpenAI-style errors for everything.
 
-Handlers stay thin: the request path lives in `completions`. Every failure a client can cause or meet
-is answered with OpenAI's error envelope and a fitting status; nothing answers a bare 500 page.
+The two completion routes are served by `asgi_completions` in front of Quart (they carry every
+token); the rest are thin Quart handlers. Every failure a client can cause or meet is answered with
+OpenAI's error envelope and a fitting status; nothing answers a bare 500 page.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from trio_direct.frontend import completions
+from trio_direct.frontend.asgi_completions import with_completion_routes
 from trio_direct.frontend.runtime import Frontend
 from trio_direct.openai import errors, responses
 from trio_direct.openai.errors import OpenAIError
@@ -22,7 +24,6 @@ from trio_direct.openai.errors import OpenAIError
 log = logging.getLogger(__name__)
 
 _JSON = "application/json"
-_SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 def create_app(get_frontend: Callable[[], Frontend | None], *, max_body_bytes: int) -> QuartTrio:
@@ -54,16 +55,6 @@ def create_app(get_frontend: Callable[[], Frontend | None], *, max_body_bytes: i
         current = frontend()
         body = responses.models_list([current.model_name], current.created, max_model_len=current.context_length)
         return Response(body, content_type=_JSON)
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions() -> Response:
-        current = frontend()
-        return await _respond(current, await completions.plan_chat(current, await request.get_data()))
-
-    @app.post("/v1/completions")
-    async def text_completions() -> Response:
-        current = frontend()
-        return await _respond(current, await completions.plan_completion(current, await request.get_data()))
 
     @app.get("/debug/routing")
     async def routing_state() -> Response:
@@ -102,11 +93,5 @@ def create_app(get_frontend: Callable[[], Frontend | None], *, max_body_bytes: i
         internal = errors.internal_error()
         return Response(internal.to_json(), status=internal.status, content_type=_JSON)
 
+    app.asgi_app = with_completion_routes(app.asgi_app, get_frontend, max_body_bytes=max_body_bytes)
     return app
-
-
-async def _respond(frontend: Frontend, completion: completions.Completion) -> Response:
-    if completion.request.stream:
-        return Response(completions.stream_completion(frontend, completion), headers=_SSE_HEADERS)
-    body = await completions.complete_unary(frontend, completion)
-    return Response(body, content_type=_JSON)

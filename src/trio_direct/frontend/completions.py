@@ -306,12 +306,17 @@ async def _run(frontend: Frontend, completion: Completion) -> AsyncIterator[Choi
 
 
 async def stream_completion(frontend: Frontend, completion: Completion) -> AsyncIterator[bytes]:
-    """The SSE body. Everything that queued up while the client was slow goes out as one write."""
+    """The SSE body: an empty item once the engine calls are dispatched, then the chunks.
+
+    Everything that queued up while the client was slow goes out as one write.
+    """
     cid, created, model = completion.id, completion.created, completion.model
     try:
         async with _run(frontend, completion) as batches:
-            # The opening chunks go out with the first output: writing them first would hold up the
-            # dispatch of the engine calls behind a socket write.
+            # An empty first item marks "dispatched": the response headers go out only now, and
+            # the opening chunks only with the first output, so no socket write holds up the
+            # dispatch of the engine calls.
+            yield b""
             opening = _opening(completion)
             async for batch in batches:
                 out = [opening] if opening else []
