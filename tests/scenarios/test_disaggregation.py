@@ -231,3 +231,31 @@ async def test_five_hundred_random_disconnects(aio_loop, nursery):
     for account in (prefill_account, decode_account):
         ended = account["finished"] + account["aborted"] + account["cancelled"] + account["failed"]
         assert account["started"] == ended, json.dumps({k: v for k, v in account.items() if k != "first_output_at"})
+
+
+async def test_kv_routing_sends_a_shared_prefix_to_the_prefill_engine_that_has_it(aio_loop, nursery):
+    kv = json.dumps({"publisher": "zmq", "endpoint": "tcp://*:0", "replay_endpoint": "tcp://*:0", "topic": ""})
+    prefills = [await start_prefill(nursery, "--speedup", "inf", "--kv-events-config", kv) for _ in range(2)]
+    decode = await start_decode(nursery, "--speedup", "inf")
+    base = await start_frontend(
+        nursery, "--router-mode", "kv", "--engine-url", decode.url,
+        *(a for p in prefills for a in ("--prefill-engine-url", p.url)),
+    )  # fmt: skip
+    model = await model_of(base)
+    system = "You are a careful assistant. " + "Always cite the rules. " * 60
+    body = {"model": model, "messages": [{"role": "system", "content": system}, {"role": "user", "content": "one"}], "max_tokens": 3}
+    async with httpx.AsyncClient(base_url=base, timeout=30) as client:
+        first = (await client.post("/v1/chat/completions", json=body)).json()
+        with trio.fail_after(10):
+            while (await client.get("/debug/routing")).json()["kv"]["index"]["blocks"] == 0:
+                await trio.sleep(0.02)
+        body["messages"][1]["content"] = "two"
+        second = (await client.post("/v1/chat/completions", json=body)).json()
+        report = (await client.post("/debug/routing", json=body)).json()
+    assert second["usage"]["prompt_tokens_details"]["cached_tokens"] > 0, "the prefill leg hit its cache"
+    accounts = [await engine_accounting(p.url) for p in prefills]
+    served = [len(chats(a)) for a in accounts]
+    assert sorted(served) == [0, 2], f"both requests went to one prefill engine: {served}"
+    assert report["route"]["prefill"]["engine"] == ["e1", "e2"][served.index(2)]
+    assert report["route"]["decode"]["engine"] == "e0"
+    assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
