@@ -219,7 +219,10 @@ async def test_two_hundred_random_disconnects_leave_nothing_running(aio_loop, nu
             await trio.sleep(0.1)
     abort_rids = [rid for a in accounts for rid, _ in a["abort_rpcs"]]
     assert len(abort_rids) == len(set(abort_rids)), "one Abort per request, never two"
-    assert early_rids <= set(abort_rids), "requests left after their first token were aborted"
+    outcomes = {rid: outcome for a in accounts for rid, outcome in a["outcomes"].items()}
+    cut_short = {rid for rid, outcome in outcomes.items() if outcome in ("cancelled", "aborted")}
+    assert cut_short <= set(abort_rids), "every request the client left while it ran got its Abort"
+    assert cut_short >= {rid for rid in early_rids if outcomes.get(rid) != "finished"}
     for a in accounts:
         assert a["started"] == a["finished"] + a["cancelled"] + a["aborted"]
         # Each request ended by the client going away got its Abort; an Abort may also reach a
@@ -251,3 +254,35 @@ async def test_hypercorn_cli_serves_the_app(aio_loop, nursery, tmp_path):
         response = await chat(client, await model_of(client))
     assert response.status_code == 200
     assert response.json()["choices"][0]["message"]["role"] == "assistant"
+
+
+@pytest.mark.parametrize("api", ["native", "smg"])
+async def test_logprobs_come_through_in_openai_shape(aio_loop, nursery, api):
+    import openai
+
+    engine = await start_mock_engine(nursery, "--api", api, *FAST)
+    base = await start_frontend(nursery, "--engine-url", engine.url)
+
+    def use_client() -> None:
+        client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
+        model = client.models.list().data[0].id
+        messages = [{"role": "user", "content": "Hi"}]
+        reply = client.chat.completions.create(model=model, messages=messages, max_tokens=6, logprobs=True, top_logprobs=3)
+        content = reply.choices[0].logprobs.content
+        assert len(content) == 6 and all(len(t.top_logprobs) == 3 for t in content)
+        assert all(t.logprob < 0 and t.top_logprobs[0].logprob == t.logprob for t in content)
+        streamed = client.chat.completions.create(
+            model=model, messages=messages, max_tokens=6, logprobs=True, top_logprobs=2, stream=True
+        )
+        rows = [t for chunk in streamed if chunk.choices and chunk.choices[0].logprobs for t in chunk.choices[0].logprobs.content]
+        assert len(rows) == 6 and [len(t.top_logprobs) for t in rows] == [2] * 6
+        legacy = client.completions.create(model=model, prompt="Once", max_tokens=5, logprobs=2)
+        logprobs = legacy.choices[0].logprobs
+        assert len(logprobs.tokens) == len(logprobs.token_logprobs) == len(logprobs.text_offset) == 5
+        assert all(len(top) <= 2 for top in logprobs.top_logprobs)
+        assert logprobs.text_offset == sorted(logprobs.text_offset)
+        plain = client.chat.completions.create(model=model, messages=messages, max_tokens=2)
+        assert plain.choices[0].logprobs is None
+        client.close()
+
+    await trio.to_thread.run_sync(use_client)

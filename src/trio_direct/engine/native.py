@@ -17,7 +17,7 @@ from typing import Any
 from trio_direct._proto.native import sglang_pb2 as pb
 from trio_direct.engine.chunk_stream import ChunkStream
 from trio_direct.engine.transport import EngineChannel
-from trio_direct.engine.types import GenerateChunk, GenerateInput, SamplingOptions
+from trio_direct.engine.types import GenerateChunk, GenerateInput, SamplingOptions, TokenLogprob
 
 log = logging.getLogger(__name__)
 
@@ -90,12 +90,20 @@ def decode_meta_info(meta_info: Any) -> dict[str, Any]:
 class _ChunkDecoder:
     """Turns one call's messages into delta chunks, converting cumulative `output_ids` if needed."""
 
-    __slots__ = ("cumulative", "seen", "finished")
+    __slots__ = ("cumulative", "seen", "logprobs_seen", "finished")
 
     def __init__(self, cumulative: bool) -> None:
         self.cumulative = cumulative
         self.seen = 0
+        self.logprobs_seen = 0
         self.finished = False
+
+    def _logprobs(self, raw_tokens: str, raw_top: str | None) -> list[TokenLogprob]:
+        rows = _logprob_rows(raw_tokens, raw_top)
+        if self.cumulative:  # the lists repeat every row so far, like output_ids
+            rows = rows[self.logprobs_seen :]
+        self.logprobs_seen += len(rows)
+        return rows
 
     def decode(self, message: pb.GenerateResponse) -> GenerateChunk | None:
         ids = list(message.output_ids)
@@ -114,12 +122,26 @@ class _ChunkDecoder:
             finish = meta.get("finish_reason")
             if finish not in (None, "null"):
                 _apply_finish(chunk, _lenient_json(finish))
+            token_logprobs = meta.get("output_token_logprobs")
+            if token_logprobs is not None:
+                chunk.logprobs = self._logprobs(token_logprobs, meta.get("output_top_logprobs"))
         if message.finished:
             self.finished = True
             if chunk.finish_reason is None:
                 # The engine's generator ended without a finish chunk (reference §6.1).
                 chunk.finish_reason = "stop"
         return chunk
+
+
+def _logprob_rows(raw_tokens: str, raw_top: str | None) -> list[TokenLogprob]:
+    """SGLang's ``[logprob, token_id, text]`` rows (and per-token top lists) as `TokenLogprob`s."""
+    tokens = _lenient_json(raw_tokens) or []
+    tops = (_lenient_json(raw_top) if raw_top else None) or [None] * len(tokens)
+    rows = []
+    for (logprob, token_id, *_), top in zip(tokens, tops):
+        alternatives = tuple((entry[1], entry[0]) for entry in top or ())
+        rows.append(TokenLogprob(token_id, logprob, alternatives))
+    return rows
 
 
 def _count(raw: str | None) -> int:

@@ -19,7 +19,7 @@ from trio_direct._proto.smg import sglang_scheduler_pb2 as pb
 from trio_direct.engine.chunk_stream import ChunkStream
 from trio_direct.engine.errors import EngineInternal
 from trio_direct.engine.transport import EngineChannel
-from trio_direct.engine.types import GenerateChunk, GenerateInput, SamplingOptions
+from trio_direct.engine.types import GenerateChunk, GenerateInput, SamplingOptions, TokenLogprob
 
 _SERVICE = "/sglang.grpc.scheduler.SglangScheduler/"
 GENERATE = _SERVICE + "Generate"
@@ -110,6 +110,7 @@ class _ChunkDecoder:
                 completion_tokens=chunk.completion_tokens,
                 cached_tokens=chunk.cached_tokens,
                 reasoning_tokens=chunk.reasoning_tokens,
+                logprobs=_logprobs(chunk.output_logprobs) if chunk.HasField("output_logprobs") else None,
             )
         if kind == "complete":
             return self._complete(message.complete)
@@ -131,9 +132,20 @@ class _ChunkDecoder:
             cached_tokens=complete.cached_tokens,
             reasoning_tokens=complete.reasoning_tokens,
         )
+        if complete.HasField("output_logprobs") and ids:
+            rows = _logprobs(complete.output_logprobs)
+            chunk.logprobs = rows[len(rows) - len(ids) :]  # the rows of the tail taken from `complete`
         if chunk.finish_reason == "abort":
             chunk.abort_message = "request aborted by the engine"
         return chunk
+
+
+def _logprobs(rows: pb.OutputLogProbs) -> list[TokenLogprob]:
+    tops = list(rows.top_logprobs)
+    return [
+        TokenLogprob(token_id, logprob, tuple(zip(tops[i].token_ids, tops[i].values)) if i < len(tops) else ())
+        for i, (logprob, token_id) in enumerate(zip(rows.token_logprobs, rows.token_ids))
+    ]
 
 
 def _raise_legacy_error(message: pb.GenerateResponse, engine: str) -> None:

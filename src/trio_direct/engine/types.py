@@ -66,6 +66,15 @@ class GenerateInput:
     original_text: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """One generated token's log-probability and, when asked for, its top alternatives."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
 @dataclass(slots=True)
 class GenerateChunk:
     """New output of one generation since the previous chunk.
@@ -84,6 +93,8 @@ class GenerateChunk:
     dp_rank: int | None = None
     abort_message: str | None = None
     abort_status_code: int | None = None
+    #: One entry per token of `token_ids` when the request asked for logprobs.
+    logprobs: list[TokenLogprob] | None = None
 
 
 class EngineClient(Protocol):

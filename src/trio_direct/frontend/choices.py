@@ -20,7 +20,7 @@ import trio
 
 from trio_direct.engine.errors import EngineError
 from trio_direct.exception_groups import unwrap_single_exception
-from trio_direct.engine.types import EngineClient, GenerateChunk, GenerateInput
+from trio_direct.engine.types import EngineClient, GenerateChunk, GenerateInput, TokenLogprob
 from trio_direct.frontend.engine_call import open_engine_call
 
 
@@ -46,6 +46,7 @@ class ChoiceEvent:
     finish_reason: str | None = None
     matched_stop: int | str | None = None
     abort_message: str | None = None
+    logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass(slots=True)
@@ -79,6 +80,8 @@ class ChoiceOutput:
         if finish is not None:
             text += self.decoder.flush()
         event = ChoiceEvent(self.index, text, token_ids, finish, last.matched_stop, last.abort_message)
+        if any(chunk.logprobs is not None for chunk in batch):
+            event.logprobs = [row for chunk in batch for row in chunk.logprobs or ()]
         if self.stops is not None:
             event.text, matched = self.stops.push(text)
             if matched is not None:

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -27,13 +27,14 @@ from trio_direct.engine.errors import (
     EngineResourceExhausted,
     EngineUnavailable,
 )
-from trio_direct.engine.types import Bootstrap, GenerateInput
+from trio_direct.engine.types import Bootstrap, GenerateInput, TokenLogprob
 from trio_direct.fleet.card import DEFAULT_BOOTSTRAP_PORT
 from trio_direct.frontend.choices import ChoiceEvent, ChoiceEvents, ChoiceOutput, ChoicePlan, EngineLeg, run_choices
 from trio_direct.frontend.disaggregation import new_room
 from trio_direct.frontend.runtime import Frontend, Route
 from trio_direct.openai import errors, responses
 from trio_direct.openai.errors import OpenAIError
+from trio_direct.openai.logprobs import chat_logprobs, completion_logprobs
 from trio_direct.openai.requests import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -74,6 +75,10 @@ class Completion:
     plans: list[ChoicePlan]
     prompts: list[Prompt]
     request: ChatCompletionRequest | CompletionRequest
+    #: A token's text, for logprobs.
+    token_text: Callable[[int], str]
+    #: Legacy completions with logprobs: each choice's text offset so far.
+    text_offsets: dict[int, int] = field(default_factory=dict)
 
     @property
     def include_usage(self) -> bool:
@@ -233,6 +238,7 @@ def _plan(
         plans=plans,
         prompts=prompts,
         request=request,
+        token_text=frontend.token_text,
     )
 
 
@@ -371,24 +377,36 @@ def _merge(batch: list[ChoiceEvent]) -> list[ChoiceEvent]:
             seen.finish_reason, seen.matched_stop, seen.abort_message = (
                 event.finish_reason, event.matched_stop, event.abort_message
             )  # fmt: skip
+            if event.logprobs is not None:
+                seen.logprobs = (seen.logprobs or []) + event.logprobs
     return list(merged.values())
 
 
 def _chunk(completion: Completion, event: ChoiceEvent) -> bytes:
     cid, created, model = completion.id, completion.created, completion.model
+    rows = event.logprobs
     if completion.chat:
+        logprobs = chat_logprobs(rows, completion.token_text) if rows else None
+        content = b""
+        if event.text or logprobs:
+            delta = {"content": event.text}
+            content = responses.chat_chunk(cid, created, model, event.index, delta, logprobs=logprobs)
         if event.finish_reason is None:
-            return responses.chat_chunk(cid, created, model, event.index, {"content": event.text}) if event.text else b""
-        content = responses.chat_chunk(cid, created, model, event.index, {"content": event.text}) if event.text else b""
+            return content
         return content + responses.chat_chunk(cid, created, model, event.index, {}, event.finish_reason)
-    if event.finish_reason is None and not event.text:
+    if event.finish_reason is None and not event.text and not rows:
         return b""
-    return responses.completion_chunk(cid, created, model, event.index, event.text, event.finish_reason)
+    logprobs = None
+    if rows:
+        offset = completion.text_offsets.get(event.index, 0)
+        logprobs, completion.text_offsets[event.index] = completion_logprobs(rows, completion.token_text, offset)
+    return responses.completion_chunk(cid, created, model, event.index, event.text, event.finish_reason, logprobs=logprobs)
 
 
 async def complete_unary(frontend: Frontend, completion: Completion) -> bytes:
     """The whole response body, once every choice has finished."""
     texts: dict[int, list[str]] = {p.output.index: [] for p in completion.plans}
+    rows: dict[int, list[TokenLogprob]] = {p.output.index: [] for p in completion.plans}
     finish: dict[int, str | None] = {}
     try:
         async with _run(frontend, completion) as batches:
@@ -397,16 +415,19 @@ async def complete_unary(frontend: Frontend, completion: Completion) -> bytes:
                     if event.finish_reason == "abort":
                         raise _abort_error(event)
                     texts[event.index].append(event.text)
+                    rows[event.index] += event.logprobs or ()
                     if event.finish_reason is not None:
                         finish[event.index] = event.finish_reason
     except EngineError as error:
         raise engine_error_response(error) from None
     cid, created, model = completion.id, completion.created, completion.model
+    wants_logprobs = completion.plans[0].request.return_logprob
     if completion.chat:
         choices = [
             responses.ChatChoice(
                 index=index,
                 message=responses.ResponseMessage(content="".join(parts)),
+                logprobs=chat_logprobs(rows[index], completion.token_text) if wants_logprobs else None,
                 finish_reason=finish.get(index),
             )
             for index, parts in texts.items()
@@ -414,12 +435,13 @@ async def complete_unary(frontend: Frontend, completion: Completion) -> bytes:
         return responses.chat_completion(cid, created, model, choices, completion.usage())
     n = completion.request.n
     echo = completion.request.echo
-    choices = [
-        responses.CompletionChoice(
-            index=index,
-            text=(completion.prompts[index // n].text if echo else "") + "".join(parts),
-            finish_reason=finish.get(index),
+    choices = []
+    for index, parts in texts.items():
+        prefix = completion.prompts[index // n].text if echo else ""
+        logprobs = completion_logprobs(rows[index], completion.token_text, len(prefix))[0] if wants_logprobs else None
+        choices.append(
+            responses.CompletionChoice(
+                index=index, text=prefix + "".join(parts), logprobs=logprobs, finish_reason=finish.get(index)
+            )
         )
-        for index, parts in texts.items()
-    ]
     return responses.completion(cid, created, model, choices, completion.usage())

@@ -43,10 +43,20 @@ class Frontend:
     decode_router: Router = field(default_factory=RoundRobinRouter)
     #: `--router-mode kv`: the KV index, its subscriptions and the cost-based routers.
     kv: KvRouting | None = None
+    _token_texts: dict[int, str] = field(default_factory=dict)
 
     @property
     def model_name(self) -> str:
         return self.fleet.model.served_model_name
+
+    def token_text(self, token_id: int) -> str:
+        """One token's text, as logprobs show it (cached: the same ids recur constantly)."""
+        text = self._token_texts.get(token_id)
+        if text is None:
+            if len(self._token_texts) > 200_000:
+                self._token_texts.clear()
+            text = self._token_texts[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False)
+        return text
 
     @property
     def context_length(self) -> int | None:

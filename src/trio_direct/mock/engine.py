@@ -145,6 +145,8 @@ class Accounting:
     abort_rpcs: list[tuple[str, float]] = field(default_factory=list)
     #: rid -> time.monotonic() when its first output left the engine.
     first_output_at: dict[str, float] = field(default_factory=dict)
+    #: rid -> how it ended: "finished", "aborted", "cancelled" or "failed" (most recent ones).
+    outcomes: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -157,6 +159,7 @@ class Accounting:
             "live": sorted(self.live),
             "abort_rpcs": [[rid, at] for rid, at in self.abort_rpcs],
             "first_output_at": dict(self.first_output_at),
+            "outcomes": dict(self.outcomes),
         }
 
 
@@ -419,8 +422,10 @@ class MockEngine:
         self._forget(live)
         if cause == "cancel":
             self.accounting.cancelled += 1
+            _record(self.accounting.outcomes, rid, "cancelled")
         else:
             self.accounting.aborted += 1
+            _record(self.accounting.outcomes, rid, "aborted")
             live.sink.aborted(rid)
 
     def _forget(self, live: _Live) -> None:
@@ -447,8 +452,10 @@ class MockEngine:
                 self._forget(live)
                 if out.finish.kind == "abort":
                     accounting.failed += 1
+                    _record(accounting.outcomes, out.rid, "failed")
                 else:
                     accounting.finished += 1
+                    _record(accounting.outcomes, out.rid, "finished")
             live.sink.output(out, live.dp_rank)
 
     def _publish(self, rank: int, events: Sequence[KvEvent]) -> None:
@@ -469,6 +476,7 @@ class MockEngine:
         self._forget(live)
         self._wake(live.dp_rank)
         self.accounting.failed += 1
+        _record(self.accounting.outcomes, live.rid, "failed")
         finish = Finish("abort", message=message, status_code=status_code)
         live.sink.output(
             RequestOutput(live.rid, [], finish, live.prompt_tokens, live.completion_tokens, live.cached_tokens),

@@ -13,11 +13,13 @@ import json
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from trio_direct._proto.native import sglang_pb2 as pb
 from trio_direct.engine.transport import RpcMethod, ServerCall
 from trio_direct.mock.engine import Bootstrap, EngineInfo, MockEngine
+from trio_direct.mock.logprobs import TokenRow, token_rows
 from trio_direct.mock.scheduler import Finish, MockRequest, RequestOutput
 
 __all__ = ["SERVICE", "NativeService", "finish_reason_json", "grpc_features"]
@@ -109,6 +111,7 @@ class NativeService:
             stream=req.stream,
             incremental=self.info.incremental_streaming_output,
             report_rank=self.engine.dp_size > 1,
+            logprobs=_LogprobSpec(req.top_logprobs_num, self.info.vocab_size) if req.return_logprob else None,
         )
         try:
             self.engine.submit(
@@ -333,6 +336,9 @@ class _GenerateCall:
         "_incremental",
         "_report_rank",
         "_unsent",
+        "_logprobs",
+        "_rows",
+        "_unsent_rows",
     )
 
     def __init__(
@@ -344,6 +350,7 @@ class _GenerateCall:
         stream: bool,
         incremental: bool,
         report_rank: bool,
+        logprobs: _LogprobSpec | None = None,
     ) -> None:
         self._engine = engine
         self._call = call
@@ -358,6 +365,10 @@ class _GenerateCall:
         self._report_rank = report_rank
         #: rid -> its last message handed to the call, which may still be waiting to be written.
         self._unsent: dict[str, pb.GenerateResponse] = {}
+        self._logprobs = logprobs
+        #: rid -> every logprob row so far, and the rows of its unsent message.
+        self._rows: dict[str, list[TokenRow]] = {sample: [] for sample in sample_rids}
+        self._unsent_rows: dict[str, list[TokenRow]] = {}
 
     def output(self, out: RequestOutput, dp_rank: int) -> None:
         call = self._call
@@ -366,6 +377,7 @@ class _GenerateCall:
         rid = out.rid
         self._ids[rid].extend(out.new_token_ids)
         self._last[rid] = (out, dp_rank)
+        rows = self._new_rows(rid, out.new_token_ids)
         finish = out.finish
         if finish is not None:
             self._finishes[rid] = finish
@@ -377,9 +389,16 @@ class _GenerateCall:
                 tail.output_ids.extend(out.new_token_ids)
                 tail.meta_info.update(self._meta(out, dp_rank))
                 tail.finished = all_done
+                if rows is not None:
+                    self._unsent_rows[rid].extend(rows)
+                    tail.meta_info.update(_logprob_meta(self._unsent_rows[rid], self._logprobs.top_n))
             else:
                 ids = out.new_token_ids if self._incremental else self._ids[rid]
                 message = pb.GenerateResponse(output_ids=ids, meta_info=self._meta(out, dp_rank), finished=all_done)
+                if rows is not None:
+                    sent_rows = list(rows) if self._incremental else list(self._rows[rid])
+                    self._unsent_rows[rid] = sent_rows
+                    message.meta_info.update(_logprob_meta(sent_rows, self._logprobs.top_n))
                 self._unsent[rid] = message
                 call.send(message)
             if all_done:
@@ -400,8 +419,17 @@ class _GenerateCall:
                 )
                 last_message = i == len(order) - 1
                 meta_info = self._meta(full, rank)
+                if self._logprobs is not None:
+                    meta_info.update(_logprob_meta(self._rows[sample], self._logprobs.top_n))
                 call.send(pb.GenerateResponse(output_ids=self._ids[sample], meta_info=meta_info, finished=last_message))
             call.finish()
+
+    def _new_rows(self, rid: str, token_ids: list[int]) -> list[TokenRow] | None:
+        if self._logprobs is None:
+            return None
+        rows = token_rows(token_ids, self._logprobs.top_n, self._logprobs.vocab_size)
+        self._rows[rid].extend(rows)
+        return rows
 
     def aborted(self, rid: str) -> None:
         if self._call.done:
@@ -439,6 +467,23 @@ class _GenerateCall:
             self._sent_first.add(rid)
             meta["response_sent_to_client_ts"] = dumps(time.time())
         return meta
+
+
+@dataclass(frozen=True, slots=True)
+class _LogprobSpec:
+    top_n: int
+    vocab_size: int
+
+
+def _logprob_meta(rows: list[TokenRow], top_n: int) -> dict[str, str]:
+    """SGLang's logprob keys: ``[logprob, token_id, text]`` triples (text null: no detokenizer)."""
+    meta = {
+        "output_token_logprobs": json.dumps([[lp, token, None] for lp, token, _ in rows]),
+        "output_token_logprobs_length": json.dumps(len(rows)),
+    }
+    if top_n > 0:
+        meta["output_top_logprobs"] = json.dumps([[[lp, t, None] for lp, t in top] for _, _, top in rows])
+    return meta
 
 
 def _check_guided_decoding(sp: pb.SamplingParams) -> None:

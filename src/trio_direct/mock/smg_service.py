@@ -28,6 +28,7 @@ from trio_direct._proto.smg import sglang_scheduler_pb2 as pb
 from trio_direct.engine.transport import RpcMethod, ServerCall
 from trio_direct.mock.engine import FAKE_BOOTSTRAP_HOST, Bootstrap, EngineInfo, MockEngine
 from trio_direct.mock.kv_types import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
+from trio_direct.mock.logprobs import TokenRow, token_rows
 from trio_direct.mock.scheduler import Finish, MockRequest, RequestOutput
 
 __all__ = ["HEALTH_SERVICE", "SERVICE", "SGLANG_VERSION", "SmgService", "health_methods"]
@@ -121,6 +122,8 @@ class SmgService:
             bootstrap = Bootstrap(params.bootstrap_host, params.bootstrap_port, params.bootstrap_room)
         rids = [request.rid for request in requests]
         sink = _GenerateCall(self.engine, call, req.request_id, rids, req.stream, self._forget)
+        if req.return_logprob:
+            sink.logprobs = (req.top_logprobs_num, self.info.vocab_size)
         self._calls.setdefault(req.request_id, []).append(sink)
         try:
             self.engine.submit(requests, sink, api="smg", bootstrap=bootstrap)
@@ -348,6 +351,8 @@ class _GenerateCall:
         "_stream",
         "_silenced",
         "_on_end",
+        "logprobs",
+        "_rows",
     )
 
     def __init__(
@@ -370,6 +375,9 @@ class _GenerateCall:
         self._stream = stream
         self._silenced = False
         self._on_end = on_end
+        #: (top_n, vocab size) when the request asked for logprobs.
+        self.logprobs: tuple[int, int] | None = None
+        self._rows: dict[str, list[TokenRow]] = {rid: [] for rid in sample_rids}
 
     def output(self, out: RequestOutput, dp_rank: int) -> None:
         call = self._call
@@ -385,6 +393,10 @@ class _GenerateCall:
         index = self._index[rid]
         self._ids[rid].extend(out.new_token_ids)
         self._last[rid] = out
+        rows = None
+        if self.logprobs is not None:
+            rows = token_rows(out.new_token_ids, *self.logprobs)
+            self._rows[rid].extend(rows)
         if self._stream:
             chunk = pb.GenerateStreamChunk(
                 token_ids=out.new_token_ids,
@@ -393,12 +405,18 @@ class _GenerateCall:
                 cached_tokens=out.cached_tokens,
                 index=index,
             )
+            if rows is not None:
+                chunk.output_logprobs.CopyFrom(_output_logprobs(rows))
             call.send(pb.GenerateResponse(request_id=self.request_id, chunk=chunk))
             if finish is not None:
                 complete = _complete(out, finish, out.new_token_ids, index)
+                if rows is not None:  # the servicer repeats the last chunk's rows
+                    complete.output_logprobs.CopyFrom(_output_logprobs(rows))
                 call.send(pb.GenerateResponse(request_id=self.request_id, complete=complete))
         elif finish is not None:
             self._completes[index] = _complete(out, finish, self._ids[rid], index)
+            if self.logprobs is not None:
+                self._completes[index].output_logprobs.CopyFrom(_output_logprobs(self._rows[rid]))
         if finish is not None:
             self._finished.add(rid)
             if len(self._finished) == len(self._ids):
@@ -505,6 +523,16 @@ def _kv_event(event_id: int, event: KvEvent) -> common.KvCacheEvent:
     if isinstance(event, AllBlocksCleared):
         return common.KvCacheEvent(event_id=event_id, cleared=common.KvCacheCleared())
     raise TypeError(f"not a KV event: {event!r}")
+
+
+def _output_logprobs(rows: list[TokenRow]) -> pb.OutputLogProbs:
+    return pb.OutputLogProbs(
+        token_logprobs=[lp for lp, _, _ in rows],
+        token_ids=[token for _, token, _ in rows],
+        top_logprobs=[
+            pb.TopLogProbs(values=[lp for lp, _ in top], token_ids=[t for _, t in top]) for _, _, top in rows
+        ],
+    )
 
 
 def _complete(out: RequestOutput, finish: Finish, ids: Sequence[int], index: int) -> pb.GenerateComplete:
