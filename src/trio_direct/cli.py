@@ -208,6 +208,10 @@ def _add_mock_engine(subcommands: argparse._SubParsersAction) -> None:
     p.add_argument("--reasoning-parser", default=None, help="parser name to advertise in server info")
     p.add_argument("--seed", type=int, default=None, help="sampling seed of requests that bring none")
     p.add_argument(
+        "--scripted-outputs", default=None, metavar="FILE",
+        help='JSON [{"match": "prompt substring" | null, "text": "..."}]: fixed answers (then EOS) for matching prompts',
+    )
+    p.add_argument(
         "--expose-accounting", action=argparse.BooleanOptionalAction, default=True,
         help="add a mock_accounting key to the native GetServerInfo json_info (default on)",
     )
@@ -244,6 +248,7 @@ def _run_mock_engine(args: argparse.Namespace) -> int:
         tool_call_parser=args.tool_call_parser,
         reasoning_parser=args.reasoning_parser,
         seed=args.seed,
+        scripted_outputs=args.scripted_outputs,
         expose_accounting=args.expose_accounting,
         log_level=args.log_level,
         launch_command=shlex.join(sys.argv),

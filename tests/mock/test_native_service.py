@@ -410,3 +410,20 @@ async def test_rpcs_the_mock_does_not_serve_are_unimplemented(channel):
 
     with pytest.raises(EngineUnimplemented):
         await channel.unary(P + "Embed", pb.EmbedRequest(input_ids=[1]), pb.EmbedResponse, timeout=5)
+
+
+async def test_scripted_outputs_answer_matching_prompts_with_their_text(mock_engine_factory, dial, tmp_path, tiny_model):
+    from tokenizers import Tokenizer
+
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps([{"match": "weather", "text": "It is sunny."}]))
+    channel = dial((await mock_engine_factory(scripted_outputs=str(script), incremental_streaming_output=True)).port)
+    tokenizer = Tokenizer.from_file(str(tiny_model / "tokenizer.json"))
+    prompt = tokenizer.encode("What is the weather?").ids
+    messages = await collect(channel, gen("scripted", stream=True, prompt=prompt, max_new_tokens=50))
+    ids = [t for m in messages for t in m.output_ids]
+    assert tokenizer.decode(ids) == "It is sunny."
+    finish = json.loads(messages[-1].meta_info["finish_reason"])
+    assert finish["type"] == "stop"
+    other = await collect(channel, gen("sampled", stream=True, prompt=tokenizer.encode("Hello").ids, max_new_tokens=5))
+    assert sum(len(m.output_ids) for m in other) == 5

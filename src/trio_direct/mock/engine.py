@@ -26,6 +26,7 @@ from trio_direct.mock.bootstrap import BootstrapFailed, BootstrapServer, Bootstr
 from trio_direct.mock.kv_publisher import KvEventPublishers
 from trio_direct.mock.kv_types import KvEvent
 from trio_direct.mock.scheduler import Finish, MockRequest, RequestOutput, Scheduler, SchedulerConfig
+from trio_direct.mock.scripted import ScriptedOutputs
 
 __all__ = [
     "FAKE_BOOTSTRAP_HOST",
@@ -105,6 +106,8 @@ class EngineInfo:
     expose_accounting: bool = False
     #: Seed of requests that bring none (``--seed``); None leaves it to the scheduler.
     default_seed: int | None = None
+    #: ``--scripted-outputs``: fixed answers for chosen prompts.
+    scripts: ScriptedOutputs | None = None
     #: Wall-clock start (seconds) and its nanoseconds, the native API's ``instance_id``.
     start_time: float = field(default_factory=time.time)
     start_ns: int = field(default_factory=time.time_ns)

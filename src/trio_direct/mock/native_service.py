@@ -145,6 +145,7 @@ class NativeService:
         else:
             rids = [uuid.uuid4().hex for _ in range(n)]
         seeds = self.info.sample_seeds(sp.seed if sp.HasField("seed") else None, n)
+        script = self.info.scripts.tokens_for(list(req.input_ids)) if self.info.scripts else None
         return [
             MockRequest(
                 rid=rid,
@@ -156,6 +157,7 @@ class NativeService:
                 stop_strings=tuple(sp.stop),
                 seed=seed,
                 temperature=sp.temperature if sp.HasField("temperature") else 1.0,
+                script=script,
             )
             for rid, seed in zip(rids, seeds)
         ]

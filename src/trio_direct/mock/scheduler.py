@@ -79,6 +79,8 @@ class MockRequest:
     seed: int | None = None
     temperature: float = 1.0
     pd: Literal["none", "prefill", "decode"] = "none"
+    #: Scripted output (`--scripted-outputs`): these tokens, then EOS, instead of sampled ones.
+    script: tuple[int, ...] | None = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -144,10 +146,12 @@ class _Req:
         "stop_ids",
         "stop_strs",
         "stop_window",
+        "script",
     )
 
     def __init__(self, req: MockRequest, max_new: int, key: int, stop_ids: frozenset[int]):
         self.rid = req.rid
+        self.script = req.script
         self.input_ids = req.input_ids
         self.prompt_len = len(req.input_ids)
         self.output: list[int] = []
@@ -593,6 +597,8 @@ class Scheduler:
         if pos >= r.max_new:  # only a PD decode leg asking for 0 tokens gets here
             finish = Finish("length", length=pos)
             return RequestOutput(r.rid, [], finish, r.prompt_len, pos, r.cached_tokens)
+        if r.script is not None:
+            return self._scripted_token(r, pos)
         vocab = self._vocab
         excluded = self._excluded
         mask = r.mask if pos < r.min_new else ()
@@ -621,6 +627,21 @@ class Scheduler:
                     break
         if finish is None and n >= r.max_new:
             finish = Finish("length", length=n)
+        return RequestOutput(r.rid, [tok], finish, r.prompt_len, n, r.cached_tokens)
+
+    def _scripted_token(self, r: _Req, pos: int) -> RequestOutput:
+        """The script's next token; after the script, EOS (stop), or the length limit."""
+        script = r.script
+        n = pos + 1
+        if pos < len(script):
+            tok = script[pos]
+            finish = Finish("length", length=n) if n >= r.max_new else None
+        elif self._eos and r.stop_ids:
+            tok = min(self._eos)
+            finish = Finish("stop", matched=tok)
+        else:
+            return RequestOutput(r.rid, [], Finish("length", length=pos), r.prompt_len, pos, r.cached_tokens)
+        r.output.append(tok)
         return RequestOutput(r.rid, [tok], finish, r.prompt_len, n, r.cached_tokens)
 
     # -- memory --------------------------------------------------------------------------

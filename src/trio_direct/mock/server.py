@@ -25,6 +25,7 @@ from trio_direct.mock.kv_publisher import KvEventPublishers, KvEventsConfig, des
 from trio_direct.mock.native_service import NativeService
 from trio_direct.mock.native_service import SERVICE as NATIVE_SERVICE
 from trio_direct.mock.scheduler import SchedulerConfig
+from trio_direct.mock.scripted import ScriptedOutputs
 from trio_direct.mock.smg_service import SERVICE as SMG_SERVICE
 from trio_direct.mock.smg_service import SmgService, health_methods
 from trio_direct.mock.tiny_model import default_tiny_model_dir, ensure_tiny_model
@@ -64,6 +65,7 @@ class MockEngineConfig:
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
     seed: int | None = None
+    scripted_outputs: str | None = None
     expose_accounting: bool = True
     log_level: str = "info"
     launch_command: str = ""
@@ -227,6 +229,7 @@ async def run_mock_engine(
             expose_accounting=config.expose_accounting,
             default_seed=config.seed,
             tokenizer=tokenizer,
+            scripts=ScriptedOutputs.from_file(config.scripted_outputs, tokenizer) if config.scripted_outputs else None,
         )
         kv_events = None
         if publishers is not None:

@@ -157,6 +157,7 @@ class SmgService:
                 stop_strings=tuple(sp.stop),
                 seed=seed,
                 temperature=sp.temperature,
+                script=self.info.scripts.tokens_for(list(req.tokenized.input_ids)) if self.info.scripts else None,
             )
             for sample, seed in zip(rids, self.info.sample_seeds(None, n))
         ]

@@ -1,0 +1,323 @@
+"""Reasoning parsers split text into reasoning and content the same way however it is chunked.
+
+Golden cases come from the formats' published examples (SGLang's reasoning parser docs and
+detector docstrings, the OpenAI harmony guide); the streaming properties check that no cut of
+the text into deltas loses, duplicates or reorders text, or leaks a tag.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from trio_direct.parsers.reasoning import (
+    KNOWN_REASONING_PARSERS,
+    ReasoningDelta,
+    ReasoningParser,
+    ThinkTagParser,
+    UnknownReasoningParser,
+    reasoning_parser,
+)
+
+FUZZ = settings(max_examples=250, deadline=None, database=None)
+
+HARMONY = ("<|start|>", "<|channel|>", "<|message|>", "<|constrain|>", "<|end|>", "<|call|>",
+           "<|return|>")
+# Tags each format reacts to (for the hold-back property and for generating texts).
+TAGS: dict[str, tuple[str, ...]] = {
+    "basic": ("<think>", "</think>"),
+    "deepseek_r1": ("<think>", "</think>"),
+    "step3": ("<think>", "</think>"),
+    "qwen3": ("<think>", "</think>", "<tool_call>"),
+    "qwen3_thinking": ("<think>", "</think>", "<tool_call>"),
+    "glm45": ("<think>", "</think>", "<tool_call>"),
+    "kimi": ("◁think▷", "◁/think▷"),
+    "gpt_oss": HARMONY,
+    "passthrough": (),
+}
+Config = tuple[str, dict[str, Any]]
+CONFIGS: list[Config] = [
+    *((name, {}) for name in TAGS),
+    ("qwen3", {"enable_thinking": False}),
+    ("glm45", {"enable_thinking": False}),
+    ("basic", {"force_reasoning": True}),
+    ("kimi", {"force_reasoning": True}),
+]
+
+
+def _label(config: Config) -> str:
+    name, kwargs = config
+    return name + "".join(f",{k}={v}" for k, v in kwargs.items())
+
+
+def stream(config: Config, chunks: Iterable[str]) -> tuple[str, str]:
+    """Feed `chunks` to a fresh parser, finish it, and join what came out."""
+    parser = reasoning_parser(config[0], **config[1])
+    deltas = [parser.feed(chunk) for chunk in chunks]
+    deltas.append(parser.finish())
+    return "".join(d.reasoning for d in deltas), "".join(d.content for d in deltas)
+
+
+def whole(config: Config, text: str) -> tuple[str, str]:
+    return stream(config, [text])
+
+
+def cut(text: str, points: Iterable[int]) -> list[str]:
+    bounds = [0, *sorted(points), len(text)]
+    return [text[a:b] for a, b in zip(bounds, bounds[1:])]
+
+
+# --- golden cases ---------------------------------------------------------------------------
+
+TOOL_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+GPT_OSS_CALL = ('<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json'
+                '<|message|>{"location":"San Francisco"}<|call|>')
+GPT_OSS_PREAMBLE_CALL = ('<|start|>assistant<|channel|>commentary to=functions.generate_file'
+                         '<|constrain|>json<|message|>{"template": "basic_html", "path": '
+                         '"index.html"}<|call|>')
+
+GOLDEN: list[tuple[Config, str, str, str]] = [
+    # DeepSeek-R1 omits <think>, R1-0528 emits it; both end at </think>.
+    (("deepseek_r1", {}), "I need to think about this...</think>The answer is 42.",
+     "I need to think about this...", "The answer is 42."),
+    (("deepseek_r1", {}), "<think>I need to think about this...</think>The answer is 42.",
+     "I need to think about this...", "The answer is 42."),
+    (("deepseek_r1", {}), "<think>Let me count: 1, 2,", "Let me count: 1, 2,", ""),
+    (("deepseek_r1", {}), "No tags at all.", "No tags at all.", ""),
+    (("step3", {}), "Think first.</think>Then answer.", "Think first.", "Then answer."),
+    # Qwen3 hybrid, thinking on: whitespace around the tags is kept as the model wrote it.
+    (("qwen3", {}), "<think>\nreasoning content\n</think>\n\nThe answer is 42.",
+     "\nreasoning content\n", "\n\nThe answer is 42."),
+    (("qwen3", {}), "The template opened it.</think>Answer.", "The template opened it.",
+     "Answer."),
+    (("qwen3", {"enable_thinking": True}), "<think>a</think>b", "a", "b"),
+    (("qwen3", {"enable_thinking": False}), "The answer is 42.", "", "The answer is 42."),
+    (("qwen3", {"enable_thinking": False}), "x < y, so <thin ice", "", "x < y, so <thin ice"),
+    (("qwen3", {}), "<think>I should call the tool." + TOOL_CALL,
+     "I should call the tool.", TOOL_CALL),
+    (("qwen3", {}), "<think>Plan.</think>" + TOOL_CALL, "Plan.", TOOL_CALL),
+    (("qwen3_thinking", {}), "Let me think.</think>42", "Let me think.", "42"),
+    (("qwen3_thinking", {"enable_thinking": False}), "Still thinking.</think>42",
+     "Still thinking.", "42"),
+    (("kimi", {}), "◁think▷用户问的是 2+2。◁/think▷答案是 4。", "用户问的是 2+2。", "答案是 4。"),
+    (("kimi", {}), "<think>not kimi's tags</think>ok", "", "<think>not kimi's tags</think>ok"),
+    (("kimi", {}), "no reasoning", "", "no reasoning"),
+    (("glm45", {}), "<think>分析一下 🤔</think>你好！", "分析一下 🤔", "你好！"),
+    (("glm45", {}), "<think>Use the tool." + TOOL_CALL, "Use the tool.", TOOL_CALL),
+    (("glm45", {"enable_thinking": False}), "Hello.", "", "Hello."),
+    (("basic", {}), "<think>a</think>b", "a", "b"),
+    (("basic", {}), "No reasoning here.", "", "No reasoning here."),
+    (("basic", {}), "Hi <think>a</think>b", "a", "Hi b"),
+    (("basic", {}), "<think>a</think>b<think>c</think>d", "ac", "bd"),
+    (("basic", {}), "a stray </think> closer", "", "a stray  closer"),
+    (("basic", {}), "<think><think>echo</think>x", "echo", "x"),
+    (("basic", {}), "<think>cut off mid-tag </thi", "cut off mid-tag </thi", ""),
+    (("basic", {"force_reasoning": True}), "prompt opened it</think>x", "prompt opened it", "x"),
+    (("passthrough", {}), "<think>a</think>b", "", "<think>a</think>b"),
+    # gpt-oss, from the OpenAI harmony guide (the prompt ends with <|start|>assistant).
+    (("gpt_oss", {}),
+     '<|channel|>analysis<|message|>User asks: "What is 2 + 2?" Simple arithmetic. Provide '
+     'answer.<|end|><|start|>assistant<|channel|>final<|message|>2 + 2 = 4.<|return|>',
+     'User asks: "What is 2 + 2?" Simple arithmetic. Provide answer.', "2 + 2 = 4."),
+    (("gpt_oss", {}),
+     "<|channel|>analysis<|message|>Need to use function get_weather.<|end|>" + GPT_OSS_CALL,
+     "Need to use function get_weather.", GPT_OSS_CALL),
+    (("gpt_oss", {}),
+     "<|channel|>analysis<|message|>{long chain of thought}<|end|><|start|>assistant"
+     "<|channel|>commentary<|message|>**Action plan**:\n1. Generate an HTML file\n---\nWill "
+     "start executing the plan step by step<|end|>" + GPT_OSS_PREAMBLE_CALL,
+     "{long chain of thought}",
+     "**Action plan**:\n1. Generate an HTML file\n---\nWill start executing the plan step by "
+     "step" + GPT_OSS_PREAMBLE_CALL),
+    (("gpt_oss", {}),
+     "<|start|>assistant to=functions.lookup<|channel|>commentary json<|message|>{}<|call|>",
+     "", "<|start|>assistant to=functions.lookup<|channel|>commentary json<|message|>{}<|call|>"),
+    (("gpt_oss", {}), "<|channel|>analysis<|message|>cut by max_tok", "cut by max_tok", ""),
+    (("gpt_oss", {}), "<|channel|>analysis<|message|>a<|end|><|start|>assistant<|chan",
+     "a", ""),
+    (("gpt_oss", {}), "<|channel|>final<|message|>no stop token", "", "no stop token"),
+    (("gpt_oss", {}), "<|channel|>analysis<|message|>a<|channel|>final<|message|>b", "a", "b"),
+    (("gpt_oss", {}), "plain text, no harmony", "", "plain text, no harmony"),
+]
+
+
+@pytest.mark.parametrize(("config", "text", "reasoning", "content"), GOLDEN,
+                         ids=[f"{_label(g[0])}:{g[1][:24]}" for g in GOLDEN])
+def test_golden_whole_text(config: Config, text: str, reasoning: str, content: str) -> None:
+    assert whole(config, text) == (reasoning, content)
+
+
+@pytest.mark.parametrize(("config", "text", "reasoning", "content"), GOLDEN,
+                         ids=[f"{_label(g[0])}:{g[1][:24]}" for g in GOLDEN])
+def test_golden_every_split(config: Config, text: str, reasoning: str, content: str) -> None:
+    """Every single cut, every pair of cuts (short texts) and one delta per character."""
+    expected = (reasoning, content)
+    for point in range(len(text) + 1):
+        assert stream(config, cut(text, [point])) == expected, point
+    if len(text) <= 90:
+        for pair in itertools.combinations(range(1, len(text)), 2):
+            assert stream(config, cut(text, pair)) == expected, pair
+    assert stream(config, list(text)) == expected
+
+
+# --- streaming properties -------------------------------------------------------------------
+
+# Fragments that make tags, partial tags, look-alikes, whitespace and multi-byte characters.
+FRAGMENTS = ["a", "b", " ", "\n", "<", ">", "/", "<t", "<thin", "think", "</", "</thi", "é",
+             "思", "🤔", "◁", "▷", "◁th", "<|", "|>", "<think>", "</think>", "<tool_call>",
+             "◁think▷", "◁/think▷", *HARMONY, "analysis", "final", "commentary", " to=f"]
+texts = st.lists(st.sampled_from(FRAGMENTS), max_size=25).map("".join)
+
+
+@FUZZ
+@given(config=st.sampled_from(CONFIGS), text=texts, cuts=st.lists(st.integers(0, 400), max_size=10))
+def test_any_chunking_equals_whole_text(config: Config, text: str, cuts: list[int]) -> None:
+    points = {c % (len(text) + 1) for c in cuts}
+    assert stream(config, cut(text, points)) == whole(config, text)
+
+
+def _reference_tags(text: str, tags: Sequence[str], in_reasoning: bool) -> tuple[str, str]:
+    """Independent one-character-at-a-time reading of the think-tag formats."""
+    start, end, *tool = tags
+    reasoning, content = [], []
+    i = 0
+    while i < len(text):
+        active = (end, start, *tool) if in_reasoning else (start, end)
+        tag = next((t for t in active if text.startswith(t, i)), None)
+        if tag is None:
+            (reasoning if in_reasoning else content).append(text[i])
+            i += 1
+            continue
+        i += len(tag)
+        in_reasoning = tag == start
+        if tag in tool:
+            content.append(tag)
+    return "".join(reasoning), "".join(content)
+
+
+@FUZZ
+@given(text=texts)
+def test_tag_formats_match_an_independent_reading(text: str) -> None:
+    forced = {"deepseek_r1", "step3", "qwen3", "qwen3_thinking", "glm45"}
+    for name, tags in TAGS.items():
+        if name in ("gpt_oss", "passthrough"):
+            continue
+        assert whole((name, {}), text) == _reference_tags(text, tags, name in forced), name
+    assert whole(("qwen3", {"enable_thinking": False}), text) == _reference_tags(
+        text, TAGS["qwen3"], False)
+
+
+@FUZZ
+@given(config=st.sampled_from([c for c in CONFIGS if c[0] != "gpt_oss"]), text=texts)
+def test_only_a_possible_partial_tag_is_held_back(config: Config, text: str) -> None:
+    """Fed one character at a time, the output so far is the whole-text answer for the text
+    so far whenever that text cannot end in the start of a tag."""
+    tags = TAGS[config[0]]
+    parser = reasoning_parser(config[0], **config[1])
+    reasoning, content = "", ""
+    for i, char in enumerate(text, 1):
+        delta = parser.feed(char)
+        reasoning += delta.reasoning
+        content += delta.content
+        prefix = text[:i]
+        if not any(t.startswith(prefix[-k:]) for t in tags for k in range(1, len(t))):
+            assert (reasoning, content) == whole(config, prefix)
+
+
+def test_harmony_holds_a_header_until_its_body_starts() -> None:
+    parser = reasoning_parser("gpt_oss")
+    assert parser.feed("<|channel|>analy") == ReasoningDelta()
+    assert parser.feed("sis<|message|>We") == ReasoningDelta(reasoning="We")
+    assert parser.feed(" think<|e") == ReasoningDelta(reasoning=" think")
+    assert parser.feed("nd|><|start|>assistant<|channel|>final<|message|>Hi") == ReasoningDelta(
+        content="Hi")
+    assert parser.finish() == ReasoningDelta()
+
+
+# --- behaviour at the edges -----------------------------------------------------------------
+
+def test_a_partial_tag_is_held_then_released_as_text() -> None:
+    parser = reasoning_parser("basic")
+    assert parser.feed("Use <thin") == ReasoningDelta(content="Use ")
+    assert parser.feed("g>s") == ReasoningDelta(content="<thing>s")
+    assert parser.feed(" like </th") == ReasoningDelta(content=" like ")
+    assert parser.finish() == ReasoningDelta(content="</th")
+
+
+def test_a_tag_split_across_deltas_switches_mode_without_leaking() -> None:
+    parser = reasoning_parser("deepseek_r1")
+    deltas = [parser.feed(c) for c in ["Hmm, 2+2", "=4.</", "thi", "nk>", "\n\nIt is 4."]]
+    deltas.append(parser.finish())
+    assert deltas == [ReasoningDelta(reasoning="Hmm, 2+2"), ReasoningDelta(reasoning="=4."),
+                      ReasoningDelta(), ReasoningDelta(), ReasoningDelta(content="\n\nIt is 4."),
+                      ReasoningDelta()]
+
+
+def test_unterminated_reasoning_is_flushed_as_reasoning() -> None:
+    parser = reasoning_parser("qwen3")
+    assert parser.feed("<think>still going <") == ReasoningDelta(reasoning="still going ")
+    assert parser.finish() == ReasoningDelta(reasoning="<")
+
+
+def test_enable_thinking_false_means_no_reasoning_section_for_qwen3() -> None:
+    assert whole(("qwen3", {"enable_thinking": False}), "42</think>") == ("", "42")
+    assert whole(("qwen3", {}), "42") == ("42", "")
+
+
+def test_every_parser_is_fresh_per_request() -> None:
+    first = reasoning_parser("qwen3")
+    first.feed("<think>half a thou")
+    second = reasoning_parser("qwen3", enable_thinking=False)
+    assert second is not first
+    assert second.feed("Answer.") == ReasoningDelta(content="Answer.")
+
+
+def test_finish_is_once_per_stream() -> None:
+    parser = reasoning_parser("basic")
+    assert parser.feed("<think>x</thi") == ReasoningDelta(reasoning="x")
+    assert parser.finish() == ReasoningDelta(reasoning="</thi")
+    assert parser.finish() == ReasoningDelta()
+    with pytest.raises(RuntimeError):
+        parser.feed("more")
+
+
+def test_empty_deltas_are_harmless() -> None:
+    parser = reasoning_parser("kimi")
+    assert not parser.feed("")
+    assert parser.feed("◁think▷x") == ReasoningDelta(reasoning="x")
+    assert not parser.feed("")
+
+
+# --- names ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("alias", "canonical"), [
+    ("deepseek-r1", "deepseek_r1"), ("DeepSeek-R1", "deepseek_r1"), ("qwen3-thinking",
+    "qwen3_thinking"), ("gpt-oss", "gpt_oss"), ("base", "basic"), ("step3p5", "step3"),
+    (" glm45 ", "glm45"),
+])
+def test_peer_spellings_are_aliases(alias: str, canonical: str) -> None:
+    for text in ("<think>a</think>b", "a</think>b", "◁think▷a◁/think▷b",
+                 "<|channel|>analysis<|message|>a<|end|>"):
+        assert whole((alias, {}), text) == whole((canonical, {}), text)
+
+
+def test_known_names_resolve_to_canonical_formats() -> None:
+    assert set(KNOWN_REASONING_PARSERS.values()) == set(TAGS)
+    for name, canonical in KNOWN_REASONING_PARSERS.items():
+        assert KNOWN_REASONING_PARSERS[canonical] == canonical
+        assert isinstance(reasoning_parser(name), ReasoningParser)
+
+
+def test_unknown_name_lists_the_known_ones() -> None:
+    with pytest.raises(UnknownReasoningParser, match="deepseek_r1"):
+        reasoning_parser("llama4")
+
+
+def test_overlapping_markers_are_refused() -> None:
+    with pytest.raises(ValueError, match="overlap"):
+        ThinkTagParser("<think>", "</think>", tool_start="think")
