@@ -22,6 +22,8 @@ from trio_direct.engine.errors import EngineError
 from trio_direct.exception_groups import unwrap_single_exception
 from trio_direct.engine.types import EngineClient, GenerateChunk, GenerateInput, TokenLogprob
 from trio_direct.frontend.engine_call import open_engine_call
+from trio_direct.parsers.reasoning import ReasoningDelta, ReasoningParser
+from trio_direct.parsers.tools import ToolCallDelta, ToolCallParser, ToolDelta
 
 
 class TextDecoder(Protocol):
@@ -47,6 +49,10 @@ class ChoiceEvent:
     matched_stop: int | str | None = None
     abort_message: str | None = None
     logprobs: list[TokenLogprob] | None = None
+    #: Text of the model's reasoning section (`reasoning_content`), already taken out of `text`.
+    reasoning: str = ""
+    #: Tool-call deltas, already taken out of `text`.
+    tool_calls: list[ToolCallDelta] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -56,6 +62,8 @@ class ChoiceOutput:
     index: int
     decoder: TextDecoder
     stops: StopMatcher | None = None
+    reasoning_parser: ReasoningParser | None = None
+    tool_parser: ToolCallParser | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
@@ -88,8 +96,25 @@ class ChoiceOutput:
                 event.finish_reason, event.matched_stop = "stop", matched
             elif finish is not None:
                 event.text += self.stops.flush()
+        if self.reasoning_parser is not None:
+            split = self.reasoning_parser.feed(event.text)
+            if event.finish_reason is not None:
+                split = _joined(split, self.reasoning_parser.finish())
+            event.reasoning, event.text = split.reasoning, split.content
+        if self.tool_parser is not None:
+            tools = self.tool_parser.feed(event.text)
+            if event.finish_reason is not None:
+                tail = self.tool_parser.finish()
+                tools = ToolDelta(tools.content + tail.content, tools.calls + tail.calls)
+                if self.tool_parser.call_count and event.finish_reason == "stop":
+                    event.finish_reason = "tool_calls"
+            event.text, event.tool_calls = tools.content, tools.calls
         self.finish_reason = event.finish_reason
         return event
+
+
+def _joined(first: ReasoningDelta, second: ReasoningDelta) -> ReasoningDelta:
+    return ReasoningDelta(first.reasoning + second.reasoning, first.content + second.content)
 
 
 @dataclass(slots=True)

@@ -35,6 +35,8 @@ from trio_direct.frontend.runtime import Frontend, Route
 from trio_direct.openai import errors, responses
 from trio_direct.openai.errors import OpenAIError
 from trio_direct.openai.logprobs import chat_logprobs, completion_logprobs
+from trio_direct.parsers.reasoning import ReasoningParser, reasoning_parser
+from trio_direct.parsers.tools import ToolCallDelta, ToolCallParser, ToolDelta, assemble, tool_call_parser
 from trio_direct.openai.requests import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -226,9 +228,12 @@ def _plan(
                 prompt_ids=prompt.token_ids,
             )
             matcher = StopStringMatcher(stops, request.include_stop_str_in_output) if stops else None
+            output = ChoiceOutput(
+                index, decoder, matcher, _reasoning_parser(frontend, request), _tool_parser(frontend, request)
+            )
             # The engine is chosen when the request runs (`_run`), so routing load is only ever
             # counted for a request that will release it.
-            plans.append(ChoicePlan(None, engine_request, ChoiceOutput(index, decoder, matcher)))
+            plans.append(ChoicePlan(None, engine_request, output))
     return Completion(
         id=id_prefix + request_key,
         key=request_key,
@@ -240,6 +245,25 @@ def _plan(
         request=request,
         token_text=frontend.token_text,
     )
+
+
+def _reasoning_parser(frontend: Frontend, request: ChatCompletionRequest | CompletionRequest) -> ReasoningParser | None:
+    """Chat choices of a reasoning model get their reasoning split into `reasoning_content`."""
+    name = frontend.reasoning_parser
+    if name is None or not isinstance(request, ChatCompletionRequest) or not request.separate_reasoning:
+        return None
+    thinking = (request.chat_template_kwargs or {}).get("enable_thinking")
+    return reasoning_parser(name, enable_thinking=thinking if isinstance(thinking, bool) else None)
+
+
+def _tool_parser(frontend: Frontend, request: ChatCompletionRequest | CompletionRequest) -> ToolCallParser | None:
+    """Chat choices of a request that offers tools get tool-call markup parsed into `tool_calls`."""
+    name = frontend.tool_call_parser
+    if name is None or not isinstance(request, ChatCompletionRequest) or not request.tools:
+        return None
+    if request.tool_choice == "none":
+        return None
+    return tool_call_parser(name, msgspec.to_builtins(request.tools))
 
 
 def _assign(frontend: Frontend, completion: Completion, route: Route) -> None:
@@ -373,6 +397,8 @@ def _merge(batch: list[ChoiceEvent]) -> list[ChoiceEvent]:
             merged[event.index] = event
         else:
             seen.text += event.text
+            seen.reasoning += event.reasoning
+            seen.tool_calls += event.tool_calls
             seen.token_ids += event.token_ids
             seen.finish_reason, seen.matched_stop, seen.abort_message = (
                 event.finish_reason, event.matched_stop, event.abort_message
@@ -388,9 +414,15 @@ def _chunk(completion: Completion, event: ChoiceEvent) -> bytes:
     if completion.chat:
         logprobs = chat_logprobs(rows, completion.token_text) if rows else None
         content = b""
+        if event.reasoning:
+            delta = {"reasoning_content": event.reasoning}
+            content = responses.chat_chunk(cid, created, model, event.index, delta)
         if event.text or logprobs:
             delta = {"content": event.text}
-            content = responses.chat_chunk(cid, created, model, event.index, delta, logprobs=logprobs)
+            content += responses.chat_chunk(cid, created, model, event.index, delta, logprobs=logprobs)
+        if event.tool_calls:
+            delta = {"tool_calls": [_tool_call_delta(call) for call in event.tool_calls]}
+            content += responses.chat_chunk(cid, created, model, event.index, delta)
         if event.finish_reason is None:
             return content
         return content + responses.chat_chunk(cid, created, model, event.index, {}, event.finish_reason)
@@ -403,9 +435,38 @@ def _chunk(completion: Completion, event: ChoiceEvent) -> bytes:
     return responses.completion_chunk(cid, created, model, event.index, event.text, event.finish_reason, logprobs=logprobs)
 
 
+def _message(content: str, reasoning: str, calls: list[ToolCallDelta]) -> responses.ResponseMessage:
+    tool_calls = None
+    if calls:
+        _, finished = assemble([ToolDelta("", calls)])
+        tool_calls = [
+            {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments_json}}
+            for call in finished
+        ]
+    return responses.ResponseMessage(
+        content=content if content or not tool_calls else None,
+        reasoning_content=reasoning or None,
+        tool_calls=tool_calls,
+    )
+
+
+def _tool_call_delta(call: ToolCallDelta) -> dict[str, Any]:
+    """OpenAI's streaming shape: id, type and name on a call's first delta, arguments in pieces."""
+    function: dict[str, Any] = {"arguments": call.arguments}
+    delta: dict[str, Any] = {"index": call.index, "function": function}
+    if call.id is not None:
+        delta["id"] = call.id
+        delta["type"] = "function"
+    if call.name is not None:
+        function["name"] = call.name
+    return delta
+
+
 async def complete_unary(frontend: Frontend, completion: Completion) -> bytes:
     """The whole response body, once every choice has finished."""
     texts: dict[int, list[str]] = {p.output.index: [] for p in completion.plans}
+    reasoning: dict[int, list[str]] = {p.output.index: [] for p in completion.plans}
+    calls: dict[int, list[ToolCallDelta]] = {p.output.index: [] for p in completion.plans}
     rows: dict[int, list[TokenLogprob]] = {p.output.index: [] for p in completion.plans}
     finish: dict[int, str | None] = {}
     try:
@@ -415,6 +476,8 @@ async def complete_unary(frontend: Frontend, completion: Completion) -> bytes:
                     if event.finish_reason == "abort":
                         raise _abort_error(event)
                     texts[event.index].append(event.text)
+                    reasoning[event.index].append(event.reasoning)
+                    calls[event.index] += event.tool_calls
                     rows[event.index] += event.logprobs or ()
                     if event.finish_reason is not None:
                         finish[event.index] = event.finish_reason
@@ -426,7 +489,7 @@ async def complete_unary(frontend: Frontend, completion: Completion) -> bytes:
         choices = [
             responses.ChatChoice(
                 index=index,
-                message=responses.ResponseMessage(content="".join(parts)),
+                message=_message("".join(parts), "".join(reasoning[index]), calls[index]),
                 logprobs=chat_logprobs(rows[index], completion.token_text) if wants_logprobs else None,
                 finish_reason=finish.get(index),
             )

@@ -20,6 +20,8 @@ from trio_direct.config import ServeConfig
 from trio_direct.engine.transport import ChannelPool, open_asyncio_loop
 from trio_direct.fleet.fleet import Fleet, FleetError, FleetOverrides, Worker
 from trio_direct.frontend.kv_routing import KvRouting
+from trio_direct.parsers.reasoning import KNOWN_REASONING_PARSERS
+from trio_direct.parsers.tools import KNOWN_TOOL_CALL_PARSERS
 from trio_direct.routing.kv_router import Decision
 from trio_direct.routing.simple import NoWorkerAvailable, RandomRouter, RoundRobinRouter, Router
 from trio_direct.text.chat_template import load_chat_template
@@ -171,6 +173,18 @@ class Route:
         }
 
 
+def check_parsers(frontend: Frontend) -> None:
+    """An unknown parser name stops start-up, listing the known ones."""
+    name = frontend.reasoning_parser
+    if name is not None and name.lower().replace("-", "_") not in KNOWN_REASONING_PARSERS:
+        known = ", ".join(sorted(KNOWN_REASONING_PARSERS))
+        raise FleetError(f"unknown reasoning parser {name!r} (known: {known})")
+    name = frontend.tool_call_parser
+    if name is not None and name.lower().replace("-", "_") not in KNOWN_TOOL_CALL_PARSERS:
+        known = ", ".join(sorted(KNOWN_TOOL_CALL_PARSERS))
+        raise FleetError(f"unknown tool-call parser {name!r} (known: {known})")
+
+
 def check_roles(fleet: Fleet, prefill_urls: list[str]) -> None:
     """`--prefill-engine-url` must name prefill engines, and `--engine-url` must not."""
     expected = set(prefill_urls)
@@ -229,6 +243,7 @@ async def run_frontend(config: ServeConfig, *, task_status: trio.TaskStatus[Fron
             tokenizer = await trio.to_thread.run_sync(ModelTokenizer.from_directory, Path(fleet.model.tokenizer_path))
             template = load_chat_template(Path(config.chat_template)) if config.chat_template else None
             frontend = Frontend(config, fleet, make_router(config.router_mode), tokenizer, template)
+            check_parsers(frontend)
             if config.router_mode == "kv":
                 try:
                     frontend.kv = KvRouting(fleet, config)

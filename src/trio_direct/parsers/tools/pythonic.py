@@ -1,0 +1,195 @@
+"""Calls written as a Python list of calls: `[get_weather(city="Paris"), f(x=[1, 2])]` (pythonic).
+
+Llama 3.2 / 4 and several small models. The list must open the output (after spaces) or
+follow `<|python_start|>`; a `[` later in prose is text. A call commits once its name is
+followed by `(` and then `)` or `keyword=`, so `[Note(this is prose)]` stays text. Each
+argument is a Python literal, converted to JSON when complete (`True` -> `true`); a value
+that is not a literal is kept as its source text, a string.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from typing import Any, Final
+
+from trio_direct.parsers.tools.stream import ToolCallParser
+from trio_direct.parsers.tools.value_scan import PythonValueScanner
+
+__all__ = ["PythonicParser"]
+
+_PYTHON_START: Final = "<|python_start|>"
+_PYTHON_END: Final = "<|python_end|>"
+# A call whose name and first argument are known: `name(` then `)` or `keyword=`.
+_CALL_HEAD: Final = re.compile(r"([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)\s*\(\s*(?=\)|[A-Za-z_]\w*\s*=)")
+# What `_CALL_HEAD` can still grow into.
+_CALL_HEAD_PREFIX: Final = re.compile(
+    r"[A-Za-z_][\w.]*(?:\s*(?:\(\s*(?:[A-Za-z_]\w*\s*)?)?)?")
+_KEYWORD: Final = re.compile(r"([A-Za-z_]\w*)\s*=")
+_KEYWORD_PREFIX: Final = re.compile(r"[A-Za-z_]\w*\s*")
+
+
+class PythonicParser(ToolCallParser):
+    """Pythonic tool calls; see the module docstring.
+
+    Malformed: positional arguments, or anything but calls in the list, leave the list as
+    content when seen before the first call commits; after that, the rest is content.
+    """
+
+    format = "pythonic"
+    MARKERS = (_PYTHON_START,)
+
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self._count = 0
+        self._object_open = False
+        self._key = ""
+        self._value_scanner = PythonValueScanner()
+        self._value: list[str] = []
+
+    def _start(self) -> bool:
+        buf, pos = self._buf, self._pos
+        first = pos
+        while first < len(buf) and buf[first].isspace():
+            first += 1
+        if first == len(buf):
+            if not self._final:
+                return False
+            self._state = self._content
+            return True
+        if buf[first] == "[":
+            self._begin_attempt(pos, first + 1, markup=False)
+            self._pos = first + 1
+            self._state = self._call_head
+        else:
+            self._state = self._content
+        return True
+
+    def _on_marker(self, marker: str, at: int) -> None:
+        self._begin_attempt(at, self._pos)
+        self._state = self._list_open
+
+    def _list_open(self) -> bool:
+        if not self._skip_ws():
+            return self._starved()
+        if self._buf[self._pos] != "[":
+            return self._fail()
+        self._pos += 1
+        self._state = self._call_head
+        return True
+
+    def _call_head(self) -> bool:
+        if not self._skip_ws():
+            return self._starved()
+        buf, pos = self._buf, self._pos
+        head = _CALL_HEAD.match(buf, pos)
+        if head is None:
+            grows = _CALL_HEAD_PREFIX.match(buf, pos)
+            if grows is not None and grows.end() == len(buf):
+                return self._starved()
+            return self._fail()
+        self._pos = head.end()
+        self._open_call(head.group(1))
+        self._emit_arguments("{")
+        self._object_open = True
+        self._count = 0
+        self._state = self._argument
+        return True
+
+    def _argument(self) -> bool:
+        if not self._skip_ws():
+            return self._starved()
+        buf, pos = self._buf, self._pos
+        if buf[pos] == ")":
+            self._pos += 1
+            self._end_call()
+            return True
+        keyword = _KEYWORD.match(buf, pos)
+        if keyword is None:
+            grows = _KEYWORD_PREFIX.match(buf, pos)
+            if grows is not None and grows.end() == len(buf):
+                return self._starved()
+            return self._fail()
+        self._key = keyword.group(1)
+        self._pos = keyword.end()
+        self._value_scanner = PythonValueScanner()
+        self._value = []
+        self._state = self._value_text
+        return True
+
+    def _value_text(self) -> bool:
+        buf, start = self._buf, self._pos
+        end = self._value_scanner.scan(buf, start)
+        if end is None:
+            self._value.append(buf[start:])
+            self._pos = len(buf)
+            return self._starved()
+        self._value.append(buf[start:end])
+        self._pos = end
+        source = "".join(self._value).strip()
+        separator = ", " if self._count else ""
+        self._count += 1
+        self._emit_arguments(f"{separator}{json.dumps(self._key)}: {self._to_json(source)}")
+        self._state = self._argument_end
+        return True
+
+    def _argument_end(self) -> bool:
+        if not self._skip_ws():
+            return self._starved()
+        char = self._buf[self._pos]
+        if char not in ",)":
+            return self._fail()
+        self._pos += 1
+        if char == ")":
+            self._end_call()
+        else:
+            self._state = self._argument
+        return True
+
+    def _end_call(self) -> None:
+        self._close_call()
+        self._state = self._after_call
+
+    def _after_call(self) -> bool:
+        if not self._skip_ws():
+            return self._starved()
+        char = self._buf[self._pos]
+        if char == ",":
+            self._pos += 1
+            self._state = self._next_call
+        elif char == "]":
+            self._pos += 1
+            self._state = self._list_end
+        else:
+            self._state = self._content
+        return True
+
+    def _next_call(self) -> bool:
+        if not self._skip_ws():
+            return self._starved()
+        self._begin_attempt(self._pos, self._pos + 1)
+        self._state = self._call_head
+        return True
+
+    def _list_end(self) -> bool:
+        if not self._skip_ws():
+            return self._starved()
+        if self._match(_PYTHON_END) is None:
+            return self._starved()
+        self._state = self._content
+        return True
+
+    def _close_call(self) -> None:
+        if self._object_open:  # also when cut off: the arguments stay an object
+            self._emit_arguments("}")
+            self._object_open = False
+        super()._close_call()
+
+    def _to_json(self, source: str) -> str:
+        try:
+            value: Any = ast.literal_eval(source)
+            return json.dumps(value, ensure_ascii=False, allow_nan=False)
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            self._anomaly(f"argument {self._key!r} is not a Python literal; kept as text")
+            return json.dumps(source, ensure_ascii=False)

@@ -1,0 +1,302 @@
+"""Tool-call parsers on the formats' published examples: whole text, and every way to stream it."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from trio_direct.parsers.tools import (
+    KNOWN_TOOL_CALL_PARSERS,
+    ToolCall,
+    ToolDelta,
+    UnknownToolCallParser,
+    assemble,
+    tool_call_parser,
+)
+
+FUZZ = settings(max_examples=60, deadline=None, database=None)
+
+DS_CALLS_BEGIN = "<｜tool▁calls▁begin｜>"
+DS_CALLS_END = "<｜tool▁calls▁end｜>"
+DS_CALL_BEGIN = "<｜tool▁call▁begin｜>"
+DS_CALL_END = "<｜tool▁call▁end｜>"
+DS_SEP = "<｜tool▁sep｜>"
+
+
+def _tool(name: str, **properties: str) -> dict:
+    return {"type": "function", "function": {
+        "name": name,
+        "parameters": {"type": "object",
+                       "properties": {k: {"type": t} for k, t in properties.items()}},
+    }}
+
+
+WEATHER_TOOLS = [
+    _tool("get_weather", location="string", city="string", date="string", days="integer",
+          unit="string"),
+]
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    parser: str
+    text: str
+    content: str
+    calls: tuple[tuple[str, dict[str, Any]], ...]
+    tools: Sequence[dict] | None = None
+
+
+CASES = [
+    # Qwen2.5 function-calling guide (qwen.readthedocs.io), two parallel calls.
+    Case("hermes-qwen25-parallel", "hermes",
+         '<tool_call>\n{"name": "get_current_temperature", "arguments": {"location": '
+         '"San Francisco, CA, USA"}}\n</tool_call>\n<tool_call>\n{"name": '
+         '"get_temperature_date", "arguments": {"location": "San Francisco, CA, USA", "date": '
+         '"2024-10-01"}}\n</tool_call>',
+         "",
+         (("get_current_temperature", {"location": "San Francisco, CA, USA"}),
+          ("get_temperature_date", {"location": "San Francisco, CA, USA", "date": "2024-10-01"}))),
+    Case("hermes-content-around", "hermes",
+         'Let me check.\n\n<tool_call>\n{"name": "get_weather", "arguments": {"city": '
+         '"Paris", "note": "a } and a </tool_call> inside"}}\n</tool_call>\n\nDone.',
+         "Let me check.Done.",
+         (("get_weather", {"city": "Paris", "note": "a } and a </tool_call> inside"}),)),
+    Case("hermes-arguments-as-string", "hermes",
+         '<tool_call>{"arguments": "{\\"q\\": 1}", "name": "search"}</tool_call>',
+         "", (("search", {"q": 1}),)),
+    # Qwen3-Coder chat template shape; `days` is typed by the schema.
+    Case("qwen3-coder", "qwen3_coder",
+         "I'll check.\n<tool_call>\n<function=get_weather>\n<parameter=location>\n"
+         "San Francisco, CA\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n"
+         "</tool_call>",
+         "I'll check.",
+         (("get_weather", {"location": "San Francisco, CA", "days": 3}),), WEATHER_TOOLS),
+    Case("qwen3-coder-multiline-untyped", "qwen3_coder",
+         "<tool_call>\n<function=write_file>\n<parameter=path>\na.py\n</parameter>\n"
+         "<parameter=content>\ndef f():\n    return \"<x>\"\n\n</parameter>\n</function>\n"
+         "</tool_call>\n<tool_call>\n<function=run>\n</function>\n</tool_call>",
+         "",
+         (("write_file", {"path": "a.py", "content": 'def f():\n    return "<x>"\n'}),
+          ("run", {}))),
+    # Meta Llama 3.1 model card, JSON tool calling (bare and with <|python_tag|>).
+    Case("llama3-bare", "llama3_json",
+         '{"name": "get_current_conditions", "parameters": {"location": "San Francisco, CA", '
+         '"unit": "Fahrenheit"}}',
+         "",
+         (("get_current_conditions", {"location": "San Francisco, CA", "unit": "Fahrenheit"}),)),
+    Case("llama3-python-tag-parallel", "llama3_json",
+         'Sure.<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}; '
+         '{"name": "get_time", "parameters": {"tz": "CET"}}',
+         "Sure.",
+         (("get_weather", {"city": "Paris"}), ("get_time", {"tz": "CET"}))),
+    # Mistral-7B-Instruct-v0.3 (function calling example), and the newer compact format.
+    Case("mistral-v3-array", "mistral",
+         '[TOOL_CALLS] [{"name": "get_current_weather", "arguments": {"location": '
+         '"Paris, France", "format": "celsius"}}]',
+         "",
+         (("get_current_weather", {"location": "Paris, France", "format": "celsius"}),)),
+    Case("mistral-compact", "mistral",
+         '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]get_time[ARGS]{"tz": "CET"}',
+         "",
+         (("get_weather", {"city": "Paris"}), ("get_time", {"tz": "CET"}))),
+    # Llama 3.2 model card, zero-shot function calling.
+    Case("pythonic-llama32", "pythonic",
+         "[get_user_info(user_id=7890, special='black'), get_weather(city=\"San Francisco\", "
+         "days=[1, 2], metric=True, extra=None)]",
+         "",
+         (("get_user_info", {"user_id": 7890, "special": "black"}),
+          ("get_weather", {"city": "San Francisco", "days": [1, 2], "metric": True,
+                           "extra": None}))),
+    Case("pythonic-llama4-tags", "pythonic",
+         "Checking.<|python_start|>[get_time(tz='CET')]<|python_end|>",
+         "Checking.",
+         (("get_time", {"tz": "CET"}),)),
+    # SGLang's DeepSeekV3Detector docstring example (DeepSeek-V3-0324 template).
+    Case("deepseek-v3", "deepseek_v3",
+         f"{DS_CALLS_BEGIN}{DS_CALL_BEGIN}function{DS_SEP}get_current_weather\n```json\n"
+         f'{{"location": "Tokyo"}}\n```{DS_CALL_END}\n{DS_CALL_BEGIN}function{DS_SEP}'
+         f'get_current_weather\n```json\n{{"location": "Paris"}}\n```{DS_CALL_END}'
+         f"{DS_CALLS_END}",
+         "",
+         (("get_current_weather", {"location": "Tokyo"}),
+          ("get_current_weather", {"location": "Paris"}))),
+    # SGLang's DeepSeekV31Detector docstring example (DeepSeek-V3.1 template).
+    Case("deepseek-v31", "deepseek_v31",
+         f"Let me look.{DS_CALLS_BEGIN}{DS_CALL_BEGIN}get_current_weather{DS_SEP}"
+         f'{{"location": "Tokyo"}}{DS_CALL_END}{DS_CALL_BEGIN}get_current_weather{DS_SEP}'
+         f'{{"location": "Paris"}}{DS_CALL_END}{DS_CALLS_END}',
+         "Let me look.",
+         (("get_current_weather", {"location": "Tokyo"}),
+          ("get_current_weather", {"location": "Paris"}))),
+    # Kimi-K2-Instruct docs/tool_call_guidance.md.
+    Case("kimi-k2", "kimi_k2",
+         "I'll check.<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
+         '<|tool_call_argument_begin|>{"city": "Beijing"}<|tool_call_end|>'
+         "<|tool_call_begin|>functions.get_time:1<|tool_call_argument_begin|>{}"
+         "<|tool_call_end|><|tool_calls_section_end|>",
+         "I'll check.",
+         (("get_weather", {"city": "Beijing"}), ("get_time", {}))),
+    # SGLang's Glm4MoeDetector docstring example; `days` typed, `flag` inferred.
+    Case("glm45", "glm45",
+         "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>北京</arg_value>\n"
+         "<arg_key>date</arg_key>\n<arg_value>2024-06-27</arg_value>\n<arg_key>days</arg_key>\n"
+         "<arg_value>3</arg_value>\n<arg_key>flag</arg_key>\n<arg_value>true</arg_value>\n"
+         "</tool_call>",
+         "",
+         (("get_weather", {"city": "北京", "date": "2024-06-27", "days": 3, "flag": True}),),
+         WEATHER_TOOLS),
+    # GLM-4.7 drops the newlines.
+    Case("glm47-no-newlines", "glm47",
+         "On it.<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value>"
+         "</tool_call><tool_call>get_time</tool_call>",
+         "On it.",
+         (("get_weather", {"city": "Paris"}), ("get_time", {})), WEATHER_TOOLS),
+]
+
+
+def _parser(case: Case, seed: int = 7):
+    return tool_call_parser(case.parser, case.tools, rng=random.Random(seed))
+
+
+def _stream(case: Case, chunks: Sequence[str]) -> tuple[str, list[ToolCall]]:
+    parser = _parser(case)
+    deltas = [parser.feed(chunk) for chunk in chunks]
+    deltas.append(parser.finish())
+    _check_openai_delta_rules(deltas)
+    return assemble(deltas)
+
+
+def _check_openai_delta_rules(deltas: Sequence[ToolDelta]) -> None:
+    """id and name only on a call's first delta; calls start in index order from 0."""
+    seen: set[int] = set()
+    for delta in deltas:
+        for call in delta.calls:
+            first = call.index not in seen
+            assert (call.id is not None, call.name is not None) == (first, first), call
+            if first:
+                assert call.index == len(seen), "calls must start in index order"
+                seen.add(call.index)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_published_examples(case: Case) -> None:
+    content, calls = _parser(case).parse_complete(case.text)
+    assert content == case.content
+    assert [(c.name, json.loads(c.arguments_json)) for c in calls] == list(case.calls)
+    assert len({c.id for c in calls}) == len(calls)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_every_two_chunk_split_equals_the_whole(case: Case) -> None:
+    whole = _parser(case).parse_complete(case.text)
+    for cut in range(len(case.text) + 1):
+        assert _stream(case, [case.text[:cut], case.text[cut:]]) == whole, cut
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_one_character_at_a_time_equals_the_whole(case: Case) -> None:
+    assert _stream(case, list(case.text)) == _parser(case).parse_complete(case.text)
+
+
+@FUZZ
+@given(case=st.sampled_from(CASES), cuts=st.lists(st.integers(0, 10_000), max_size=12))
+def test_random_multi_chunk_splits_equal_the_whole(case: Case, cuts: list[int]) -> None:
+    points = sorted({0, len(case.text), *(c % (len(case.text) + 1) for c in cuts)})
+    chunks = [case.text[a:b] for a, b in zip(points, points[1:])]
+    assert _stream(case, chunks) == _parser(case).parse_complete(case.text)
+
+
+def test_arguments_stream_in_pieces_not_one_frame_at_the_end() -> None:
+    parser = tool_call_parser("hermes", rng=random.Random(1))
+    parser.feed('<tool_call>{"name": "write", "arguments": {"text": "')
+    first = parser.feed("hello ")
+    second = parser.feed("world")
+    assert [c.arguments for c in first.calls] == ["hello "]
+    assert [c.arguments for c in second.calls] == ["world"]
+
+
+def test_name_goes_out_as_soon_as_it_is_complete() -> None:
+    parser = tool_call_parser("qwen3_coder", rng=random.Random(1))
+    assert not parser.feed("<tool_call>\n<function=get_wea").calls
+    delta = parser.feed("ther>\n")
+    assert [(c.index, c.name, c.arguments) for c in delta.calls] == [(0, "get_weather", "{")]
+    assert re.fullmatch(r"call_[A-Za-z0-9]{24}", delta.calls[0].id or "")
+
+
+def test_text_without_markup_streams_through_untouched() -> None:
+    parser = tool_call_parser("hermes")
+    assert parser.feed("Hello") == ToolDelta("Hello", [])
+    assert parser.feed(", world <tool").content == ", world"  # held: maybe a marker
+    assert parser.feed("box> and more  ").content == " <toolbox> and more"
+    assert parser.finish() == ToolDelta("  ", [])
+
+
+@pytest.mark.parametrize("parser_name", sorted(KNOWN_TOOL_CALL_PARSERS))
+def test_every_known_name_builds_a_parser(parser_name: str) -> None:
+    parser = tool_call_parser(parser_name.upper().replace("_", "-"), None)
+    assert parser.parse_complete("plain answer") == ("plain answer", [])
+
+
+def test_peer_spellings_are_aliases() -> None:
+    expected = {
+        "qwen25": "hermes", "qwen": "hermes", "qwen_xml": "qwen3_coder", "llama3": "llama3_json",
+        "deepseekv3": "deepseek_v3", "deepseek": "deepseek_v3", "deepseekv31": "deepseek_v31",
+        "deepseek31": "deepseek_v31", "deepseek_v3_1": "deepseek_v31", "kimik2": "kimi_k2",
+        "glm": "glm45", "glm45_moe": "glm45",
+    }
+    for alias, canonical in expected.items():
+        assert tool_call_parser(alias).format == canonical
+
+
+def test_unknown_name_lists_the_known_ones() -> None:
+    with pytest.raises(ValueError, match="unknown tool-call parser 'harmonyx'.*hermes.*kimi_k2"):
+        tool_call_parser("harmonyx", None)
+    assert issubclass(UnknownToolCallParser, ValueError)
+
+
+def test_ids_are_random_unless_an_rng_is_injected() -> None:
+    text = '<tool_call>{"name": "f", "arguments": {}}</tool_call>'
+    a = tool_call_parser("hermes", rng=random.Random(3)).parse_complete(text)[1][0].id
+    b = tool_call_parser("hermes", rng=random.Random(3)).parse_complete(text)[1][0].id
+    c = tool_call_parser("hermes").parse_complete(text)[1][0].id
+    d = tool_call_parser("hermes").parse_complete(text)[1][0].id
+    assert a == b and c != d
+    assert all(re.fullmatch(r"call_[A-Za-z0-9]{24}", x) for x in (a, c, d))
+
+
+def test_kimi_keeps_the_model_ids_for_its_template() -> None:
+    case = next(c for c in CASES if c.parser == "kimi_k2")
+    calls = _parser(case).parse_complete(case.text)[1]
+    assert [c.id for c in calls] == ["functions.get_weather:0", "functions.get_time:1"]
+
+
+def test_mistral_ids_are_nine_alphanumerics_or_the_models_own() -> None:
+    calls = tool_call_parser("mistral").parse_complete(
+        '[TOOL_CALLS]f[ARGS]{}[TOOL_CALLS]g[CALL_ID]a1B2c3D4e[ARGS]{"x": 1}')[1]
+    assert re.fullmatch(r"[A-Za-z0-9]{9}", calls[0].id)
+    assert (calls[1].id, calls[1].name, calls[1].arguments_json) == ("a1B2c3D4e", "g", '{"x": 1}')
+
+
+def test_a_parser_serves_one_stream() -> None:
+    parser = tool_call_parser("hermes")
+    parser.finish()
+    assert parser.finish() == ToolDelta()
+    with pytest.raises(RuntimeError):
+        parser.feed("more")
+
+
+def test_call_count_tells_the_frontend_to_finish_with_tool_calls() -> None:
+    parser = tool_call_parser("hermes")
+    parser.feed("Thinking about it... <tool_call>")
+    assert parser.call_count == 0
+    parser.feed('{"name": "f", "arguments": {}}</tool_call>')
+    assert parser.call_count == 1

@@ -1,0 +1,112 @@
+"""Tool calls and reasoning through the frontend, read with the official OpenAI client.
+
+The mock engine answers chosen prompts with scripted text (`--scripted-outputs`), standing in for a
+Qwen3-style model that thinks in `<think>` tags and calls tools in Hermes `<tool_call>` markup.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import trio
+
+from support import start_frontend, start_mock_engine
+
+pytestmark = pytest.mark.slow
+
+SCRIPTS = [
+    {
+        "match": "weather",
+        "text": '<think>The user wants the weather in Paris.</think>Let me check.<tool_call>\n'
+        '{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}\n</tool_call>',
+    },
+    {"match": "riddle", "text": "<think>Keys but no locks... a piano.</think>A piano."},
+]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Current weather in a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "unit": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    }
+]
+
+
+@pytest.fixture
+async def base(aio_loop, nursery, tmp_path):
+    script = tmp_path / "scripts.json"
+    script.write_text(json.dumps(SCRIPTS))
+    engine = await start_mock_engine(
+        nursery, "--speedup", "inf", "--incremental-streaming-output", "--scripted-outputs", str(script)
+    )
+    return await start_frontend(
+        nursery, "--engine-url", engine.url, "--reasoning-parser", "qwen3", "--tool-call-parser", "hermes"
+    )
+
+
+async def test_tool_calls_and_reasoning_unary_and_streamed(base):
+    import openai
+
+    def use_client() -> None:
+        client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
+        model = client.models.list().data[0].id
+        ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+        reply = client.chat.completions.create(model=model, messages=ask, tools=TOOLS, max_tokens=200)
+        choice = reply.choices[0]
+        assert choice.finish_reason == "tool_calls"
+        assert choice.message.content == "Let me check."
+        assert choice.message.model_extra["reasoning_content"] == "The user wants the weather in Paris."
+        (call,) = choice.message.tool_calls
+        assert call.function.name == "get_weather" and call.id.startswith("call_")
+        assert json.loads(call.function.arguments) == {"city": "Paris", "unit": "celsius"}
+
+        stream = client.chat.completions.create(model=model, messages=ask, tools=TOOLS, max_tokens=200, stream=True)
+        content, reasoning, names, arguments, finish = [], [], [], [], None
+        for chunk in stream:
+            if not chunk.choices:
+                continue
+            delta = chunk.choices[0].delta
+            content.append(delta.content or "")
+            reasoning.append((delta.model_extra or {}).get("reasoning_content") or "")
+            for call in delta.tool_calls or ():
+                if call.function.name:
+                    names.append(call.function.name)
+                arguments.append(call.function.arguments or "")
+            finish = chunk.choices[0].finish_reason or finish
+        assert "".join(content) == "Let me check." and "<tool_call>" not in "".join(content)
+        assert "".join(reasoning) == "The user wants the weather in Paris."
+        assert names == ["get_weather"] and json.loads("".join(arguments)) == {"city": "Paris", "unit": "celsius"}
+        assert finish == "tool_calls"
+
+        plain = client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "Tell me the riddle answer"}], max_tokens=200
+        )
+        assert plain.choices[0].finish_reason == "stop"
+        assert plain.choices[0].message.content == "A piano."
+        assert plain.choices[0].message.model_extra["reasoning_content"] == "Keys but no locks... a piano."
+        raw = client.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": "Tell me the riddle answer"}],
+            max_tokens=200,
+            extra_body={"separate_reasoning": False},
+        )
+        assert raw.choices[0].message.content.startswith("<think>")
+        client.close()
+
+    await trio.to_thread.run_sync(use_client)
+
+
+async def test_an_unknown_parser_name_stops_start_up(aio_loop, nursery):
+    from trio_direct.fleet.fleet import FleetError
+
+    engine = await start_mock_engine(nursery, "--speedup", "inf")
+    with pytest.RaisesGroup(pytest.RaisesExc(FleetError, match="unknown tool-call parser 'nope'.*hermes"), flatten_subgroups=True):
+        async with trio.open_nursery() as inner:
+            await start_frontend(inner, "--engine-url", engine.url, "--tool-call-parser", "nope")
