@@ -93,8 +93,10 @@ GOLDEN: list[tuple[Config, str, str, str]] = [
     # Qwen3 hybrid, thinking on: whitespace around the tags is kept as the model wrote it.
     (("qwen3", {}), "<think>\nreasoning content\n</think>\n\nThe answer is 42.",
      "\nreasoning content\n", "\n\nThe answer is 42."),
-    (("qwen3", {}), "The template opened it.</think>Answer.", "The template opened it.",
+    (("qwen3_thinking", {}), "The template opened it.</think>Answer.", "The template opened it.",
      "Answer."),
+    (("qwen3", {"force_reasoning": True}), "The template opened it.</think>Answer.",
+     "The template opened it.", "Answer."),
     (("qwen3", {"enable_thinking": True}), "<think>a</think>b", "a", "b"),
     (("qwen3", {"enable_thinking": False}), "The answer is 42.", "", "The answer is 42."),
     (("qwen3", {"enable_thinking": False}), "x < y, so <thin ice", "", "x < y, so <thin ice"),
@@ -203,7 +205,7 @@ def _reference_tags(text: str, tags: Sequence[str], in_reasoning: bool) -> tuple
 @FUZZ
 @given(text=texts)
 def test_tag_formats_match_an_independent_reading(text: str) -> None:
-    forced = {"deepseek_r1", "step3", "qwen3", "qwen3_thinking", "glm45"}
+    forced = {"deepseek_r1", "step3", "qwen3_thinking"}
     for name, tags in TAGS.items():
         if name in ("gpt_oss", "passthrough"):
             continue
@@ -266,7 +268,8 @@ def test_unterminated_reasoning_is_flushed_as_reasoning() -> None:
 
 def test_enable_thinking_false_means_no_reasoning_section_for_qwen3() -> None:
     assert whole(("qwen3", {"enable_thinking": False}), "42</think>") == ("", "42")
-    assert whole(("qwen3", {}), "42") == ("42", "")
+    assert whole(("qwen3", {}), "42") == ("", "42"), "without <think> the output is content"
+    assert whole(("qwen3", {}), "<think>hm</think>42") == ("hm", "42")
 
 
 def test_every_parser_is_fresh_per_request() -> None:

@@ -22,6 +22,8 @@ SCRIPTS = [
         '{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}\n</tool_call>',
     },
     {"match": "riddle", "text": "<think>Keys but no locks... a piano.</think>A piano."},
+    {"match": "Rome", "text": '{"city": "Rome"}'},
+    {"match": "Oslo", "text": '[{"name": "get_weather", "parameters": {"city": "Oslo"}}]'},
 ]
 TOOLS = [
     {
@@ -101,6 +103,54 @@ async def test_tool_calls_and_reasoning_unary_and_streamed(base):
         client.close()
 
     await trio.to_thread.run_sync(use_client)
+
+
+async def test_forced_tool_choice_gives_tool_calls(base):
+    import openai
+
+    def use_client() -> None:
+        client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
+        model = client.models.list().data[0].id
+        named = client.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": "Weather in Rome?"}],
+            tools=TOOLS,
+            tool_choice={"type": "function", "function": {"name": "get_weather"}},
+            max_tokens=100,
+        )
+        (call,) = named.choices[0].message.tool_calls
+        assert (call.function.name, json.loads(call.function.arguments)) == ("get_weather", {"city": "Rome"})
+        required = client.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": "Weather in Oslo?"}],
+            tools=TOOLS,
+            tool_choice="required",
+            max_tokens=100,
+            stream=True,
+        )
+        calls = [c for chunk in required if chunk.choices for c in chunk.choices[0].delta.tool_calls or ()]
+        assert [c.function.name for c in calls] == ["get_weather"]
+        assert json.loads(calls[0].function.arguments) == {"city": "Oslo"}
+        client.close()
+
+    await trio.to_thread.run_sync(use_client)
+
+
+def test_forced_tool_choices_become_guided_decoding_schemas():
+    from trio_direct.openai.requests import decode_chat_request
+    from trio_direct.openai.tool_choice import tool_choice_schema
+
+    def request(tool_choice) -> object:
+        body = {"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": TOOLS, "tool_choice": tool_choice}
+        return decode_chat_request(json.dumps(body).encode())
+
+    assert tool_choice_schema(request("auto")) is None
+    named = json.loads(tool_choice_schema(request({"type": "function", "function": {"name": "get_weather"}})))
+    assert named == TOOLS[0]["function"]["parameters"]
+    required = json.loads(tool_choice_schema(request("required")))
+    assert required["type"] == "array" and required["minItems"] == 1
+    (option,) = required["items"]["anyOf"]
+    assert option["properties"]["name"] == {"type": "string", "enum": ["get_weather"]}
 
 
 async def test_an_unknown_parser_name_stops_start_up(aio_loop, nursery):

@@ -36,7 +36,9 @@ from trio_direct.openai import errors, responses
 from trio_direct.openai.errors import OpenAIError
 from trio_direct.openai.logprobs import chat_logprobs, completion_logprobs
 from trio_direct.parsers.reasoning import ReasoningParser, reasoning_parser
+from trio_direct.openai.tool_choice import forced_tool_name, tool_choice_schema
 from trio_direct.parsers.tools import ToolCallDelta, ToolCallParser, ToolDelta, assemble, tool_call_parser
+from trio_direct.parsers.tools.forced import NamedToolCallParser, RequiredToolCallsParser
 from trio_direct.openai.requests import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -192,6 +194,8 @@ def _plan(
         raise errors.invalid_request(f"n must be at most {frontend.config.max_n}.", param="n")
     limit = frontend.context_length
     sampling = sampling_options(request, eos_token_ids=frontend.tokenizer.eos_token_ids)
+    if isinstance(request, ChatCompletionRequest) and (schema := tool_choice_schema(request)) is not None:
+        sampling = replace(sampling, json_schema=schema)
     for prompt in prompts:
         if not prompt.token_ids:
             raise errors.invalid_request("The prompt is empty after tokenization.", param="prompt")
@@ -229,7 +233,7 @@ def _plan(
             )
             matcher = StopStringMatcher(stops, request.include_stop_str_in_output) if stops else None
             output = ChoiceOutput(
-                index, decoder, matcher, _reasoning_parser(frontend, request), _tool_parser(frontend, request)
+                index, decoder, matcher, _reasoning_parser(frontend, request, prompt.text), _tool_parser(frontend, request)
             )
             # The engine is chosen when the request runs (`_run`), so routing load is only ever
             # counted for a request that will release it.
@@ -247,23 +251,38 @@ def _plan(
     )
 
 
-def _reasoning_parser(frontend: Frontend, request: ChatCompletionRequest | CompletionRequest) -> ReasoningParser | None:
-    """Chat choices of a reasoning model get their reasoning split into `reasoning_content`."""
+def _reasoning_parser(
+    frontend: Frontend, request: ChatCompletionRequest | CompletionRequest, prompt: str
+) -> ReasoningParser | None:
+    """Chat choices of a reasoning model get their reasoning split into `reasoning_content`.
+
+    A template that opens the reasoning block itself (the prompt ends in ``<think>``) means the
+    output starts inside it.
+    """
     name = frontend.reasoning_parser
     if name is None or not isinstance(request, ChatCompletionRequest) or not request.separate_reasoning:
         return None
     thinking = (request.chat_template_kwargs or {}).get("enable_thinking")
-    return reasoning_parser(name, enable_thinking=thinking if isinstance(thinking, bool) else None)
+    return reasoning_parser(
+        name,
+        enable_thinking=thinking if isinstance(thinking, bool) else None,
+        force_reasoning=prompt.rstrip().endswith("<think>"),
+    )
 
 
-def _tool_parser(frontend: Frontend, request: ChatCompletionRequest | CompletionRequest) -> ToolCallParser | None:
+def _tool_parser(
+    frontend: Frontend, request: ChatCompletionRequest | CompletionRequest
+) -> ToolCallParser | NamedToolCallParser | RequiredToolCallsParser | None:
     """Chat choices of a request that offers tools get tool-call markup parsed into `tool_calls`."""
+    if not isinstance(request, ChatCompletionRequest) or not request.tools or request.tool_choice == "none":
+        return None
+    forced = forced_tool_name(request)
+    if forced is not None:  # the output is constrained to the arguments JSON (openai.tool_choice)
+        return NamedToolCallParser(forced)
+    if request.tool_choice == "required":
+        return RequiredToolCallsParser()
     name = frontend.tool_call_parser
-    if name is None or not isinstance(request, ChatCompletionRequest) or not request.tools:
-        return None
-    if request.tool_choice == "none":
-        return None
-    return tool_call_parser(name, msgspec.to_builtins(request.tools))
+    return None if name is None else tool_call_parser(name, msgspec.to_builtins(request.tools))
 
 
 def _assign(frontend: Frontend, completion: Completion, route: Route) -> None:

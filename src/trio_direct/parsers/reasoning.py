@@ -366,7 +366,7 @@ def reasoning_parser(name: str, *, enable_thinking: bool | None = None,
     """A fresh parser for one choice of one request (parsers hold per-stream state).
 
     `enable_thinking` is the request's `chat_template_kwargs` switch; only `qwen3` and `glm45`
-    read it (`None` means the template default, thinking on). `force_reasoning=True` says the
+    read it (`False`: no reasoning section; otherwise reasoning begins at the model's `<think>`). `force_reasoning=True` says the
     rendered prompt already opened the reasoning block, so output starts in reasoning for every
     tag format. Both are ignored by `gpt_oss` and `passthrough`.
     """
@@ -385,6 +385,8 @@ def reasoning_parser(name: str, *, enable_thinking: bool | None = None,
         return ThinkTagParser(_THINK, _END_THINK, in_reasoning=force_reasoning)
     if kind in ("deepseek_r1", "step3"):
         return ThinkTagParser(_THINK, _END_THINK, in_reasoning=True)
-    # qwen3, qwen3_thinking, glm45
-    thinking = force_reasoning or kind == "qwen3_thinking" or enable_thinking is not False
+    # qwen3, glm45: the model opens `<think>` itself (as smg's parsers expect), so output without
+    # tags stays content, thinking on or off (`enable_thinking=False` just means no tags come).
+    # qwen3_thinking models' templates open the block in the prompt: output starts in reasoning.
+    thinking = force_reasoning or kind == "qwen3_thinking"
     return ThinkTagParser(_THINK, _END_THINK, in_reasoning=thinking, tool_start=_TOOL_CALL)
