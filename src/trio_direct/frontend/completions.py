@@ -54,6 +54,9 @@ from trio_direct.text.stop_strings import StopStringMatcher
 
 log = logging.getLogger(__name__)
 
+#: Scheduler rounds a streamed response waits before writing its headers (see stream_completion).
+_DISPATCH_ROUNDS = 4
+
 #: Prompts longer than this (characters) are rendered and tokenized on a worker thread, so that one
 #: long prompt does not stall every other stream on the event loop.
 THREAD_THRESHOLD_CHARS = 4096
@@ -364,7 +367,10 @@ async def stream_completion(frontend: Frontend, completion: Completion) -> Async
         async with _run(frontend, completion) as batches:
             # An empty first item marks "dispatched": the response headers go out only now, and
             # the opening chunks only with the first output, so no socket write holds up the
-            # dispatch of the engine calls.
+            # dispatch of the engine calls. The few scheduling rounds let the choice tasks get
+            # their requests onto the wire (choice task -> transport pump -> asyncio coroutine).
+            for _ in range(_DISPATCH_ROUNDS):
+                await trio.lowlevel.checkpoint()
             yield b""
             opening = _opening(completion)
             async for batch in batches:
