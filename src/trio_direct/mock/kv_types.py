@@ -10,7 +10,9 @@ from __future__ import annotations
 import hashlib
 import struct
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+
+# The engine emits the very events a router decodes: one definition for both sides.
+from trio_direct.routing.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
 
 __all__ = [
     "AllBlocksCleared",
@@ -24,33 +26,6 @@ __all__ = [
 ]
 
 
-@dataclass(slots=True, frozen=True)
-class BlockStored:
-    """A run of consecutive pages entered the prefix cache.
-
-    ``len(token_ids) == len(block_hashes) * block_size``; ``parent_block_hash`` is the hash of
-    the page before the run, ``None`` when the run starts at the root.
-    """
-
-    block_hashes: tuple[int, ...]
-    parent_block_hash: int | None
-    token_ids: tuple[int, ...]
-    block_size: int
-
-
-@dataclass(slots=True, frozen=True)
-class BlockRemoved:
-    """Pages evicted from the prefix cache."""
-
-    block_hashes: tuple[int, ...]
-
-
-@dataclass(slots=True, frozen=True)
-class AllBlocksCleared:
-    """The whole prefix cache was flushed."""
-
-
-KvEvent = BlockStored | BlockRemoved | AllBlocksCleared
 
 _SHA256 = hashlib.sha256
 _PACKERS: dict[int, struct.Struct] = {}
