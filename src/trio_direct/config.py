@@ -38,6 +38,8 @@ class ServeConfig:
     router_kv_events: bool = True
     router_ttl_secs: float = 120.0
     load_poll_interval: float = 0.0
+    health_interval: float = 5.0
+    health_timeout: float = 2.0
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
     abort_timeout: float = 5.0
@@ -69,6 +71,8 @@ _HELP = {
     "router_temperature": "kv: 0 picks the cheapest engine; > 0 samples, softer the higher",
     "router_kv_events": "kv: index the engines' KV events; --no-router-kv-events learns from routing decisions instead",
     "router_ttl_secs": "kv without events: how long a routed prefix is assumed cached",
+    "health_interval": "seconds between HealthCheck calls per engine (0 = no health checks)",
+    "health_timeout": "seconds a HealthCheck may take before it counts as failed",
     "load_poll_interval": "kv: seconds between GetLoad polls that correct load from other frontends (0 = off)",
     "tool_call_parser": "tool-call parser name (default: the engines'); alias --dyn-tool-call-parser",
     "reasoning_parser": "reasoning parser name (default: the engines'); alias --dyn-reasoning-parser",

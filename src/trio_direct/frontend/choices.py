@@ -18,7 +18,7 @@ from typing import Protocol
 
 import trio
 
-from trio_direct.engine.errors import EngineError
+from trio_direct.engine.errors import EngineError, EngineUnavailable
 from trio_direct.exception_groups import unwrap_single_exception
 from trio_direct.engine.types import EngineClient, GenerateChunk, GenerateInput, TokenLogprob
 from trio_direct.frontend.engine_call import open_engine_call
@@ -79,11 +79,14 @@ class ChoiceOutput:
     def push(self, batch: list[GenerateChunk]) -> ChoiceEvent:
         token_ids = [token for chunk in batch for token in chunk.token_ids]
         last = batch[-1]
+        text_ids = token_ids
+        if last.finish_reason == "stop" and isinstance(last.matched_stop, int) and token_ids[-1:] == [last.matched_stop]:
+            text_ids = token_ids[:-1]  # the stop token (EOS) ends the text, it is not part of it
         self.prompt_tokens = last.prompt_tokens or self.prompt_tokens
         self.completion_tokens = last.completion_tokens or self.completion_tokens + len(token_ids)
         self.cached_tokens = last.cached_tokens or self.cached_tokens
         self.reasoning_tokens = last.reasoning_tokens or self.reasoning_tokens
-        text = self.decoder.push(token_ids)
+        text = self.decoder.push(text_ids)
         finish = last.finish_reason
         if finish is not None:
             text += self.decoder.flush()
@@ -135,6 +138,8 @@ class ChoicePlan:
     output: ChoiceOutput
     prefill: EngineLeg | None = None
     on_first_chunk: Callable[[], None] | None = field(default=None)
+    #: Told when an engine of this choice cannot be reached (to take it out of routing).
+    on_unreachable: Callable[[EngineClient, EngineError], None] | None = field(default=None)
 
 
 class ChoiceFailed(Exception):
@@ -234,7 +239,13 @@ async def stream_choice(
                 if event.finish_reason is not None:
                     return
     except EngineError as error:
+        report_unreachable(plan, plan.client, error)
         offer(send, ChoiceFailed(error))
+
+
+def report_unreachable(plan: ChoicePlan, client: EngineClient | None, error: EngineError) -> None:
+    if isinstance(error, EngineUnavailable) and plan.on_unreachable is not None and client is not None:
+        plan.on_unreachable(client, error)
 
 
 def offer(send: trio.MemorySendChannel, item: object) -> None:

@@ -228,16 +228,17 @@ def _plan(
                 top_logprobs_num=top_logprobs,
                 original_text=prompt.text,
             )
+            tool_parser = _tool_parser(frontend, request)
             decoder = IncrementalDetokenizer(
                 frontend.tokenizer,
-                skip_special_tokens=request.skip_special_tokens,
+                # Tool markup is often special tokens (<|python_tag|>, DeepSeek's): keep them for the
+                # parser when it reads the model's own markup, as SGLang does.
+                skip_special_tokens=request.skip_special_tokens and not isinstance(tool_parser, ToolCallParser),
                 spaces_between_special_tokens=request.spaces_between_special_tokens,
                 prompt_ids=prompt.token_ids,
             )
             matcher = StopStringMatcher(stops, request.include_stop_str_in_output) if stops else None
-            output = ChoiceOutput(
-                index, decoder, matcher, _reasoning_parser(frontend, request, prompt.text), _tool_parser(frontend, request)
-            )
+            output = ChoiceOutput(index, decoder, matcher, _reasoning_parser(frontend, request, prompt.text), tool_parser)
             # The engine is chosen when the request runs (`_run`), so routing load is only ever
             # counted for a request that will release it.
             plans.append(ChoicePlan(None, engine_request, output))
@@ -295,6 +296,7 @@ def _assign(frontend: Frontend, completion: Completion, route: Route) -> None:
         plan.client = worker.engine.client
         plan.request.routed_dp_rank = worker.dp_rank
         plan.on_first_chunk = partial(frontend.first_token, completion.key)
+        plan.on_unreachable = frontend.engine_unreachable
         if route.prefill is not None:
             plan.prefill = _pair_with_prefill(plan.request, route)
     if route.prefill is None:

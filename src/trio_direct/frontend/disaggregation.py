@@ -23,7 +23,7 @@ import trio
 
 from trio_direct.engine.errors import EngineError, EngineInternal
 from trio_direct.engine.types import Bootstrap, EngineClient, GenerateInput
-from trio_direct.frontend.choices import ChoiceFailed, ChoicePlan, offer, stream_choice
+from trio_direct.frontend.choices import ChoiceFailed, ChoicePlan, offer, report_unreachable, stream_choice
 from trio_direct.frontend.engine_call import open_engine_call
 
 log = logging.getLogger(__name__)
@@ -115,4 +115,5 @@ async def _prefill_leg(plan: ChoicePlan, abort_timeout: float, send: trio.Memory
                         raise EngineInternal(f"prefill aborted: {last.abort_message or 'no reason given'}")
         except EngineError as error:
             log.warning("prefill leg %s on %s failed: %s", prefill.request.rid, prefill.client.name, error)
+            report_unreachable(plan, prefill.client, error)
             offer(send, ChoiceFailed(error))

@@ -147,6 +147,19 @@ class KvRouting:
                     )
             await trio.sleep(self.load_poll_interval)
 
+    def engine_down(self, engine: Engine) -> None:
+        """Forget what `engine` caches (its events stopped being trustworthy) and its load."""
+        for subscriber in self.subscribers:
+            if subscriber.engine == engine.id:
+                subscriber.engine_down()
+        ranks = [None] if engine.card.dp_size <= 1 else list(range(engine.card.dp_size))
+        for rank in ranks:
+            key = RoutingKey(engine.id, rank)
+            if self.index is not None:
+                self.index.clear_worker(key)
+            self.router.remove_worker(key)
+            self.decode_router.remove_worker(key)
+
     # ---- per request ------------------------------------------------------------------------------
 
     def choose(

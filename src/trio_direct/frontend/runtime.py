@@ -18,7 +18,10 @@ import trio
 
 from trio_direct.config import ServeConfig
 from trio_direct.engine.transport import ChannelPool, open_asyncio_loop
-from trio_direct.fleet.fleet import Fleet, FleetError, FleetOverrides, Worker
+from trio_direct.engine.errors import EngineError
+from trio_direct.engine.types import EngineClient
+from trio_direct.fleet.fleet import Engine, Fleet, FleetError, FleetOverrides, Worker
+from trio_direct.fleet.health import EngineHealth
 from trio_direct.frontend.kv_routing import KvRouting
 from trio_direct.parsers.reasoning import KNOWN_REASONING_PARSERS
 from trio_direct.parsers.tools import KNOWN_TOOL_CALL_PARSERS
@@ -45,6 +48,7 @@ class Frontend:
     decode_router: Router = field(default_factory=RoundRobinRouter)
     #: `--router-mode kv`: the KV index, its subscriptions and the cost-based routers.
     kv: KvRouting | None = None
+    health: EngineHealth | None = None
     _token_texts: dict[int, str] = field(default_factory=dict)
 
     @property
@@ -137,6 +141,17 @@ class Frontend:
                 report["prompt_tokens"] = len(token_ids)
                 report["route"] = self.choose_route(token_ids, None).to_json()
         return report
+
+    def engine_unreachable(self, client: EngineClient, error: EngineError) -> None:
+        """A request could not reach an engine: routing skips it until a health check passes."""
+        for engine in self.fleet.engines:
+            if engine.client is client and self.health is not None:
+                self.health.unreachable(engine, str(error))
+
+    def engine_down(self, engine: Engine) -> None:
+        """What an engine going down means beyond routing: its KV index entries are stale."""
+        if self.kv is not None:
+            self.kv.engine_down(engine)
 
     def first_token(self, request_id: str) -> None:
         """The request's first output arrived: its prefill no longer loads its engine."""
@@ -244,6 +259,16 @@ async def run_frontend(config: ServeConfig, *, task_status: trio.TaskStatus[Fron
             template = load_chat_template(Path(config.chat_template)) if config.chat_template else None
             frontend = Frontend(config, fleet, make_router(config.router_mode), tokenizer, template)
             check_parsers(frontend)
+            if config.health_interval > 0:
+                frontend.health = EngineHealth(
+                    fleet,
+                    pool,
+                    interval=config.health_interval,
+                    timeout=config.health_timeout,
+                    api=config.engine_api,
+                    on_down=frontend.engine_down,
+                )
+                await nursery.start(frontend.health.run)
             if config.router_mode == "kv":
                 try:
                     frontend.kv = KvRouting(fleet, config)

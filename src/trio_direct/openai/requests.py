@@ -100,8 +100,10 @@ class FunctionDefinition(msgspec.Struct, kw_only=True, omit_defaults=True):
 
 
 class Tool(msgspec.Struct, kw_only=True):
-    function: FunctionDefinition
+    # `type` first: templates that print the whole tool object must see the client's key order
+    # (as transformers and vLLM render it), not ours.
     type: Literal["function"] = "function"
+    function: FunctionDefinition
 
 
 class ToolChoiceFunction(msgspec.Struct, kw_only=True):
