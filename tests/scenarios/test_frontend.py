@@ -15,7 +15,7 @@ import httpx
 import pytest
 import trio
 
-from support import RawSseClient, engine_accounting, start_frontend, start_mock_engine, wait_until
+from support import RawSseClient, engine_accounting, start_frontend, start_mock_engine
 
 pytestmark = pytest.mark.slow
 

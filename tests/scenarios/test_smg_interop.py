@@ -19,7 +19,7 @@ import httpx
 import pytest
 import trio
 
-from support import engine_accounting, start_mock_engine, wait_until
+from support import engine_accounting, start_mock_engine
 from trio_direct.mock.tiny_model import default_tiny_model_dir, ensure_tiny_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.interop]

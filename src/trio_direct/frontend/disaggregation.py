@@ -22,7 +22,7 @@ import random
 import trio
 
 from trio_direct.engine.errors import EngineError, EngineInternal
-from trio_direct.engine.types import Bootstrap, EngineClient, GenerateInput
+from trio_direct.engine.types import EngineClient
 from trio_direct.frontend.choices import ChoiceFailed, ChoicePlan, offer, report_unreachable, stream_choice
 from trio_direct.frontend.engine_call import open_engine_call
 
@@ -37,10 +37,6 @@ def new_room(*clients: EngineClient) -> int:
     """A fresh non-negative bootstrap room that fits every leg's API."""
     bits = _SMG_ROOM_BITS if any(c.api == "smg" for c in clients) else _NATIVE_ROOM_BITS
     return random.getrandbits(bits)
-
-
-def bootstrap_for(host: str, port: int, room: int) -> Bootstrap:
-    return Bootstrap(host=host, port=port, room=room)
 
 
 class DecodeLeg:

@@ -11,7 +11,8 @@ import json
 import logging
 import math
 from contextlib import AsyncExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -191,8 +192,7 @@ async def run_mock_engine(
     tokenizer = model.tokenizer
     decode_text = None
     if tokenizer is not None:
-        def decode_text(ids: list[int]) -> str:
-            return tokenizer.decode(ids, skip_special_tokens=True)
+        decode_text = partial(tokenizer.decode, skip_special_tokens=True)
 
     async with AsyncExitStack() as stack:
         publishers = None

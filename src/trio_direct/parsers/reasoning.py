@@ -43,6 +43,8 @@ from enum import Enum
 from types import MappingProxyType
 from typing import Final
 
+from trio_direct.parsers.markers import first_marker, partial_marker_length
+
 __all__ = [
     "KNOWN_REASONING_PARSERS",
     "HarmonyParser",
@@ -91,13 +93,13 @@ class ReasoningParser:
             raise RuntimeError("feed() after finish(): a reasoning parser serves one stream")
         buffer = self._pending + text
         pos = 0
-        while (hit := _first_marker(buffer, pos, self._markers())) is not None:
+        while (hit := first_marker(buffer, pos, self._markers())) is not None:
             at, marker = hit
             if at > pos:
                 self._text(buffer[pos:at])
             pos = at + len(marker)
             self._marker(marker)
-        end = len(buffer) - _partial_marker_length(buffer, pos, self._markers())
+        end = len(buffer) - partial_marker_length(buffer, pos, self._markers())
         if end > pos:
             self._text(buffer[pos:end])
         self._pending = buffer[end:]
@@ -320,24 +322,6 @@ def _check_markers(markers: Sequence[str]) -> None:
 _check_markers(_HARMONY_MARKERS)
 
 
-def _first_marker(text: str, pos: int, markers: Sequence[str]) -> tuple[int, str] | None:
-    """The earliest complete marker in `text[pos:]`, as `(index, marker)`."""
-    best: tuple[int, str] | None = None
-    for marker in markers:
-        at = text.find(marker, pos)
-        if at >= 0 and (best is None or at < best[0]):
-            best = (at, marker)
-    return best
-
-
-def _partial_marker_length(text: str, pos: int, markers: Sequence[str]) -> int:
-    """Length of the longest suffix of `text[pos:]` that is a proper prefix of a marker."""
-    longest = max(map(len, markers), default=0)
-    for size in range(min(len(text) - pos, longest - 1), 0, -1):
-        tail = text[len(text) - size:]
-        if any(len(m) > size and m.startswith(tail) for m in markers):
-            return size
-    return 0
 
 
 _THINK: Final = "<think>"

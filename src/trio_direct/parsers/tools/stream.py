@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final
 
+from trio_direct.parsers.markers import first_marker, partial_marker_length
 from trio_direct.parsers.tools.deltas import ToolCall, ToolCallDelta, ToolDelta, assemble
 from trio_direct.parsers.tools.schema_types import ToolSchemas
 from trio_direct.parsers.tools.value_scan import BROKEN, JsonValueScanner
@@ -370,21 +371,3 @@ class ToolCallParser:
         return _NAME.fullmatch(name) is not None
 
 
-def first_marker(text: str, pos: int, markers: Sequence[str]) -> tuple[int, str] | None:
-    """The earliest complete marker in `text[pos:]`, as `(index, marker)`."""
-    best: tuple[int, str] | None = None
-    for marker in markers:
-        at = text.find(marker, pos)
-        if at >= 0 and (best is None or at < best[0]):
-            best = (at, marker)
-    return best
-
-
-def partial_marker_length(text: str, pos: int, markers: Sequence[str]) -> int:
-    """Length of the longest suffix of `text[pos:]` that is a proper prefix of a marker."""
-    longest = max(map(len, markers), default=0)
-    for size in range(min(len(text) - pos, longest - 1), 0, -1):
-        tail = text[len(text) - size:]
-        if any(len(m) > size and m.startswith(tail) for m in markers):
-            return size
-    return 0
