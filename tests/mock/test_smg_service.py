@@ -315,3 +315,13 @@ async def test_subscribe_kv_events_relays_batches_one_block_per_hash(mock_engine
 
     with pytest.raises(EngineInvalidArgument):  # OUT_OF_RANGE: the relay is live-only
         await collect_kv(channel, common.SubscribeKvEventsRequest(start_sequence_number=5), 1)
+
+
+async def test_a_subscription_asking_for_load_records_gets_them_at_once(mock_engine_factory, dial):
+    kv_config = json.dumps({"publisher": "zmq", "endpoint": "tcp://127.0.0.1:0", "topic": ""})
+    running = await mock_engine_factory(api="smg", dp_size=2, kv_events_config=kv_config)
+    request = common.SubscribeKvEventsRequest(load_records_before_first_batch=True)
+    with trio.fail_after(5):  # no KV event is ever published here: the records come first anyway
+        batches = await collect_kv(dial(running.port), request, 2)
+    assert [b.dp_rank for b in batches] == [0, 1]
+    assert all(b.load.load_only and not b.events for b in batches)

@@ -335,6 +335,17 @@ class SmgService:
             return
         relay = _KvRelay(call)
         call.on_cancel = self.engine.add_kv_listener(relay.batch)
+        if req.load_records_before_first_batch:
+            # The servicer answers at once with each rank's load (smg gives up on a silent stream).
+            for rank, load in enumerate(self.engine.loads()):
+                record = common.EngineLoad(
+                    running_requests=int(load.get("num_running_reqs", 0)),
+                    waiting_requests=int(load.get("num_waiting_reqs", 0)),
+                    token_usage=float(load.get("token_usage", 0.0)),
+                    max_running_requests=int(load.get("max_running_requests", 0)),
+                    load_only=True,
+                )
+                call.send(common.KvEventBatch(timestamp=time.time(), dp_rank=rank, load=record))
 
 
 class _GenerateCall:
