@@ -98,7 +98,8 @@ class Completion:
         return responses.Usage(
             prompt_tokens=prompt_tokens,
             completion_tokens=sum(o.completion_tokens for o in outputs),
-            cached_tokens=sum(o.usage_cached_tokens for o in outputs[:: max(1, len(outputs) // len(self.prompts))]),
+            # the choices of one prompt share its cache hit: count it once per prompt
+            cached_tokens=sum(o.usage_cached_tokens for o in outputs[:: self.request.n]),
             reasoning_tokens=sum(o.reasoning_tokens for o in outputs),
         )
 
