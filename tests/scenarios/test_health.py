@@ -82,3 +82,22 @@ async def test_no_healthy_engine_means_503_then_recovery(aio_loop, nursery):
             while (await client.get("/health")).status_code != 200:
                 await trio.sleep(0.1)
         assert (await client.post("/v1/chat/completions", json=body)).status_code == 200
+
+
+async def test_a_request_to_an_unreachable_engine_is_retried_on_another(aio_loop, nursery):
+    port = free_port()
+    doomed = await start_on_port(nursery, port)
+    steady = await start_mock_engine(nursery, "--speedup", "inf", "--incremental-streaming-output")
+    # health checks far apart: only the failing requests themselves can notice the dead engine
+    base = await start_frontend(
+        nursery, "--engine-url", f"127.0.0.1:{port}", "--engine-url", steady.url, "--health-interval", "60"
+    )
+    async with httpx.AsyncClient(base_url=base, timeout=30) as client:
+        model = (await client.get("/v1/models")).json()["data"][0]["id"]
+        body = {"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+        doomed.kill()
+        await doomed.wait()
+        statuses = [(await client.post("/v1/chat/completions", json=body)).status_code for _ in range(4)]
+        streamed = await client.post("/v1/chat/completions", json=body | {"stream": True})
+    assert statuses == [200] * 4
+    assert streamed.status_code == 200 and "[DONE]" in streamed.text and '"error"' not in streamed.text

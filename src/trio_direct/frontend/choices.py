@@ -140,6 +140,9 @@ class ChoicePlan:
     on_first_chunk: Callable[[], None] | None = field(default=None)
     #: Told when an engine of this choice cannot be reached (to take it out of routing).
     on_unreachable: Callable[[EngineClient, EngineError], None] | None = field(default=None)
+    #: Points the plan at another engine after a failure before any output; False if none is left.
+    reroute: Callable[[], bool] | None = field(default=None)
+    retries: int = 0
 
 
 class ChoiceFailed(Exception):
@@ -224,23 +227,38 @@ async def stream_choice(
     *,
     on_first_message: Callable[[], None] | None = None,
 ) -> None:
-    """Run the choice's generating engine call, sending its events (or its failure) to `send`."""
-    try:
-        async with open_engine_call(plan.client, plan.request, abort_timeout=abort_timeout) as call:
-            while batch := await call.next_batch():
-                if on_first_message is not None:
-                    on_first_message()
-                    on_first_message = None
-                if plan.on_first_chunk is not None:
-                    plan.on_first_chunk()
-                    plan.on_first_chunk = None
-                event = plan.output.push(batch)
-                offer(send, event)
-                if event.finish_reason is not None:
-                    return
-    except EngineError as error:
-        report_unreachable(plan, plan.client, error)
-        offer(send, ChoiceFailed(error))
+    """Run the choice's generating engine call, sending its events (or its failure) to `send`.
+
+    An engine that cannot be reached before the choice's first output is taken out of routing and
+    the call is retried on another engine (`plan.reroute`, at most `plan.retries` times); after the
+    first output nothing is retried: the client has seen part of an answer.
+    """
+    retries = plan.retries
+    while True:
+        delivered = False
+        try:
+            async with open_engine_call(plan.client, plan.request, abort_timeout=abort_timeout) as call:
+                while batch := await call.next_batch():
+                    delivered = True
+                    if on_first_message is not None:
+                        on_first_message()
+                        on_first_message = None
+                    if plan.on_first_chunk is not None:
+                        plan.on_first_chunk()
+                        plan.on_first_chunk = None
+                    event = plan.output.push(batch)
+                    offer(send, event)
+                    if event.finish_reason is not None:
+                        return
+            return
+        except EngineError as error:
+            report_unreachable(plan, plan.client, error)
+            if isinstance(error, EngineUnavailable) and not delivered and retries > 0 and plan.reroute is not None:
+                retries -= 1
+                if plan.reroute():
+                    continue
+            offer(send, ChoiceFailed(error))
+            return
 
 
 def report_unreachable(plan: ChoicePlan, client: EngineClient | None, error: EngineError) -> None:

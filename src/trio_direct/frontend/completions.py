@@ -300,6 +300,9 @@ def _assign(frontend: Frontend, completion: Completion, route: Route) -> None:
         plan.on_unreachable = frontend.engine_unreachable
         if route.prefill is not None:
             plan.prefill = _pair_with_prefill(plan.request, route)
+        else:  # a disaggregated pair is not retried: its two legs would need a new rendezvous
+            plan.reroute = partial(_reroute, frontend, completion, plan)
+            plan.retries = frontend.config.max_retries
     if route.prefill is None:
         log.debug("request %s: %d choice(s) on %s rank %s", completion.key, len(completion.plans), worker.engine.id, worker.dp_rank)
     else:
@@ -308,6 +311,21 @@ def _assign(frontend: Frontend, completion: Completion, route: Route) -> None:
             completion.key, len(completion.plans), route.prefill.engine.id, route.prefill.dp_rank,
             worker.engine.id, worker.dp_rank,
         )  # fmt: skip
+
+
+def _reroute(frontend: Frontend, completion: Completion, plan: ChoicePlan) -> bool:
+    """Another aggregated engine for `plan` (the failed one is already out of routing)."""
+    frontend.release(completion.key)
+    try:
+        route = frontend.choose_route(completion.prompts[0].token_ids, completion.key)
+    except NoWorkerAvailable:
+        return False
+    if route.prefill is not None or route.decode.engine.client is plan.client:
+        return False
+    log.info("request %s: engine unreachable, retrying on %s", completion.key, route.decode.engine.id)
+    plan.client = route.decode.engine.client
+    plan.request.routed_dp_rank = route.decode.dp_rank
+    return True
 
 
 def _pair_with_prefill(decode_request: GenerateInput, route: Route) -> EngineLeg:
