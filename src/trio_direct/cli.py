@@ -75,7 +75,7 @@ def _run_serve(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     _configure_logging(config.log_level)
     try:
-        trio.run(_until_sigterm, serve, config)
+        trio.run(_serve_until_signalled, serve, config)
     except BaseException as exc:
         fleet_error = _find(exc, FleetError)
         if fleet_error is not None:
@@ -98,10 +98,23 @@ def _find(exc: BaseException, kind: type[BaseException]) -> BaseException | None
     return None
 
 
-async def _until_sigterm(run, *args) -> None:  # noqa: ANN001 - any async callable
+async def _serve_until_signalled(serve, config) -> None:  # noqa: ANN001
+    """SIGTERM or SIGINT: drain gracefully; a second one: stop at once."""
+    shutdown = trio.Event()
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(_stop_on_sigterm, nursery.cancel_scope)
-        await run(*args)
+
+        async def watch_signals() -> None:
+            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for signum in signals:
+                    if shutdown.is_set():
+                        log.warning("%s again: stopping now", signal.Signals(signum).name)
+                        nursery.cancel_scope.cancel()
+                        return
+                    log.info("%s: draining in-flight requests", signal.Signals(signum).name)
+                    shutdown.set()
+
+        nursery.start_soon(watch_signals)
+        await serve(config, shutdown=shutdown)
         nursery.cancel_scope.cancel()
 
 

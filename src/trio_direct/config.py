@@ -44,6 +44,7 @@ class ServeConfig:
     reasoning_parser: str | None = None
     abort_timeout: float = 5.0
     max_retries: int = 1
+    graceful_shutdown_timeout: float = 30.0
     max_body_bytes: int = 32 * 1024 * 1024
     max_n: int = 128
     mock_engines: int = 2
@@ -77,6 +78,7 @@ _HELP = {
     "load_poll_interval": "kv: seconds between GetLoad polls that correct load from other frontends (0 = off)",
     "tool_call_parser": "tool-call parser name (default: the engines'); alias --dyn-tool-call-parser",
     "reasoning_parser": "reasoning parser name (default: the engines'); alias --dyn-reasoning-parser",
+    "graceful_shutdown_timeout": "on SIGTERM/SIGINT: seconds in-flight requests may take to finish before they are aborted",
     "max_retries": "times a request whose engine cannot be reached is retried on another engine, before its first token",
     "abort_timeout": "seconds an Abort to an engine may take before it is given up",
     "max_body_bytes": "largest request body accepted (413 above)",

@@ -72,3 +72,31 @@ async def test_probe_prints_the_engine_card(nursery):
     card = card[0] if isinstance(card, list) else card
     assert (card["api"], card["role"], card["block_size"], card["dp_size"]) == ("native", "aggregated", 16, 2)
     assert card["incremental_streaming"] is True
+
+
+async def test_sigterm_lets_an_in_flight_stream_finish_then_exits(nursery):
+    engine = await start_mock_engine(nursery, "--incremental-streaming-output")  # real-time: ~6 ms a token
+    port = free_port()
+    command = [sys.executable, "-m", "trio_direct", "serve", "--port", str(port), "--engine-url", engine.url]
+    process = await nursery.start(partial(trio.run_process, command, check=False, stderr=subprocess.DEVNULL))
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+        with trio.fail_after(60):
+            while True:
+                try:
+                    if (await client.get("/health")).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                await trio.sleep(0.2)
+        model = (await client.get("/v1/models")).json()["data"][0]["id"]
+        body = {"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 150, "stream": True}
+        lines = []
+        async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+            async for line in response.aiter_lines():
+                lines.append(line)
+                if len(lines) == 3:
+                    process.send_signal(signal.SIGTERM)  # mid-stream
+        assert lines[-2:] == ["", "data: [DONE]"] or "data: [DONE]" in lines
+        assert not any('"error"' in line for line in lines)
+    with trio.fail_after(30):
+        assert await process.wait() == 0

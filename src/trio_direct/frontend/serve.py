@@ -22,21 +22,41 @@ from trio_direct.frontend.runtime import run_frontend
 log = logging.getLogger(__name__)
 
 
-def hypercorn_config(host: str, port: int, log_level: str = "info") -> hypercorn.Config:
+def hypercorn_config(host: str, port: int, log_level: str = "info", graceful_timeout: float = 30.0) -> hypercorn.Config:
     config = hypercorn.Config()
     config.loglevel = log_level.upper()
     config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
     config.accesslog = None
     config.keep_alive_timeout = 75
-    config.graceful_timeout = 5
+    config.graceful_timeout = graceful_timeout
     return config
 
 
-async def serve(config: ServeConfig, *, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
-    """Run the frontend and its HTTP server until cancelled; reports the bound addresses."""
+async def serve(
+    config: ServeConfig,
+    *,
+    shutdown: trio.Event | None = None,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run the frontend and its HTTP server; reports the bound addresses.
+
+    Runs until cancelled, or until `shutdown` is set: then it stops accepting connections, gives
+    in-flight requests up to `--graceful-shutdown-timeout` to finish, cancels what is left (each
+    engine request then ends in an Abort) and returns.
+    """
     async with open_asyncio_loop(), trio.open_nursery() as nursery:
         frontend = await nursery.start(run_frontend, config)
         app = create_app(lambda: frontend, max_body_bytes=config.max_body_bytes)
-        binds = await nursery.start(partial(hypercorn.trio.serve, app, hypercorn_config(config.host, config.port, config.log_level)))
+        http = hypercorn_config(config.host, config.port, config.log_level, config.graceful_shutdown_timeout)
+        trigger = shutdown.wait if shutdown is not None else None
+
+        async def http_server(*, task_status: trio.TaskStatus[list[str]]) -> None:
+            await hypercorn.trio.serve(app, http, shutdown_trigger=trigger, task_status=task_status)
+            nursery.cancel_scope.cancel()  # drained: the frontend's own tasks stop too
+
+        binds = await nursery.start(http_server)
         log.info("OpenAI API for model %r on %s", frontend.model_name, ", ".join(binds))
         task_status.started(binds)
+        if shutdown is not None:
+            await shutdown.wait()
+            log.info("shutting down: no new connections; in-flight requests have %gs", config.graceful_shutdown_timeout)
