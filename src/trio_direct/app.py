@@ -19,7 +19,12 @@ def _current() -> Frontend | None:
     return _frontend
 
 
-app = create_app(_current, max_body_bytes=config.max_body_bytes)
+app = create_app(
+    _current,
+    max_body_bytes=config.max_body_bytes,
+    api_key=config.api_key,
+    max_concurrent=config.max_concurrent_requests,
+)
 
 
 @app.before_serving

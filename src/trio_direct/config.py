@@ -46,6 +46,8 @@ class ServeConfig:
     max_retries: int = 1
     graceful_shutdown_timeout: float = 30.0
     max_body_bytes: int = 32 * 1024 * 1024
+    api_key: str | None = None
+    max_concurrent_requests: int = 0
     max_n: int = 128
     mock_engines: int = 2
     mock_speedup: float = 1.0
@@ -81,6 +83,8 @@ _HELP = {
     "graceful_shutdown_timeout": "on SIGTERM/SIGINT: seconds in-flight requests may take to finish before they are aborted",
     "max_retries": "times a request whose engine cannot be reached is retried on another engine, before its first token",
     "abort_timeout": "seconds an Abort to an engine may take before it is given up",
+    "api_key": "require this Bearer token on /v1/* and /debug/* (/health, /live, /metrics stay open)",
+    "max_concurrent_requests": "completion requests served at once; more get 429 with Retry-After (0 = no limit)",
     "max_body_bytes": "largest request body accepted (413 above)",
     "max_n": "largest `n` accepted",
     "mock_engines": "number of built-in mock engines started when no --engine-url is given",

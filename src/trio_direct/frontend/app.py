@@ -11,6 +11,7 @@ import logging
 from collections.abc import Callable
 
 import msgspec
+from prometheus_client import CONTENT_TYPE_LATEST
 from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
@@ -18,6 +19,7 @@ from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 from trio_direct.frontend import completions
 from trio_direct.frontend.asgi_completions import with_completion_routes
 from trio_direct.frontend.runtime import Frontend
+from trio_direct.metrics import exposition, watch_frontend
 from trio_direct.openai import errors, responses
 from trio_direct.openai.errors import OpenAIError
 
@@ -26,7 +28,13 @@ log = logging.getLogger(__name__)
 _JSON = "application/json"
 
 
-def create_app(get_frontend: Callable[[], Frontend | None], *, max_body_bytes: int) -> QuartTrio:
+def create_app(
+    get_frontend: Callable[[], Frontend | None],
+    *,
+    max_body_bytes: int,
+    api_key: str | None = None,
+    max_concurrent: int = 0,
+) -> QuartTrio:
     """The ASGI app. `get_frontend` returns None while the frontend is still starting (503s then)."""
     app = QuartTrio("trio_direct")
     app.config["RESPONSE_TIMEOUT"] = None  # SSE streams last as long as generation does
@@ -49,6 +57,10 @@ def create_app(get_frontend: Callable[[], Frontend | None], *, max_body_bytes: i
         if current is None or not current.healthy():
             return Response(b'{"status":"unavailable"}', status=503, content_type=_JSON)
         return Response(b'{"status":"ok"}', content_type=_JSON)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(exposition(), content_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")
     async def models() -> Response:
@@ -93,5 +105,8 @@ def create_app(get_frontend: Callable[[], Frontend | None], *, max_body_bytes: i
         internal = errors.internal_error()
         return Response(internal.to_json(), status=internal.status, content_type=_JSON)
 
-    app.asgi_app = with_completion_routes(app.asgi_app, get_frontend, max_body_bytes=max_body_bytes)
+    watch_frontend(get_frontend)
+    app.asgi_app = with_completion_routes(
+        app.asgi_app, get_frontend, max_body_bytes=max_body_bytes, api_key=api_key, max_concurrent=max_concurrent
+    )
     return app

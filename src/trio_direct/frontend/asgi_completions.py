@@ -11,12 +11,15 @@ scope; the engine calls then end through `open_engine_call`'s ``finally`` (an `A
 
 from __future__ import annotations
 
+import hmac
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
 
+from trio_direct import metrics
 from trio_direct.frontend import completions
 from trio_direct.frontend.runtime import Frontend
 from trio_direct.openai import errors
@@ -41,37 +44,102 @@ _PLANS = {
 }
 
 
-def with_completion_routes(app: App, get_frontend: Callable[[], Frontend | None], *, max_body_bytes: int) -> App:
-    """Wrap `app` (Quart's ASGI callable) so the completion routes are served here."""
+#: Open without an API key: probes and scrapers must work whatever the clients' credentials.
+_OPEN_PATHS = frozenset({"/health", "/live", "/metrics"})
+
+
+def with_completion_routes(
+    app: App,
+    get_frontend: Callable[[], Frontend | None],
+    *,
+    max_body_bytes: int,
+    api_key: str | None = None,
+    max_concurrent: int = 0,
+) -> App:
+    """Wrap `app` (Quart's ASGI callable): the completion routes are served here, and every route
+    but the open ones needs `api_key` as a Bearer token when one is set."""
+    expected = f"Bearer {api_key}".encode() if api_key else None
+    limit = _Limit(max_concurrent)
 
     async def asgi(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] not in _PLANS:
+        if scope["type"] != "http":
             await app(scope, receive, send)
-        elif scope["method"] == "POST":
-            await _serve(_PLANS[scope["path"]], get_frontend, max_body_bytes, receive, send)
-        else:
-            error = errors.OpenAIError(f"Method Not Allowed: {scope['method']} {scope['path']}", status=405)
+            return
+        path = scope["path"]
+        if expected is not None and path not in _OPEN_PATHS and not _authorized(scope, expected):
+            error = errors.unauthorized()
+            await _Response(send).json(error.status, error.to_json(), extra_headers=[(b"www-authenticate", b"Bearer")])
+        elif path not in _PLANS:
+            await app(scope, receive, send)
+        elif scope["method"] != "POST":
+            error = errors.OpenAIError(f"Method Not Allowed: {scope['method']} {path}", status=405)
             await _Response(send).json(405, error.to_json(), extra_headers=[(b"allow", b"POST")])
+        elif not limit.enter():
+            error = errors.rate_limited(f"The server is at its limit of {max_concurrent} concurrent requests; retry later.")
+            await _Response(send).json(error.status, error.to_json(), extra_headers=[(b"retry-after", b"1")])
+        else:
+            try:
+                await _serve(path, get_frontend, max_body_bytes, receive, send)
+            finally:
+                limit.leave()
 
     return asgi
 
 
-async def _serve(plan, get_frontend, max_body_bytes: int, receive: Receive, send: Send) -> None:
+def _authorized(scope: Scope, expected: bytes) -> bool:
+    for name, value in scope["headers"]:
+        if name == b"authorization":
+            return hmac.compare_digest(value, expected)
+    return False
+
+
+class _Limit:
+    """`--max-concurrent-requests` (0: no limit)."""
+
+    __slots__ = ("limit", "active")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.active = 0
+
+    def enter(self) -> bool:
+        if self.limit and self.active >= self.limit:
+            return False
+        self.active += 1
+        return True
+
+    def leave(self) -> None:
+        self.active -= 1
+
+
+async def _serve(path: str, get_frontend, max_body_bytes: int, receive: Receive, send: Send) -> None:
     response = _Response(send)
+    endpoint = "chat" if path == "/v1/chat/completions" else "completions"
+    labels = {"model": "", "endpoint": endpoint, "stream": "false"}
+    started = time.perf_counter()
+    metrics.IN_FLIGHT.inc()
     try:
         async with trio.open_nursery() as nursery:
             body = await _read_body(receive, max_body_bytes)
             if body is None:
-                return  # the client left before sending its request: nothing to answer
+                response.status = 499  # the client left before sending its request
+                return
             nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope)
             frontend = get_frontend()
             if frontend is None:
                 raise errors.service_unavailable("The server is starting: no engine is ready yet.")
-            completion = await plan(frontend, body)
+            labels["model"] = frontend.model_name
+            completion = await _PLANS[path](frontend, body)
+            labels["stream"] = "true" if completion.request.stream else "false"
+            # Metrics are recorded before the last write: once the response is complete the server
+            # reports the client gone, which cancels this scope.
             if completion.request.stream:
-                await _stream(frontend, completion, response)
+                await _stream(frontend, completion, response, started)
             else:
-                await response.json(200, await completions.complete_unary(frontend, completion))
+                payload = await completions.complete_unary(frontend, completion)
+                metrics.TTFT.labels(labels["model"]).observe(time.perf_counter() - started)
+                _count_tokens(labels["model"], completion)
+                await response.json(200, payload)
             nursery.cancel_scope.cancel()
     except* OpenAIError as group:
         error = group.exceptions[0]
@@ -80,16 +148,40 @@ async def _serve(plan, get_frontend, max_body_bytes: int, receive: Receive, send
     except* Exception as group:
         log.error("unexpected error serving a completion", exc_info=group.exceptions[0])
         await response.json(500, errors.internal_error().to_json())
+    finally:
+        metrics.IN_FLIGHT.dec()
+        status = response.status if response.ended else 499  # 499: the client went away
+        metrics.REQUESTS.labels(status=str(status), **labels).inc()
+        metrics.DURATION.labels(labels["model"], endpoint).observe(time.perf_counter() - started)
 
 
-async def _stream(frontend: Frontend, completion: completions.Completion, response: _Response) -> None:
+def _count_tokens(model: str, completion: completions.Completion) -> None:
+    if not completion.plans or completion.plans[0].client is None:
+        return
+    usage = completion.usage()
+    metrics.TOKENS.labels(model, "input").inc(usage.prompt_tokens)
+    metrics.TOKENS.labels(model, "output").inc(usage.completion_tokens)
+    metrics.TOKENS.labels(model, "cached").inc(usage.cached_tokens)
+
+
+async def _stream(frontend: Frontend, completion: completions.Completion, response: _Response, started: float) -> None:
     chunks = completions.stream_completion(frontend, completion)
+    ttft = metrics.TTFT.labels(frontend.model_name)
+    gaps = metrics.INTER_TOKEN.labels(frontend.model_name)
+    last = None
     try:
         async for chunk in chunks:
             if not response.started:  # the first item comes once the engine calls are dispatched
                 await response.start(200, _SSE_HEADERS)
             if chunk:
+                now = time.perf_counter()
+                if last is None:
+                    ttft.observe(now - started)
+                else:
+                    gaps.observe(now - last)
+                last = now
                 await response.body(chunk)
+        _count_tokens(frontend.model_name, completion)
         await response.end()
     finally:
         await chunks.aclose()
@@ -117,15 +209,17 @@ async def _cancel_on_disconnect(receive: Receive, scope: trio.CancelScope) -> No
 class _Response:
     """The ASGI send side of one response."""
 
-    __slots__ = ("_send", "started", "ended")
+    __slots__ = ("_send", "started", "ended", "status")
 
     def __init__(self, send: Send) -> None:
         self._send = send
         self.started = False
         self.ended = False
+        self.status = 0
 
     async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         self.started = True
+        self.status = status
         await self._send({"type": "http.response.start", "status": status, "headers": headers})
 
     async def body(self, data: bytes) -> None:

@@ -18,6 +18,7 @@ from typing import Protocol
 
 import trio
 
+from trio_direct import metrics
 from trio_direct.engine.errors import EngineError, EngineUnavailable
 from trio_direct.exception_groups import unwrap_single_exception
 from trio_direct.engine.types import EngineClient, GenerateChunk, GenerateInput, TokenLogprob
@@ -256,6 +257,7 @@ async def stream_choice(
             if isinstance(error, EngineUnavailable) and not delivered and retries > 0 and plan.reroute is not None:
                 retries -= 1
                 if plan.reroute():
+                    metrics.RETRIES.inc()
                     continue
             offer(send, ChoiceFailed(error))
             return

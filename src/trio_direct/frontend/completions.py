@@ -21,6 +21,7 @@ from typing import Any
 import msgspec
 import trio
 
+from trio_direct import metrics
 from trio_direct.engine.errors import (
     EngineError,
     EngineInvalidArgument,
@@ -293,6 +294,9 @@ def _tool_parser(
 def _assign(frontend: Frontend, completion: Completion, route: Route) -> None:
     """Point every choice at the route's engines (and pair it with its prefill leg)."""
     worker = route.decode
+    metrics.ROUTED.labels(worker.engine.id, worker.engine.card.role).inc()
+    if route.prefill is not None:
+        metrics.ROUTED.labels(route.prefill.engine.id, "prefill").inc()
     for plan in completion.plans:
         plan.client = worker.engine.client
         plan.request.routed_dp_rank = worker.dp_rank

@@ -16,6 +16,7 @@ from contextlib import asynccontextmanager
 
 import trio
 
+from trio_direct import metrics
 from trio_direct.engine.errors import EngineDeadlineExceeded, EngineError, EngineUnavailable
 from trio_direct.engine.types import EngineClient, GenerateChunk, GenerateInput
 
@@ -104,11 +105,15 @@ async def open_engine_call(
 
 async def abort_on_engine(client: EngineClient, rid: str, timeout: float) -> None:
     """Send `Abort(rid)`, shielded from the cancellation that got us here and bounded by `timeout`."""
+    outcome = "sent"
     with trio.CancelScope(shield=True) as scope:
         scope.deadline = trio.current_time() + timeout
         try:
             await client.abort(rid, timeout=timeout)
         except EngineError as error:
+            outcome = "failed"
             log.warning("abort of %s on %s failed: %s", rid, client.name, error)
     if scope.cancelled_caught:
+        outcome = "timed_out"
         log.warning("abort of %s on %s timed out after %.1fs", rid, client.name, timeout)
+    metrics.ABORTS.labels(outcome).inc()

@@ -46,7 +46,12 @@ async def serve(
     """
     async with open_asyncio_loop(), trio.open_nursery() as nursery:
         frontend = await nursery.start(run_frontend, config)
-        app = create_app(lambda: frontend, max_body_bytes=config.max_body_bytes)
+        app = create_app(
+            lambda: frontend,
+            max_body_bytes=config.max_body_bytes,
+            api_key=config.api_key,
+            max_concurrent=config.max_concurrent_requests,
+        )
         http = hypercorn_config(config.host, config.port, config.log_level, config.graceful_shutdown_timeout)
         trigger = shutdown.wait if shutdown is not None else None
 

@@ -1,0 +1,81 @@
+"""Prometheus metrics (`GET /metrics`), all named ``trio_direct_*``.
+
+Counters and histograms are updated where things happen; engine health and KV-event counters are
+read from the running frontend at scrape time (`FrontendCollector`), so they can never drift.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+_GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+
+REQUESTS = Counter(
+    "trio_direct_requests", "Completion requests answered", ["model", "endpoint", "stream", "status"], registry=REGISTRY
+)
+IN_FLIGHT = Gauge("trio_direct_requests_in_flight", "Completion requests being served", registry=REGISTRY)
+TTFT = Histogram(
+    "trio_direct_time_to_first_token_seconds", "Request arrival to first output written", ["model"],
+    buckets=_LATENCY_BUCKETS, registry=REGISTRY,
+)  # fmt: skip
+INTER_TOKEN = Histogram(
+    "trio_direct_inter_token_latency_seconds", "Gap between output writes of one stream", ["model"],
+    buckets=_GAP_BUCKETS, registry=REGISTRY,
+)  # fmt: skip
+DURATION = Histogram(
+    "trio_direct_request_duration_seconds", "Request arrival to its end", ["model", "endpoint"],
+    buckets=_LATENCY_BUCKETS, registry=REGISTRY,
+)  # fmt: skip
+TOKENS = Counter("trio_direct_tokens", "Tokens by kind: input, output, cached", ["model", "kind"], registry=REGISTRY)
+ROUTED = Counter("trio_direct_routing_decisions", "Requests routed, by engine and role", ["engine", "role"], registry=REGISTRY)
+ABORTS = Counter("trio_direct_engine_aborts", "Abort RPCs sent to engines", ["outcome"], registry=REGISTRY)
+RETRIES = Counter("trio_direct_retries", "Requests retried on another engine before their first token", registry=REGISTRY)
+
+
+class FrontendCollector(Collector):
+    """Engine health, the KV index and KV-event counters, read from the frontend when scraped."""
+
+    def __init__(self) -> None:
+        self.frontend: Callable[[], Any] = lambda: None
+
+    def collect(self) -> Iterator[Any]:
+        frontend = self.frontend()
+        if frontend is None:
+            return
+        health = GaugeMetricFamily("trio_direct_engine_healthy", "1 when the engine is routable", labels=["engine", "url", "role"])
+        for engine in frontend.fleet.engines:
+            health.add_metric([engine.id, engine.card.url, engine.card.role], 1.0 if engine.healthy else 0.0)
+        yield health
+        if frontend.kv is None:
+            return
+        stats = frontend.kv.stats()
+        index = stats.get("index") or {}
+        blocks = GaugeMetricFamily("trio_direct_kv_index_blocks", "Routing blocks in the KV index")
+        blocks.add_metric([], float(index.get("blocks", 0)))
+        yield blocks
+        events = CounterMetricFamily("trio_direct_kv_events", "KV-event subscription counters", labels=["engine", "kind"])
+        for engine, counters in stats.get("subscribers", {}).items():
+            for kind, value in counters.items():
+                events.add_metric([engine, kind], float(value))
+        yield events
+
+
+_COLLECTOR = FrontendCollector()
+REGISTRY.register(_COLLECTOR)
+
+
+def watch_frontend(frontend: Callable[[], Any]) -> None:
+    """The frontend whose engines and KV state `/metrics` reports (one per process)."""
+    _COLLECTOR.frontend = frontend
+
+
+def exposition() -> bytes:
+    return generate_latest(REGISTRY)
