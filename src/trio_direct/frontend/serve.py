@@ -8,7 +8,6 @@ connections, which avoids the ~40 ms delayed-ACK floor peers show with keep-aliv
 from __future__ import annotations
 
 import logging
-from functools import partial
 
 import hypercorn
 import hypercorn.trio
