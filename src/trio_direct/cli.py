@@ -119,9 +119,9 @@ async def _serve_until_signalled(serve, config) -> None:  # noqa: ANN001
 
 
 def _configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    from trio_direct.logs import configure_logging
+
+    configure_logging(level)
 
 
 # --- probe ---------------------------------------------------------------------------------------

@@ -33,6 +33,7 @@ from trio_direct.fleet.card import DEFAULT_BOOTSTRAP_PORT
 from trio_direct.frontend.choices import ChoiceEvent, ChoiceEvents, ChoiceOutput, ChoicePlan, EngineLeg, run_choices
 from trio_direct.frontend.disaggregation import new_room
 from trio_direct.frontend.runtime import Frontend, Route
+from trio_direct.logs import REQUEST_ID
 from trio_direct.openai import errors, responses
 from trio_direct.openai.errors import OpenAIError
 from trio_direct.openai.logprobs import chat_logprobs, completion_logprobs
@@ -211,6 +212,7 @@ def _plan(
     return_logprob, top_logprobs = logprob_options(request)
     stops = stop_strings(request)
     request_key = uuid.uuid4().hex
+    REQUEST_ID.set(id_prefix + request_key)
     plans = []
     for prompt_index, prompt in enumerate(prompts):
         options = sampling
