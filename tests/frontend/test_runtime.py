@@ -56,9 +56,13 @@ def test_a_decode_engine_never_serves_alone():
 
 
 def test_roles_must_match_the_flags_they_were_given_with():
-    fleet = Fleet([engine("e0", "prefill", "grpc://a:1"), engine("e1", "decode", "grpc://b:1")], model=None)
-    check_roles(fleet, ["grpc://a:1"])
-    with pytest.raises(FleetError, match=r"e0 \(grpc://a:1\) reports role 'prefill'.*--engine-url"):
-        check_roles(fleet, [])
+    fleet = Fleet(
+        [engine("e0", "prefill", "grpc://a:1"), engine("e1", "decode", "grpc://b:1"), engine("e2", "prefill", "grpc://c:1")],
+        model=None,
+    )
+    check_roles(fleet, [])  # without --prefill-engine-url the probe alone decides
+    check_roles(fleet, ["grpc://a:1", "grpc://c:1"])
+    with pytest.raises(FleetError, match=r"e2 \(grpc://c:1\) reports role 'prefill'.*--engine-url"):
+        check_roles(fleet, ["grpc://a:1"])
     with pytest.raises(FleetError, match=r"e1 \(grpc://b:1\) reports role 'decode'.*--prefill-engine-url"):
-        check_roles(fleet, ["grpc://a:1", "grpc://b:1"])
+        check_roles(fleet, ["grpc://a:1", "grpc://b:1", "grpc://c:1"])

@@ -17,8 +17,8 @@ from pathlib import Path
 import trio
 
 from trio_direct.config import ServeConfig
-from trio_direct.engine.transport import ChannelPool, open_asyncio_loop
 from trio_direct.engine.errors import EngineError
+from trio_direct.engine.transport import ChannelPool, open_asyncio_loop
 from trio_direct.engine.types import EngineClient
 from trio_direct.fleet.fleet import Engine, Fleet, FleetError, FleetOverrides, Worker
 from trio_direct.fleet.health import EngineHealth
@@ -70,7 +70,7 @@ class Frontend:
 
     @property
     def tool_call_parser(self) -> str | None:
-        """The flag wins over what the engines report (stored for the tool-calling parsers)."""
+        """The flag wins over what the engines report."""
         return self.config.tool_call_parser or self.fleet.model.tool_call_parser
 
     @property
@@ -201,7 +201,10 @@ def check_parsers(frontend: Frontend) -> None:
 
 
 def check_roles(fleet: Fleet, prefill_urls: list[str]) -> None:
-    """`--prefill-engine-url` must name prefill engines, and `--engine-url` must not."""
+    """Roles come from the probe. When `--prefill-engine-url` is given, it must name prefill
+    engines, and `--engine-url` must then name none."""
+    if not prefill_urls:
+        return
     expected = set(prefill_urls)
     for engine in fleet.engines:
         meant_prefill = engine.card.url in expected
