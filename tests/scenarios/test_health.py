@@ -101,3 +101,24 @@ async def test_a_request_to_an_unreachable_engine_is_retried_on_another(aio_loop
         streamed = await client.post("/v1/chat/completions", json=body | {"stream": True})
     assert statuses == [200] * 4
     assert streamed.status_code == 200 and "[DONE]" in streamed.text and '"error"' not in streamed.text
+
+
+async def test_a_stream_whose_engine_dies_ends_with_an_error_chunk_within_a_second(aio_loop, nursery):
+    from support import RawSseClient
+
+    engine = await start_mock_engine(nursery, "--incremental-streaming-output")  # real time: ~6 ms a token
+    base = await start_frontend(nursery, "--engine-url", engine.url, "--health-interval", "60")
+    async with httpx.AsyncClient(base_url=base, timeout=30) as client:
+        model = (await client.get("/v1/models")).json()["data"][0]["id"]
+    body = {"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 500, "stream": True}
+    events = []
+    killed_at = None
+    with trio.fail_after(20):
+        async for event in RawSseClient(base).events("/v1/chat/completions", body):
+            events.append((trio.current_time(), event))
+            if len(events) == 5:
+                engine.process.kill()
+                killed_at = trio.current_time()
+    errors = [(at, e) for at, e in events if isinstance(e, dict) and "error" in e]
+    assert events[-1][1] == "[DONE]" and len(errors) == 1
+    assert errors[0][0] - killed_at < 1.0
