@@ -145,6 +145,9 @@ def load_model_files(path: Path) -> ModelFiles:
     if tokenizer is not None:
         vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
         special = frozenset(i for i, added in tokenizer.get_added_tokens_decoder().items() if added.special)
+        # Never sampled either: tokens that are no text on their own (partial UTF-8 bytes, control
+        # characters), so the mock's made-up answers read as words rather than mojibake.
+        special |= frozenset(i for i in range(vocab_size) if not _printable(tokenizer.decode([i])))
     else:
         vocab_size = int(config.get("vocab_size") or 32000)
     context = config.get("max_position_embeddings") or tokenizer_config.get("model_max_length")
@@ -328,6 +331,10 @@ def _bound_kv_config(
     if bound.replay_endpoint:
         parsed["replay_endpoint"] = bound.replay_endpoint
     return json.dumps(parsed)
+
+
+def _printable(text: str) -> bool:
+    return bool(text) and "\ufffd" not in text and (text.isprintable() or text.strip(" \n") == "")
 
 
 def _read_json(path: Path) -> dict[str, Any]:
