@@ -163,6 +163,7 @@ async def run_choices(
     The nursery here is the request's: leaving the block (client gone, error, all done) cancels
     whatever still runs, and each engine call's own ``finally`` sends its Abort.
     """
+    # Imported here: disaggregation builds on this module's choice running (a cycle at import time).
     from trio_direct.frontend.disaggregation import run_disaggregated_choice
 
     send, receive = trio.open_memory_channel(math.inf)

@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import random
+import string
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-__all__ = ["ToolCall", "ToolCallDelta", "ToolDelta", "assemble"]
+__all__ = ["ToolCall", "ToolCallDelta", "ToolDelta", "assemble", "new_call_id"]
+
+_ALNUM = string.ascii_letters + string.digits
+
+
+def new_call_id(rng: random.Random) -> str:
+    """An OpenAI-style tool-call id: ``call_`` and 24 random letters and digits."""
+    return "call_" + "".join(rng.choices(_ALNUM, k=24))
 
 
 @dataclass(slots=True)

@@ -11,15 +11,8 @@ from __future__ import annotations
 
 import json
 import random
-import string
 
-from trio_direct.parsers.tools.deltas import ToolCallDelta, ToolDelta
-
-_ALNUM = string.ascii_letters + string.digits
-
-
-def _new_id(rng: random.Random) -> str:
-    return "call_" + "".join(rng.choices(_ALNUM, k=24))
+from trio_direct.parsers.tools.deltas import ToolCallDelta, ToolDelta, new_call_id
 
 
 class NamedToolCallParser:
@@ -37,7 +30,7 @@ class NamedToolCallParser:
         if not self._opened:
             self._opened = True
             self.call_count = 1
-            return ToolDelta("", [ToolCallDelta(0, _new_id(self._rng), self._name, text)])
+            return ToolDelta("", [ToolCallDelta(0, new_call_id(self._rng), self._name, text)])
         return ToolDelta("", [ToolCallDelta(0, None, None, text)])
 
     def finish(self) -> ToolDelta:
@@ -45,7 +38,7 @@ class NamedToolCallParser:
             return ToolDelta()
         self._opened = True
         self.call_count = 1  # a forced call with no output still is a call, with no arguments
-        return ToolDelta("", [ToolCallDelta(0, _new_id(self._rng), self._name, "{}")])
+        return ToolDelta("", [ToolCallDelta(0, new_call_id(self._rng), self._name, "{}")])
 
 
 class RequiredToolCallsParser:
@@ -69,7 +62,7 @@ class RequiredToolCallsParser:
         if not isinstance(calls, list) or not all(isinstance(c, dict) and isinstance(c.get("name"), str) for c in calls):
             return ToolDelta(text)
         deltas = [
-            ToolCallDelta(i, _new_id(self._rng), call["name"], json.dumps(call.get("parameters") or {}))
+            ToolCallDelta(i, new_call_id(self._rng), call["name"], json.dumps(call.get("parameters") or {}))
             for i, call in enumerate(calls)
         ]
         self.call_count = len(deltas)

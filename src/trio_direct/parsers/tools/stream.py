@@ -25,19 +25,17 @@ from __future__ import annotations
 import json
 import random
 import re
-import string
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final
 
 from trio_direct.parsers.markers import first_marker, partial_marker_length
-from trio_direct.parsers.tools.deltas import ToolCall, ToolCallDelta, ToolDelta, assemble
+from trio_direct.parsers.tools.deltas import ToolCall, ToolCallDelta, ToolDelta, assemble, new_call_id
 from trio_direct.parsers.tools.schema_types import ToolSchemas
 from trio_direct.parsers.tools.value_scan import BROKEN, JsonValueScanner
 
 __all__ = ["MALFORMED", "Malformed", "ToolCallParser", "first_marker", "partial_marker_length"]
 
-_ALNUM: Final = string.ascii_letters + string.digits
 # Function names as models write them: OpenAI's `[A-Za-z0-9_-]`, plus dots and any letters.
 _NAME: Final = re.compile(r"[\w.\-]{1,256}")
 _JSON_STRING: Final = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
@@ -289,7 +287,7 @@ class ToolCallParser:
         self._strip_leading = True
 
     def _new_id(self) -> str:
-        return "call_" + "".join(self._rng.choices(_ALNUM, k=24))
+        return new_call_id(self._rng)
 
     # Raw JSON arguments, streamed as written (formats that put a JSON object after a marker).
 
