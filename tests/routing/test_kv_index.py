@@ -66,6 +66,21 @@ def test_a_cached_prompt_matches_in_full_blocks():
     assert index.num_blocks == 4 and index.held_blocks(A) == 4
 
 
+def test_cached_pages_add_no_objects_for_the_garbage_collector():
+    # A page-size-1 engine caches millions of pages; were each one a GC-tracked object, every
+    # full collection would stall the event loop (100-150 ms at 800k pages).
+    import gc
+
+    index = index_with(A, page_size=1)
+    prompt = tokens(7, 4096)
+    gc.collect()
+    before = len(gc.get_objects())
+    index.apply_stored(A, stored(prompt[:2048], 1))
+    index.apply_stored(A, stored(prompt[2048:], 1, parent_tokens=prompt[:2048]))
+    assert index.find_matches(prompt) == {A: 4096 // 16}
+    assert len(gc.get_objects()) - before < 50
+
+
 def test_stores_continuing_a_chain_extend_the_match():
     index = index_with(A)
     prompt = tokens(1, 96)

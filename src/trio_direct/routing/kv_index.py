@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 from array import array
 from collections.abc import Hashable, Iterable, Sequence
-from itertools import repeat
+from itertools import count
 from typing import Protocol
 
 from trio_direct.routing.block_hash import prefix_hashes_from_bytes, token_array, token_bytes
@@ -70,11 +70,12 @@ class _Run:
     completed inside the run, in order: ``len(blocks) == (len(lead) + len(tokens)) // R``.
     """
 
-    __slots__ = ("base", "blocks", "children", "hashes", "lead", "parent", "parent_index", "tokens")
+    __slots__ = ("base", "blocks", "children", "hashes", "id", "lead", "parent", "parent_index", "tokens")
 
     def __init__(
-        self, parent: _Run | None, parent_index: int, base: int | None, lead: array
+        self, run_id: int, parent: _Run | None, parent_index: int, base: int | None, lead: array
     ) -> None:
+        self.id = run_id
         self.parent = parent
         self.parent_index = parent_index
         self.base = base
@@ -85,14 +86,22 @@ class _Run:
         self.children: set[_Run] = set()
 
 
+#: A page's place is one int, ``run id << _INDEX_BITS | page index in the run``: a page-size-1
+#: engine caches millions of pages, and a tuple per page would be a GC-tracked object each
+#: (a full collection over 800k of them stalled the event loop for 100-150 ms).
+_INDEX_BITS = 32
+_INDEX_MASK = (1 << _INDEX_BITS) - 1
+
+
 class _WorkerState:
-    __slots__ = ("bit", "extra", "held", "page_size", "pages", "roots", "warned")
+    __slots__ = ("bit", "extra", "held", "page_size", "pages", "roots", "runs", "warned")
 
     def __init__(self, bit: int, page_size: int) -> None:
         self.bit = bit
         self.page_size = page_size
-        # engine page hash -> (run, page index in the run)
-        self.pages: dict[int, tuple[_Run, int]] = {}
+        # engine page hash -> run id << _INDEX_BITS | page index in the run
+        self.pages: dict[int, int] = {}
+        self.runs: dict[int, _Run] = {}
         self.roots: set[_Run] = set()
         # routing blocks this worker holds more than once (the same tokens under two engine
         # chains, e.g. two LoRA namespaces): holds beyond the first
@@ -127,6 +136,7 @@ class KvIndex:
         self._by_bit: list[Worker | None] = []
         self._free_bits: list[int] = []
         self._counts = dict.fromkeys(_COUNTERS, 0)
+        self._run_ids = count()
 
     # -- workers -------------------------------------------------------------------------
 
@@ -249,18 +259,18 @@ class KvIndex:
                 return
         parent = event.parent_block_hash
         if parent is None:
-            run = _Run(None, -1, None, token_array())
+            run = self._new_run(state, None, -1, None, token_array())
             state.roots.add(run)
         else:
             where = pages.get(parent)
             if where is None:
                 counts["orphan_stores"] += 1
                 return
-            parent_run, index = where
+            parent_run, index = state.runs[where >> _INDEX_BITS], where & _INDEX_MASK
             if index == len(parent_run.hashes) - 1:
                 run = parent_run
             else:
-                run = self._branch(parent_run, index, page_size)
+                run = self._branch(state, parent_run, index)
         self._extend(state, run, hashes, packed)
         counts["stored_pages"] += n
 
@@ -281,7 +291,7 @@ class KvIndex:
         for value in hashes:
             where = pages.get(value)
             if where is not None:
-                self._truncate(state, *where)
+                self._truncate(state, state.runs[where >> _INDEX_BITS], where & _INDEX_MASK)
 
     # -- lookups -------------------------------------------------------------------------
 
@@ -404,10 +414,17 @@ class KvIndex:
             result[by_bit[low.bit_length() - 1]] = depth
             bits ^= low
 
-    def _branch(self, parent: _Run, index: int, page_size: int) -> _Run:
+    def _new_run(
+        self, state: _WorkerState, parent: _Run | None, parent_index: int, base: int | None, lead: array
+    ) -> _Run:
+        run = _Run(next(self._run_ids), parent, parent_index, base, lead)
+        state.runs[run.id] = run
+        return run
+
+    def _branch(self, state: _WorkerState, parent: _Run, index: int) -> _Run:
         """A new run continuing ``parent`` after its page ``index`` (not its last)."""
         block = self._block
-        through = (index + 1) * page_size
+        through = (index + 1) * state.page_size
         lead_len = len(parent.lead)
         done = (lead_len + through) // block
         if done == 0:
@@ -416,7 +433,7 @@ class KvIndex:
         else:
             base = parent.blocks[done - 1]
             lead = parent.tokens[done * block - lead_len : through]
-        run = _Run(parent, index, base, lead)
+        run = self._new_run(state, parent, index, base, lead)
         parent.children.add(run)
         return run
 
@@ -438,7 +455,8 @@ class KvIndex:
         start = len(run.hashes)
         run.tokens.extend(tokens)
         run.hashes.extend(hashes)
-        state.pages.update(zip(hashes, zip(repeat(run), range(start, start + len(hashes)))))
+        first = run.id << _INDEX_BITS | start
+        state.pages.update(zip(hashes, range(first, first + len(hashes))))
         new = prefix_hashes_from_bytes(token_bytes(pending), block, base)
         if not new:
             return
@@ -492,6 +510,7 @@ class KvIndex:
                 run.children.discard(child)
                 self._drop_subtree(state, child)
         if index == 0:
+            del state.runs[run.id]
             if run.parent is None:
                 state.roots.discard(run)
             else:
@@ -507,6 +526,7 @@ class KvIndex:
             counts["removed_pages"] += len(run.hashes)
             for value in run.hashes:
                 del pages[value]
+            del state.runs[run.id]
             self._release(state, run.blocks)
             stack.extend(run.children)
             _unlink(run)
@@ -526,6 +546,7 @@ class KvIndex:
             stack.extend(run.children)
             _unlink(run)
         state.pages = {}
+        state.runs = {}
         state.roots = set()
         state.extra = {}
         state.held = 0
