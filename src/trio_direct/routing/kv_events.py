@@ -13,6 +13,7 @@ Two jobs the ZMQ subscriber needs and a unit test can check on its own:
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +38,7 @@ __all__ = [
 ]
 
 #: Router-side block keys hash token ids as little-endian u32 (``kv-events.md`` §7).
-_MAX_TOKEN_ID = 0xFFFF_FFFF
+_U32 = "I" if array("I").itemsize == 4 else "L"
 
 
 # -- events ------------------------------------------------------------------------------
@@ -169,16 +170,25 @@ def _hashes(raw: Any) -> tuple[int, ...] | None:
 
 
 def _token_ids(raw: Any) -> tuple[int, ...] | None:
+    # Checked by packing into u32 (type and range at C speed): a page-1 engine sends every
+    # prompt token through here, so a per-item Python check would cost milliseconds per request.
     if not isinstance(raw, list):
         return None
-    if not all(type(t) is int for t in raw):
+    if not _fit_u32(raw):
         # EAGLE bigram hashing sends [token, next] pairs; the block's own token is the first.
         raw = [t[0] if type(t) is list and len(t) == 2 else t for t in raw]
-        if not all(type(t) is int for t in raw):
+        if not _fit_u32(raw):
             return None
-    if raw and (min(raw) < 0 or max(raw) > _MAX_TOKEN_ID):
-        return None
     return tuple(raw)
+
+
+def _fit_u32(values: list[Any]) -> bool:
+    """Every value is an int in ``[0, 2**32)``."""
+    try:
+        array(_U32).fromlist(values)
+    except (TypeError, OverflowError):
+        return False
+    return True
 
 
 # -- sequence tracking -------------------------------------------------------------------

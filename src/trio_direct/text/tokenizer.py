@@ -162,8 +162,9 @@ class ModelTokenizer:
             ids = self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
         else:
             # `Tokenizer.encode` holds the GIL for its whole run (~10 ms for 8k tokens), which
-            # would stall the event loop even from a worker thread; `encode_batch` releases it.
-            batch = self.tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)
+            # would stall the event loop even from a worker thread; the batch calls release it,
+            # and the `_fast` one skips the character offsets nobody here reads (~10 % less CPU).
+            batch = self.tokenizer.encode_batch_fast([text], add_special_tokens=add_special_tokens)
             ids = batch[0].ids
         if add_special_tokens and self.add_bos_token:
             bos = self.bos_token_id
