@@ -392,6 +392,10 @@ def main() -> None:
     parser.add_argument("--start", type=int, default=0, help="first trace request")
     parser.add_argument("--limit", type=int, default=1000, help="trace requests to replay")
     parser.add_argument("--time-scale", type=float, default=0.5, help="arrival time multiplier")
+    parser.add_argument(
+        "--sample-conversations", type=float, default=1.0,
+        help="keep this share of the trace's conversations, all their turns (before --start/--limit)",
+    )
     parser.add_argument("--max-input-tokens", type=int, default=16384)
     parser.add_argument("--max-output-tokens", type=int, default=64)
     parser.add_argument("--engines", type=int, default=4)
@@ -410,7 +414,14 @@ def main() -> None:
 
     trace = args.trace or default_trace_path()
     requests = cap_lengths(
-        load_trace(trace, start=args.start, limit=args.limit, time_scale=args.time_scale),
+        load_trace(
+            trace,
+            start=args.start,
+            limit=args.limit,
+            time_scale=args.time_scale,
+            conversation_fraction=args.sample_conversations,
+            seed=args.seed,
+        ),
         max_input_tokens=args.max_input_tokens,
         max_output_tokens=args.max_output_tokens,
     )
@@ -452,6 +463,7 @@ def main() -> None:
             "start": args.start,
             "limit": args.limit,
             "time_scale": args.time_scale,
+            "sample_conversations": args.sample_conversations,
             "max_input_tokens": args.max_input_tokens,
             "max_output_tokens": args.max_output_tokens,
             "prompt_format": args.prompt_format,

@@ -44,6 +44,27 @@ def test_a_slice_starts_at_zero_and_keeps_trace_indices(trace_file):
     assert requests[0] == TraceRequest(index=3, arrival_s=0.0, input_length=603, output_length=13, hash_ids=(0, 103))
 
 
+def test_conversation_sampling_keeps_every_turn_of_the_kept_conversations(tmp_path):
+    # 40 conversations of 3 turns, interleaved in time; each turn repeats the earlier ones.
+    rows = []
+    for turn in range(3):
+        for conversation in range(40):
+            blocks = [0] + [1000 * conversation + t for t in range(turn + 1)]
+            rows.append({"timestamp": 100 * len(rows), "input_length": 512 * len(blocks), "output_length": 1, "hash_ids": blocks})
+    path = write_trace(tmp_path / "conversations.jsonl", rows)
+    kept = load_trace(path, conversation_fraction=0.25, seed=3)
+    conversations = {r.hash_ids[1] for r in kept}
+    assert 3 <= len(conversations) <= 20
+    assert len(kept) == 3 * len(conversations), "every turn of a kept conversation is kept"
+    assert kept[0].arrival_s == 0.0
+    assert [r.index for r in load_trace(path, conversation_fraction=0.25, seed=3, start=1, limit=2)] == [
+        r.index for r in kept[1:3]
+    ], "start and limit count kept requests"
+    assert {r.hash_ids[1] for r in load_trace(path, conversation_fraction=0.25, seed=4)} != conversations
+    with pytest.raises(ValueError):
+        load_trace(path, conversation_fraction=0.0)
+
+
 def test_time_scale_stretches_or_compresses_arrivals(trace_file):
     assert [r.arrival_s for r in load_trace(trace_file, limit=3, time_scale=0.5)] == [0.0, 0.5, 1.0]
     assert [r.arrival_s for r in load_trace(trace_file, limit=3, time_scale=2)] == [0.0, 2.0, 4.0]

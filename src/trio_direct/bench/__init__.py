@@ -75,6 +75,13 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError("must be in (0, 1]")
+    return value
+
+
 def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -117,6 +124,12 @@ def build_parser(prog: str = "trio-direct bench") -> argparse.ArgumentParser:
     source.add_argument("--synthetic", action="store_true", help="a generated multi-turn workload instead of a trace")
     workload.add_argument("--start", metavar="I", type=int, default=0, help="index of the first request (default 0)")
     workload.add_argument("--limit", metavar="N", type=int, help="number of requests to replay (default: all)")
+    workload.add_argument(
+        "--sample-conversations", metavar="FRACTION", type=_fraction, default=1.0,
+        help="keep this share of the trace's conversations, every turn of each (applied before "
+        "--start/--limit; drawn with --seed); replays the whole reuse pattern of a long window at a "
+        "rate a small fleet sustains (default 1 = all)",
+    )
     workload.add_argument(
         "--time-scale", metavar="X", type=_non_negative_float, default=1.0,
         help="multiply arrival times by this; 0.5 = twice as fast, 0 = all at once (default %(default)s)",
@@ -194,8 +207,17 @@ def plan_requests(args: argparse.Namespace) -> tuple[list[TraceRequest], str]:
             raise ValueError(
                 f"no trace found (looked for shared/traces/{TRACE_NAME}); pass --trace PATH or --synthetic"
             )
-        requests = load_trace(path, start=args.start, limit=args.limit, time_scale=args.time_scale)
+        requests = load_trace(
+            path,
+            start=args.start,
+            limit=args.limit,
+            time_scale=args.time_scale,
+            conversation_fraction=args.sample_conversations,
+            seed=args.seed,
+        )
         source = str(path)
+        if args.sample_conversations < 1.0:
+            source += f" ({args.sample_conversations:g} of the conversations)"
     requests = cap_lengths(requests, max_input_tokens=args.max_input_tokens, max_output_tokens=args.max_output_tokens)
     return requests, source
 

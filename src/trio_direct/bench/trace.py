@@ -25,6 +25,7 @@ __all__ = [
     "PromptSynthesizer",
     "TraceRequest",
     "cap_lengths",
+    "conversation_key",
     "load_trace",
     "parse_trace_line",
     "rebase",
@@ -76,14 +77,42 @@ def parse_trace_line(line: str, index: int) -> TraceRequest:
     return request
 
 
+def conversation_key(request: TraceRequest) -> int:
+    """Which conversation a request belongs to: its second block, else its first.
+
+    In the Mooncake conversation trace every request starts with the shared system-prompt block 0,
+    and every turn of a conversation repeats the earlier turns, so the block after the system
+    prompt names the conversation. (A first turn shorter than two blocks can split a conversation
+    in two; sampling then keeps or drops the parts separately, losing a little reuse.)
+    """
+    return request.hash_ids[1] if len(request.hash_ids) > 1 else request.hash_ids[0]
+
+
+def _keeps(request: TraceRequest, fraction: float, seed: int) -> bool:
+    if fraction >= 1.0:
+        return True
+    return random.Random(f"conversation:{seed}:{conversation_key(request)}").random() < fraction
+
+
 def load_trace(
-    path: str | Path, *, start: int = 0, limit: int | None = None, time_scale: float = 1.0
+    path: str | Path,
+    *,
+    start: int = 0,
+    limit: int | None = None,
+    time_scale: float = 1.0,
+    conversation_fraction: float = 1.0,
+    seed: int = 0,
 ) -> list[TraceRequest]:
     """Requests `start .. start+limit` of a Mooncake JSONL trace, ready to replay.
 
-    Arrival times are rebased so the slice's first request arrives at 0, then multiplied by
-    `time_scale` (0.5 replays twice as fast).
+    `conversation_fraction` < 1 first keeps that share of the conversations (drawn with `seed`),
+    every turn of a kept one: a fleet that serves fewer users sees the trace's whole reuse pattern
+    at a lower rate, which a contiguous slice of minutes cannot show (a conversation's turns are
+    minutes apart). `start` and `limit` count the kept requests. Arrival times are rebased so the
+    first request arrives at 0, then multiplied by `time_scale` (0.5 replays twice as fast).
     """
+    if not 0.0 < conversation_fraction <= 1.0:
+        raise ValueError("conversation_fraction must be in (0, 1]")
     if start < 0:
         raise ValueError("start must not be negative")
     if limit is not None and limit < 0:
@@ -93,16 +122,20 @@ def load_trace(
     requests: list[TraceRequest] = []
     stop = None if limit is None else start + limit
     with open(path, encoding="utf-8") as lines:
-        index = -1
+        index = line_number = -1
         for line in lines:
             if not line.strip():
+                continue
+            line_number += 1
+            request = parse_trace_line(line, line_number)
+            if not _keeps(request, conversation_fraction, seed):
                 continue
             index += 1
             if index < start:
                 continue
             if stop is not None and index >= stop:
                 break
-            requests.append(parse_trace_line(line, index))
+            requests.append(request)
     return rebase(requests, time_scale)
 
 
