@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import trio
 
 if TYPE_CHECKING:
+    from trio_direct.frontend.supervisor import WorkerLink
     from trio_direct.mock.server import MockEngineConfig
 
 __all__ = ["build_parser", "main"]
@@ -64,6 +65,9 @@ def _add_serve(subcommands: argparse._SubParsersAction) -> None:
         "Every flag can also be set with the TRIO_DIRECT_<FLAG> environment variable.",
     )
     add_serve_arguments(p)
+    # Internal: how a `--workers` supervisor starts its children (frontend/supervisor.py).
+    for flag in ("--worker-index", "--listen-fd", "--control-fd"):
+        p.add_argument(flag, type=int, default=None, help=argparse.SUPPRESS)
     p.set_defaults(handler=_run_serve)
 
 
@@ -73,13 +77,28 @@ def _run_serve(args: argparse.Namespace) -> int:
     from trio_direct.frontend.serve import serve
 
     config = config_from_args(args)
-    _configure_logging(config.log_level)
+    if config.workers < 1:
+        print("trio-direct serve: error: --workers must be at least 1", file=sys.stderr)
+        return 2
+    worker = _worker_link(args)
+    _configure_logging(config.log_level, worker.index if worker is not None else None)
+    if worker is None and config.workers > 1:
+        from trio_direct.frontend.supervisor import supervise
+
+        try:
+            return trio.run(supervise, config)
+        except BaseException as exc:
+            if not _only_interrupts(exc):
+                raise
+            log.info("interrupted; stopped")
+            return 0
     try:
-        trio.run(_serve_until_signalled, serve, config)
+        trio.run(_serve_until_signalled, serve, config, worker)
     except BaseException as exc:
         fleet_error = _find(exc, FleetError)
         if fleet_error is not None:
-            print(f"trio-direct serve: {fleet_error}", file=sys.stderr)
+            who = f"trio-direct serve [worker {worker.index}]" if worker is not None else "trio-direct serve"
+            print(f"{who}: {fleet_error}", file=sys.stderr)
             return 1
         if not _only_interrupts(exc):
             raise
@@ -98,30 +117,66 @@ def _find(exc: BaseException, kind: type[BaseException]) -> BaseException | None
     return None
 
 
-async def _serve_until_signalled(serve, config) -> None:  # noqa: ANN001
-    """SIGTERM or SIGINT: drain gracefully; a second one: stop at once."""
+def _worker_link(args: argparse.Namespace) -> WorkerLink | None:
+    if args.worker_index is None:
+        return None
+    from trio_direct.frontend.supervisor import WorkerLink
+
+    return WorkerLink(args.worker_index, args.listen_fd, args.control_fd)
+
+
+async def _serve_until_signalled(serve, config, worker: WorkerLink | None = None) -> None:  # noqa: ANN001
+    """SIGTERM or SIGINT: drain gracefully; a second one, or one before serving began: stop at once.
+
+    A `--workers` child also drains when its supervisor asks (or is gone): that is no second signal.
+    """
     shutdown = trio.Event()
+    serving = False
     async with trio.open_nursery() as nursery:
+
+        def stop(reason: str, *, escalate: bool) -> None:
+            if not serving:
+                log.warning("%s during start-up: stopping now", reason)
+                nursery.cancel_scope.cancel()
+            elif not shutdown.is_set():
+                log.info("%s: draining in-flight requests", reason)
+                shutdown.set()
+            elif escalate:
+                log.warning("%s again: stopping now", reason)
+                nursery.cancel_scope.cancel()
 
         async def watch_signals() -> None:
             with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
                 async for signum in signals:
-                    if shutdown.is_set():
-                        log.warning("%s again: stopping now", signal.Signals(signum).name)
-                        nursery.cancel_scope.cancel()
-                        return
-                    log.info("%s: draining in-flight requests", signal.Signals(signum).name)
-                    shutdown.set()
+                    stop(signal.Signals(signum).name, escalate=True)
+
+        async def watch_supervisor(link: WorkerLink) -> None:
+            await link.wait_for_stop()
+            stop("supervisor stopping", escalate=False)
+
+        async def serve_then_stop(*, task_status: trio.TaskStatus[list[str]]) -> None:
+            listen_fd = worker.listen_fd if worker is not None else None
+            await serve(config, shutdown=shutdown, listen_fd=listen_fd, task_status=task_status)
+            nursery.cancel_scope.cancel()
 
         nursery.start_soon(watch_signals)
-        await serve(config, shutdown=shutdown)
-        nursery.cancel_scope.cancel()
+        if worker is not None:
+            worker.export_identity()
+            nursery.start_soon(watch_supervisor, worker)
+        await nursery.start(serve_then_stop)
+        serving = True
+        if worker is not None:
+            await worker.report_ready()
 
 
-def _configure_logging(level: str) -> None:
-    from trio_direct.logs import configure_logging
+def _configure_logging(level: str, worker_index: int | None = None) -> None:
+    from trio_direct.logs import FORMAT, configure_logging
 
     configure_logging(level)
+    if worker_index is not None:  # a `--workers` child: its lines name it
+        label = FORMAT.replace("%(levelname)s", f"%(levelname)s [worker {worker_index}]", 1)
+        for handler in logging.getLogger().handlers:
+            handler.setFormatter(logging.Formatter(label))
 
 
 # --- probe ---------------------------------------------------------------------------------------

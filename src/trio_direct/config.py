@@ -20,12 +20,14 @@ ENV_PREFIX = "TRIO_DIRECT_"
 class ServeConfig:
     host: str = "127.0.0.1"
     port: int = 8000
+    workers: int = 1
     engine_url: list[str] = field(default_factory=list)
     prefill_engine_url: list[str] = field(default_factory=list)
     enforce_disagg: bool = False
     decode_abort_deadline: float = 30.0
     engine_api: str = "auto"
     engine_wait_timeout: float = 120.0
+    engine_join_grace: float = 5.0
     connect_timeout: float = 5.0
     model_path: str | None = None
     served_model_name: str | None = None
@@ -57,13 +59,15 @@ class ServeConfig:
 _HELP = {
     "host": "address to listen on",
     "port": "port to listen on",
+    "workers": "frontend processes serving the port, each with its own routing state (see docs/operations.md)",
     "engine_url": "gRPC address of an SGLang engine (http://, grpc:// or host:port); repeat for more. "
     "None: start built-in mock engines",
     "prefill_engine_url": "an engine expected to be a prefill engine (checked against its probe); repeat for more",
     "enforce_disagg": "with prefill engines configured, answer 503 while none is healthy instead of serving aggregated",
     "decode_abort_deadline": "seconds a cancelled decode leg may wait for its first message (the KV transfer) before its Abort",
     "engine_api": "engine gRPC API: auto (native, then SMG), native or smg",
-    "engine_wait_timeout": "seconds to keep retrying engines that are not up yet at start-up",
+    "engine_wait_timeout": "at most this many seconds start-up waits for engines; it fails only if none is up by then",
+    "engine_join_grace": "seconds start-up waits for the other engines once one is up; those still down join when they come up",
     "connect_timeout": "seconds to wait for a TCP connection to an engine",
     "model_path": "local model/tokenizer directory (default: the engines' tokenizer path)",
     "served_model_name": "model name clients use (default: the engines' served name)",

@@ -1,15 +1,20 @@
-"""Connecting to a fleet of (mock) engines: waiting for late ones, refusing ones that disagree."""
+"""Connecting to a fleet of (mock) engines: waiting for late ones (but not for ever), refusing ones
+that disagree, and admitting pending ones later."""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+from types import SimpleNamespace
 
 import pytest
 import trio
 
+from trio_direct.engine.errors import EngineUnavailable, EngineUnimplemented
+from trio_direct.fleet import fleet as fleet_module
 from trio_direct.fleet.card import EngineCard
-from trio_direct.fleet.fleet import Fleet, FleetError, FleetOverrides, fleet_model
+from trio_direct.fleet.fleet import Engine, Fleet, FleetError, FleetOverrides, PendingEngine, fleet_model
+from trio_direct.fleet.probe import ProbedEngine
 
 CARD = EngineCard(
     url="http://10.0.0.0:30000", host="10.0.0.0", port=30000, api="native", role="aggregated",
@@ -118,11 +123,31 @@ async def test_an_engine_started_late_joins_within_the_wait(start_mock, pool, un
     assert len(retries) == 1 and "engine e1" in retries[0].getMessage()  # logged once, not per retry
 
 
-async def test_an_engine_that_never_comes_up_fails_after_the_wait(start_mock, pool, unused_port):
+async def test_an_engine_that_never_comes_up_is_left_pending(start_mock, pool, unused_port, caplog):
     up = await start_mock()
     down = f"127.0.0.1:{unused_port}"
-    with pytest.raises(FleetError, match=rf"engine e1 \({down}\) did not come up within 0.5s: cannot connect"):
-        await Fleet.connect([url(up), down], pool, wait_timeout=0.5)
+    with caplog.at_level(logging.WARNING, logger="trio_direct.fleet.fleet"):
+        fleet = await Fleet.connect([url(up), down], pool, wait_timeout=30, join_grace=0.3)
+    assert [e.id for e in fleet.engines] == ["e0"]
+    assert [(p.id, p.url) for p in fleet.pending] == [("e1", down)]
+    assert "cannot connect" in fleet.pending[0].reason
+    assert [e.id for e in (w.engine for w in fleet.workers())] == ["e0"]  # never routed to
+    assert f"engine e1 ({down}) is not up yet; it joins when it comes up" in caplog.text
+
+
+async def test_no_engine_up_within_the_wait_stops_start_up_naming_each(pool, unused_port):
+    down = f"127.0.0.1:{unused_port}"
+    with pytest.raises(FleetError, match=rf"^engine e0 \({down}\) did not come up within 0.5s: cannot connect"):
+        await Fleet.connect([down], pool, wait_timeout=0.5)
+    with pytest.raises(FleetError, match=r"engine e0 .* did not come up within 0.5s: .*; engine e1 .*did not come up"):
+        await Fleet.connect([down, "127.0.0.1:1"], pool, wait_timeout=0.5)
+
+
+async def test_an_engine_that_answers_but_cannot_be_used_stops_start_up_even_with_others_up(start_mock, pool):
+    up = await start_mock()
+    smg_only = await start_mock(api="smg")
+    with pytest.raises(FleetError, match=rf"engine e1 \({url(smg_only)}\) (does not serve|cannot be used)"):
+        await Fleet.connect([url(up), url(smg_only)], pool, api="native", wait_timeout=5, join_grace=5)
 
 
 async def test_bad_and_repeated_urls_are_refused_before_dialling(pool):
@@ -141,3 +166,114 @@ async def test_workers_expand_dp_ranks_and_leave_out_prefill_and_unhealthy(start
     assert [(w.engine.id, w.dp_rank) for w in fleet.prefill_workers()] == [("e2", None)]
     fleet.engines[0].healthy = False
     assert [(w.engine.id, w.dp_rank) for w in fleet.workers()] == [("e1", None)]
+
+
+# --- the start-up rule, on a fake clock with fake probes --------------------------------------------
+
+
+def probed(engine_url: str, **changes) -> ProbedEngine:
+    card = dataclasses.replace(CARD, url=engine_url, **changes)
+    return ProbedEngine(card, SimpleNamespace(name=engine_url))
+
+
+@pytest.fixture
+def engines_up_at(monkeypatch):
+    """Replace probing: each URL answers from its time on (None: never; an exception: raised then)."""
+    schedule: dict[str, float | None | tuple[float, Exception]] = {}
+
+    async def fake_probe(engine_url, pool, *, api="auto", timeout=10.0):
+        at = schedule[engine_url]
+        if isinstance(at, tuple) and trio.current_time() >= at[0]:
+            raise at[1]
+        if at is None or isinstance(at, tuple) or trio.current_time() < at:
+            raise EngineUnavailable(f"cannot connect to {engine_url}")
+        return probed(engine_url)
+
+    monkeypatch.setattr(fleet_module, "probe_engine", fake_probe)
+    return schedule
+
+
+URLS = ["h:1", "h:2", "h:3"]
+
+
+async def test_start_up_goes_as_soon_as_every_engine_is_up(autojump_clock, engines_up_at):
+    engines_up_at.update({"h:1": 0.0, "h:2": 1.0, "h:3": 2.5})
+    fleet = await Fleet.connect(URLS, pool=None, wait_timeout=120, join_grace=5)
+    assert [e.id for e in fleet.engines] == ["e0", "e1", "e2"] and not fleet.pending
+    assert trio.current_time() < 5  # the retries' backoff, not the grace
+
+
+async def test_start_up_waits_only_the_grace_after_the_first_engine_is_up(autojump_clock, engines_up_at):
+    engines_up_at.update({"h:1": 10.0, "h:2": None, "h:3": 11.0})
+    fleet = await Fleet.connect(URLS, pool=None, wait_timeout=120, join_grace=5)
+    assert [e.id for e in fleet.engines] == ["e0", "e2"]
+    assert [(p.id, p.url) for p in fleet.pending] == [("e1", "h:2")]
+    first_up = 11.2  # the retry after 10 s (0.2 s doubling to 5 s: ..., 6.2, 11.2)
+    assert trio.current_time() == pytest.approx(first_up + 5)
+
+
+async def test_start_up_never_waits_past_the_timeout(autojump_clock, engines_up_at):
+    engines_up_at.update({"h:1": 0.0, "h:2": None, "h:3": None})
+    await Fleet.connect(URLS, pool=None, wait_timeout=2, join_grace=60)
+    assert trio.current_time() == pytest.approx(2)
+    engines_up_at.update({"h:1": None})
+    expected = r"engine e0 \(h:1\) did not come up within 2s: cannot connect to h:1; engine e1"
+    with pytest.raises(FleetError, match=expected):
+        await Fleet.connect(URLS, pool=None, wait_timeout=2, join_grace=60)
+
+
+async def test_an_unusable_engine_stops_start_up_during_the_grace(autojump_clock, engines_up_at):
+    engines_up_at.update({"h:1": 0.0, "h:2": (3.0, EngineUnimplemented("unknown service")), "h:3": None})
+    with pytest.raises(FleetError, match=r"engine e1 \(h:2\) does not serve the native or the SMG gRPC API"):
+        await Fleet.connect(URLS, pool=None, wait_timeout=120, join_grace=5)
+
+
+# --- joining after start-up (no engines needed) ----------------------------------------------------
+
+
+def fleet_with_pending(*pending_ids: str, overrides: FleetOverrides | None = None) -> Fleet:
+    members = [f"e{i}" for i in range(3) if f"e{i}" not in pending_ids]
+    engines = [Engine(i, dataclasses.replace(CARD, url=f"h:{i}"), SimpleNamespace()) for i in members]
+    model = fleet_model([(e.id, e.card) for e in engines], overrides)
+    return Fleet(engines, model, [PendingEngine(i, f"h:{i}") for i in pending_ids], overrides)
+
+
+def test_a_pending_engine_that_agrees_joins_in_url_order_keeping_its_id():
+    fleet = fleet_with_pending("e0", "e2")
+    e2 = fleet.join(fleet.pending[1], probed("h:e2"))
+    e0 = fleet.join(fleet.pending[0], probed("h:e0", context_length=1024))
+    assert [e.id for e in fleet.engines] == ["e0", "e1", "e2"]
+    assert fleet.engines[0] is e0 and fleet.engines[2] is e2 and e0.healthy
+    assert not fleet.pending
+    assert fleet.model.context_length == 1024  # a prompt that fits still fits everywhere
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"served_model_name": "llama"}, r"engine e1 \(h:e1\) has served_model_name 'llama', but engine e0"),
+        ({"block_size": 32}, r"block size \(page_size\) 32"),
+        ({"model_path": "/m/other"}, r"model_path '/m/other'"),
+    ],
+)
+def test_a_pending_engine_that_disagrees_is_refused_and_stays_pending(change, message):
+    fleet = fleet_with_pending("e1")
+    before = fleet.model
+    with pytest.raises(FleetError, match=message):
+        fleet.join(fleet.pending[0], probed("h:e1", **change))
+    assert [e.id for e in fleet.engines] == ["e0", "e2"] and [p.id for p in fleet.pending] == ["e1"]
+    assert fleet.model is before
+
+
+def test_overrides_apply_to_joining_engines_too_and_the_frontend_check_has_the_last_word():
+    fleet = fleet_with_pending("e1", overrides=FleetOverrides(served_model_name="chat"))
+    pending = fleet.pending[0]
+
+    def refuse(engine: Engine) -> None:
+        raise FleetError(f"{engine.id} is in the wrong flag")
+
+    with pytest.raises(FleetError, match="e1 is in the wrong flag"):
+        fleet.join(pending, probed("h:e1", served_model_name="other"), check=refuse)
+    assert fleet.pending == [pending]
+    joined = fleet.join(pending, probed("h:e1", served_model_name="other"))
+    assert joined.id == "e1" and fleet.model.served_model_name == "chat"

@@ -5,13 +5,18 @@ started together with the frontend), then refuses a fleet whose engines do not s
 or use different block sizes: routing across such engines would return answers from the wrong model
 or mis-key the KV index, silently. Each refusal is one `FleetError` naming the engine and the field.
 
+It does not wait for the slowest engine, though: one dead engine of ten must not keep the other nine
+from serving. Engines still down when start-up ends are kept as `PendingEngine`s (their ``e{index}``
+ids reserved, so ids stay positions in the URL list); health checking probes them and `Fleet.join`
+admits each once it is up and agrees with the fleet.
+
 The agreement rules are plain code (`fleet_model`), testable without engines.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +29,16 @@ from trio_direct.fleet.card import CardError, EngineCard
 from trio_direct.fleet.engine_url import parse_engine_url
 from trio_direct.fleet.probe import ApiChoice, ProbedEngine, probe_engine
 
-__all__ = ["Engine", "Fleet", "FleetError", "FleetModel", "FleetOverrides", "Worker", "fleet_model"]
+__all__ = [
+    "Engine",
+    "Fleet",
+    "FleetError",
+    "FleetModel",
+    "FleetOverrides",
+    "PendingEngine",
+    "Worker",
+    "fleet_model",
+]
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +50,8 @@ PROBE_TIMEOUT = 10.0
 
 
 class FleetError(Exception):
-    """The fleet cannot be served from: an engine never came up, or the engines disagree."""
+    """The fleet cannot be served from (no engine came up, or the engines disagree), or an engine
+    cannot join it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +96,21 @@ class Engine:
         return f"Engine({self.id}, {self.card.url}, {self.card.role}, healthy={self.healthy})"
 
 
+@dataclass(slots=True, eq=False)
+class PendingEngine:
+    """An engine that was not up when start-up ended: never routed to, probed until it joins.
+
+    ``reason`` is why its last probe failed (for logs and `GET /debug/routing`).
+    """
+
+    id: str
+    url: str
+    reason: str = ""
+
+    def __repr__(self) -> str:
+        return f"PendingEngine({self.id}, {self.url})"
+
+
 @dataclass(frozen=True, slots=True)
 class Worker:
     """What a router picks: an engine, and the DP rank to pin (None on single-rank engines)."""
@@ -90,11 +120,20 @@ class Worker:
 
 
 class Fleet:
-    """The probed engines, in the order their URLs were given (ids ``e0``, ``e1``, ...)."""
+    """The probed engines, in the order their URLs were given (ids ``e0``, ``e1``, ...), and the
+    ones still `pending` (not up yet; they keep their ids)."""
 
-    def __init__(self, engines: Sequence[Engine], model: FleetModel) -> None:
+    def __init__(
+        self,
+        engines: Sequence[Engine],
+        model: FleetModel,
+        pending: Sequence[PendingEngine] = (),
+        overrides: FleetOverrides | None = None,
+    ) -> None:
         self.engines = list(engines)
         self.model = model
+        self.pending = list(pending)
+        self.overrides = overrides or FleetOverrides()
 
     @classmethod
     async def connect(
@@ -104,12 +143,17 @@ class Fleet:
         *,
         api: ApiChoice = "auto",
         wait_timeout: float = 60.0,
+        join_grace: float = 5.0,
         overrides: FleetOverrides | None = None,
     ) -> Fleet:
-        """Probe every engine, waiting up to ``wait_timeout`` seconds for each to come up.
+        """Probe every engine, retrying those not up yet, and return once there is a fleet to serve.
+
+        That is: as soon as every engine is up; or ``join_grace`` seconds after the first one came
+        up; or after ``wait_timeout`` seconds. Engines not up by then are `pending`.
 
         Raises `FleetError` (one message, naming the engine) for a malformed or repeated URL, an
-        engine that did not come up in time or that cannot be used, and engines that disagree.
+        engine that answers but cannot be used, no engine up within ``wait_timeout``, and engines
+        that disagree.
         """
         overrides = overrides or FleetOverrides()
         if api not in ("auto", "native", "smg"):
@@ -126,24 +170,77 @@ class Fleet:
                 raise FleetError(f"engine e{index} ({url}) is the same engine as {addresses[address]}")
             addresses[address] = f"e{index} ({url})"
 
+        waiting = [PendingEngine(f"e{index}", url) for index, url in enumerate(urls)]
         probed: list[ProbedEngine | None] = [None] * len(urls)
         failure: list[FleetError] = []
+        first_up, all_up = trio.Event(), trio.Event()
+        deadline = trio.current_time() + wait_timeout
 
-        async def probe_one(index: int, url: str, cancel: trio.CancelScope) -> None:
+        async def probe_one(index: int, cancel: trio.CancelScope) -> None:
             try:
-                probed[index] = await _wait_for_engine(f"e{index}", url, pool, api, wait_timeout)
+                probed[index] = await _wait_for_engine(waiting[index], pool, api, deadline)
             except FleetError as error:
                 if not failure:
                     failure.append(error)
                 cancel.cancel()
+                return
+            first_up.set()
+            if all(p is not None for p in probed):
+                all_up.set()
 
         async with trio.open_nursery() as nursery:
-            for index, url in enumerate(urls):
-                nursery.start_soon(probe_one, index, url, nursery.cancel_scope)
+            for index in range(len(urls)):
+                nursery.start_soon(probe_one, index, nursery.cancel_scope)
+            with trio.move_on_at(deadline):
+                await first_up.wait()
+                with trio.move_on_after(join_grace):
+                    await all_up.wait()
+            nursery.cancel_scope.cancel()
         if failure:
             raise failure[0]
-        engines = [Engine(f"e{i}", p.card, p.client) for i, p in enumerate(probed) if p is not None]
-        return cls(engines, fleet_model([(e.id, e.card) for e in engines], overrides))
+        if not first_up.is_set():
+            raise FleetError(
+                "; ".join(
+                    f"engine {p.id} ({p.url}) did not come up within {wait_timeout:g}s: {p.reason or 'no answer'}"
+                    for p in waiting
+                )
+            )
+        engines = [Engine(w.id, p.card, p.client) for w, p in zip(waiting, probed, strict=True) if p is not None]
+        pending = [w for w, p in zip(waiting, probed, strict=True) if p is None]
+        fleet = cls(engines, fleet_model([(e.id, e.card) for e in engines], overrides), pending, overrides)
+        for engine in pending:
+            log.warning(
+                "engine %s (%s) is not up yet; it joins when it comes up (last probe: %s)",
+                engine.id, engine.url, engine.reason or "no answer",
+            )  # fmt: skip
+        return fleet
+
+    def join(
+        self, pending: PendingEngine, probed: ProbedEngine, check: Callable[[Engine], None] | None = None
+    ) -> Engine:
+        """Admit `pending`, now probed, into the fleet; `FleetError` (and no change) if it cannot join.
+
+        It must agree with the fleet by `fleet_model`'s rules, and pass ``check`` (the frontend's
+        own rules: role, KV routing block). The fleet model is recomputed: the smallest context
+        length may shrink.
+        """
+        if pending not in self.pending:
+            raise ValueError(f"{pending!r} is not pending in this fleet")
+        engine = Engine(pending.id, probed.card, probed.client)
+        cards = [(e.id, e.card) for e in self.engines] + [(engine.id, engine.card)]
+        model = fleet_model(cards, self.overrides)
+        if check is not None:
+            check(engine)
+        if model.context_length != self.model.context_length:
+            log.warning(
+                "engine %s accepts prompts of up to %s tokens: the fleet's context length is now %s (was %s)",
+                engine.id, engine.card.context_length, model.context_length, self.model.context_length,
+            )  # fmt: skip
+        position = sum(1 for e in self.engines if _url_index(e.id) < _url_index(engine.id))
+        self.engines.insert(position, engine)
+        self.pending.remove(pending)
+        self.model = model
+        return engine
 
     def workers(self) -> list[Worker]:
         """Healthy engines that generate (aggregated or decode), one worker per DP rank."""
@@ -164,18 +261,23 @@ def _expand(engines: Iterable[Engine]) -> list[Worker]:
     return workers
 
 
+def _url_index(engine_id: str) -> int:
+    """The position in the URL list that an ``e{index}`` id names (-1 for other ids)."""
+    digits = engine_id[1:]
+    return int(digits) if engine_id.startswith("e") and digits.isdigit() else -1
+
+
 async def _wait_for_engine(
-    engine_id: str, url: str, pool: ChannelPool, api: ApiChoice, wait_timeout: float
+    engine: PendingEngine, pool: ChannelPool, api: ApiChoice, deadline: float
 ) -> ProbedEngine:
-    """Probe until it works or ``wait_timeout`` passes; retry only "not up yet" failures."""
-    name = f"engine {engine_id} ({url})"
-    deadline = trio.current_time() + wait_timeout
+    """Probe until it works (the caller cancels at its deadline); retry only "not up yet" failures,
+    noting the last one in ``engine.reason``."""
+    name = f"engine {engine.id} ({engine.url})"
     delay = FIRST_RETRY_DELAY
-    last_reason = ""
     while True:
         remaining = deadline - trio.current_time()
         try:
-            return await probe_engine(url, pool, api=api, timeout=max(min(PROBE_TIMEOUT, remaining), 0.5))
+            return await probe_engine(engine.url, pool, api=api, timeout=max(min(PROBE_TIMEOUT, remaining), 0.5))
         except (EngineUnavailable, EngineDeadlineExceeded) as error:
             reason = error.message or str(error)
         except EngineUnimplemented as error:
@@ -184,12 +286,10 @@ async def _wait_for_engine(
         except (EngineError, CardError, ValueError) as error:
             raise FleetError(f"{name} cannot be used: {error}") from None
         remaining = deadline - trio.current_time()
-        if remaining <= 0:
-            raise FleetError(f"{name} did not come up within {wait_timeout:g}s: {reason}")
-        if reason != last_reason:
-            log.warning("%s is not up yet (%s); retrying for up to %.0fs more", name, reason, remaining)
-            last_reason = reason
-        await trio.sleep(min(delay, remaining))
+        if reason != engine.reason and remaining > 0:
+            log.warning("%s is not up yet (%s); retrying for up to %.1fs more", name, reason, remaining)
+        engine.reason = reason
+        await trio.sleep(max(min(delay, remaining), 0.0))
         delay = min(delay * 2, MAX_RETRY_DELAY)
 
 

@@ -6,6 +6,11 @@ unreachable (`EngineHealth.unreachable`). It is marked up again after a successf
 probe whose card still agrees with the fleet (same model, same block size); a changed card is
 applied, a changed model or block size is refused loudly and the engine stays down. Routing never
 picks a down engine (`Fleet.workers` skips it).
+
+Engines that were not up at start-up (`Fleet.pending`) are probed every `interval` instead; one
+whose probe works and whose card agrees with the fleet joins it (`Fleet.join`), and from then on is
+watched like the others. One that disagrees is refused loudly and stays pending: an operator may
+still restart it with the right flags.
 """
 
 from __future__ import annotations
@@ -15,9 +20,10 @@ from collections.abc import Callable
 
 import trio
 
-from trio_direct.engine.errors import EngineError
+from trio_direct.engine.errors import EngineDeadlineExceeded, EngineError, EngineUnavailable
 from trio_direct.engine.transport import ChannelPool
-from trio_direct.fleet.fleet import Engine, Fleet
+from trio_direct.fleet.card import CardError
+from trio_direct.fleet.fleet import Engine, Fleet, FleetError, PendingEngine
 from trio_direct.fleet.probe import probe_engine
 
 log = logging.getLogger(__name__)
@@ -36,6 +42,8 @@ class EngineHealth:
         failures_to_down: int = 2,
         api: str = "auto",
         on_down: Callable[[Engine], None] | None = None,
+        check_join: Callable[[Engine], None] | None = None,
+        on_join: Callable[[Engine], None] | None = None,
     ) -> None:
         self.fleet = fleet
         self.pool = pool
@@ -44,12 +52,18 @@ class EngineHealth:
         self.failures_to_down = failures_to_down
         self.api = api
         self.on_down = on_down
+        #: The frontend's own rules for a joining engine (raise `FleetError` to refuse it), and
+        #: what joining means beyond routing (KV index, subscriptions).
+        self.check_join = check_join
+        self.on_join = on_join
         self._failures: dict[str, int] = {engine.id: 0 for engine in fleet.engines}
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             for engine in self.fleet.engines:
                 nursery.start_soon(self._watch, engine)
+            for pending in list(self.fleet.pending):
+                nursery.start_soon(self._watch_pending, pending)
             task_status.started()
 
     def unreachable(self, engine: Engine, reason: str) -> None:
@@ -62,6 +76,52 @@ class EngineHealth:
         while True:
             await trio.sleep(self.interval)
             await self.check(engine)
+
+    async def _watch_pending(self, pending: PendingEngine) -> None:
+        """Probe until it joins, then watch it like any engine (the same task, so it ends with
+        the health loop)."""
+        while True:
+            await trio.sleep(self.interval)
+            engine = await self.try_join(pending)
+            if engine is not None:
+                break
+        await self._watch(engine)
+
+    async def try_join(self, pending: PendingEngine) -> Engine | None:
+        """Probe a pending engine once; the engine when it joined the fleet, else None."""
+        name = f"engine {pending.id} ({pending.url})"
+        try:
+            with trio.fail_after(self.timeout * 5):
+                probed = await probe_engine(pending.url, self.pool, api=self.api, timeout=self.timeout * 5)
+        except (EngineUnavailable, EngineDeadlineExceeded, trio.TooSlowError) as error:
+            reason = str(error) or "no answer"
+            if reason != pending.reason:
+                log.info("%s is still not up (%s); it joins when it comes up", name, reason)
+            pending.reason = reason
+            return None
+        except (EngineError, CardError, ValueError) as error:
+            self._refuse(pending, f"{name} answers but cannot be used: {error}")
+            return None
+        try:
+            engine = self.fleet.join(pending, probed, check=self.check_join)
+        except FleetError as error:
+            self._refuse(pending, f"{name} is up but cannot join the fleet: {error}")
+            return None
+        self._failures[engine.id] = 0
+        card = engine.card
+        log.info(
+            "engine %s (%s) is up and joins the fleet (%s API, %s); serving from %d engine(s)",
+            engine.id, card.url, card.api, card.role, len(self.fleet.engines),
+        )  # fmt: skip
+        if self.on_join is not None:
+            self.on_join(engine)
+        return engine
+
+    def _refuse(self, pending: PendingEngine, reason: str) -> None:
+        """Loud, but once per reason: the engine is probed again every interval."""
+        if reason != pending.reason:
+            log.error("%s; it stays out of routing", reason)
+        pending.reason = reason
 
     async def check(self, engine: Engine) -> None:
         """One health check of `engine`, and what follows from it."""

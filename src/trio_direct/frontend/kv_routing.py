@@ -11,6 +11,8 @@ index per fleet, and a `KvRouter` weighs prefix overlap against load for every r
   and optionally corrected from the engines' `GetLoad` (``--load-poll-interval``), which is how load
   from other frontends is learnt.
 - Disaggregated: the prefill pool is routed KV-aware, the decode pool by load only.
+- An engine that joins after start-up (`engine_joined`) is registered and subscribed to like the
+  others; its subscription runs in `run`'s nursery, so it ends with the rest.
 """
 
 from __future__ import annotations
@@ -98,35 +100,59 @@ class KvRouting:
         self.decode_router = KvRouter(load_only)
         self.subscribers: list[KvEventSubscriber] = []
         self.load_poll_interval = config.load_poll_interval
-        if self.index is not None:
-            for engine in fleet.engines:
-                if engine.card.role == "decode":
-                    continue
-                ranks = [None] if engine.card.dp_size <= 1 else list(range(engine.card.dp_size))
-                for rank in ranks:
-                    self.index.register_worker(RoutingKey(engine.id, rank), _page_size(engine))
-                if engine.card.kv_events:
-                    sink = _IndexSink(self.index, engine)
-                    self.subscribers.append(KvEventSubscriber(engine.id, engine.card.kv_events, sink))
-                else:
-                    log.warning(
-                        "engine %s publishes no KV events: it is routed by load only (start SGLang with "
-                        "--kv-events-config, or run trio-direct with --no-router-kv-events)",
-                        engine.id,
-                    )
+        #: `run`'s nursery while it runs: where the subscriptions of engines that join later run.
+        self._nursery: trio.Nursery | None = None
+        for engine in fleet.engines:
+            self._index_engine(engine)
+
+    def _index_engine(self, engine: Engine) -> KvEventSubscriber | None:
+        """Register the engine's ranks in the index; its subscriber (not yet running), if it has one."""
+        if self.index is None or engine.card.role == "decode":
+            return None
+        ranks = [None] if engine.card.dp_size <= 1 else list(range(engine.card.dp_size))
+        for rank in ranks:
+            self.index.register_worker(RoutingKey(engine.id, rank), _page_size(engine))
+        if not engine.card.kv_events:
+            log.warning(
+                "engine %s publishes no KV events: it is routed by load only (start SGLang with "
+                "--kv-events-config, or run trio-direct with --no-router-kv-events)",
+                engine.id,
+            )
+            return None
+        subscriber = KvEventSubscriber(engine.id, engine.card.kv_events, _IndexSink(self.index, engine))
+        self.subscribers.append(subscriber)
+        return subscriber
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Keep the index fed (and load polled) until cancelled."""
-        async with trio.open_nursery() as nursery:
-            for subscriber in self.subscribers:
-                await nursery.start(subscriber.run)
-            if self.load_poll_interval > 0:
-                nursery.start_soon(self._poll_load)
-            task_status.started()
+        try:
+            async with trio.open_nursery() as nursery:
+                for subscriber in self.subscribers:
+                    await nursery.start(subscriber.run)
+                if self.load_poll_interval > 0:
+                    nursery.start_soon(self._poll_load)
+                self._nursery = nursery
+                task_status.started()
+        finally:
+            self._nursery = None
+
+    def check_join(self, engine: Engine) -> None:
+        """Raise `ValueError` if `engine` cannot be indexed at this fleet's routing block."""
+        if self.index is not None and engine.card.role != "decode" and self.block_size % _page_size(engine):
+            raise ValueError(
+                f"its page size {_page_size(engine)} does not divide the routing block {self.block_size} "
+                "(set --kv-cache-block-size to a multiple of every engine's page size)"
+            )
+
+    def engine_joined(self, engine: Engine) -> None:
+        """An engine joined the fleet after start-up: index it and follow its KV events."""
+        subscriber = self._index_engine(engine)
+        if subscriber is not None and self._nursery is not None:
+            self._nursery.start_soon(subscriber.run)
 
     async def _poll_load(self) -> None:
         while True:
-            for engine in self.fleet.engines:
+            for engine in list(self.fleet.engines):  # engines may join while a poll awaits
                 if not engine.healthy:
                     continue
                 try:

@@ -23,6 +23,7 @@ from trio_direct.engine.types import EngineClient
 from trio_direct.fleet.fleet import Engine, Fleet, FleetError, FleetOverrides, Worker
 from trio_direct.fleet.health import EngineHealth
 from trio_direct.frontend.kv_routing import KvRouting
+from trio_direct.frontend.loop_lag import monitor_loop_lag
 from trio_direct.parsers.reasoning import KNOWN_REASONING_PARSERS
 from trio_direct.parsers.tools import KNOWN_TOOL_CALL_PARSERS
 from trio_direct.routing.kv_router import Decision
@@ -134,6 +135,8 @@ class Frontend:
                 {"engine": w.engine.id, "url": w.engine.card.url, "role": w.engine.card.role, "dp_rank": w.dp_rank}
                 for w in workers
             ],
+            # Not up yet at start-up: never routed to; they join when a probe works.
+            "pending": [{"engine": p.id, "url": p.url, "reason": p.reason} for p in self.fleet.pending],
         }
         if self.kv is not None:
             report["kv"] = self.kv.stats()
@@ -147,6 +150,20 @@ class Frontend:
         for engine in self.fleet.engines:
             if engine.client is client and self.health is not None:
                 self.health.unreachable(engine, str(error))
+
+    def check_join(self, engine: Engine) -> None:
+        """The frontend's rules for an engine joining after start-up (`FleetError` refuses it)."""
+        check_role(engine, self.config.prefill_engine_url)
+        if self.kv is not None:
+            try:
+                self.kv.check_join(engine)
+            except ValueError as error:
+                raise FleetError(str(error)) from None
+
+    def engine_joined(self, engine: Engine) -> None:
+        """What an engine joining means beyond routing: in kv mode, index it and follow its events."""
+        if self.kv is not None:
+            self.kv.engine_joined(engine)
 
     def engine_down(self, engine: Engine) -> None:
         """What an engine going down means beyond routing: its KV index entries are stale."""
@@ -203,18 +220,22 @@ def check_parsers(frontend: Frontend) -> None:
 def check_roles(fleet: Fleet, prefill_urls: list[str]) -> None:
     """Roles come from the probe. When `--prefill-engine-url` is given, it must name prefill
     engines, and `--engine-url` must then name none."""
+    for engine in fleet.engines:
+        check_role(engine, prefill_urls)
+
+
+def check_role(engine: Engine, prefill_urls: list[str]) -> None:
+    """`check_roles` for one engine (also run when an engine joins after start-up)."""
     if not prefill_urls:
         return
-    expected = set(prefill_urls)
-    for engine in fleet.engines:
-        meant_prefill = engine.card.url in expected
-        if meant_prefill != (engine.card.role == "prefill"):
-            flag = "--prefill-engine-url" if meant_prefill else "--engine-url"
-            raise FleetError(
-                f"engine {engine.id} ({engine.card.url}) reports role {engine.card.role!r} "
-                f"(disaggregation_mode), but was given with {flag}"
-                + (" (expected a prefill engine)" if meant_prefill else "; give prefill engines with --prefill-engine-url")
-            )
+    meant_prefill = engine.card.url in prefill_urls
+    if meant_prefill != (engine.card.role == "prefill"):
+        flag = "--prefill-engine-url" if meant_prefill else "--engine-url"
+        raise FleetError(
+            f"engine {engine.id} ({engine.card.url}) reports role {engine.card.role!r} "
+            f"(disaggregation_mode), but was given with {flag}"
+            + (" (expected a prefill engine)" if meant_prefill else "; give prefill engines with --prefill-engine-url")
+        )
 
 
 #: The model name clients use with the built-in mock engines.
@@ -255,6 +276,7 @@ async def run_frontend(config: ServeConfig, *, task_status: trio.TaskStatus[Fron
                 pool,
                 api=config.engine_api,
                 wait_timeout=config.engine_wait_timeout,
+                join_grace=config.engine_join_grace,
                 overrides=FleetOverrides(config.model_path, config.served_model_name, config.kv_cache_block_size),
             )
             check_roles(fleet, config.prefill_engine_url)
@@ -262,6 +284,14 @@ async def run_frontend(config: ServeConfig, *, task_status: trio.TaskStatus[Fron
             template = load_chat_template(Path(config.chat_template)) if config.chat_template else None
             frontend = Frontend(config, fleet, make_router(config.router_mode), tokenizer, template)
             check_parsers(frontend)
+            # KV routing first: an engine that joins (through health checking) is indexed at once.
+            if config.router_mode == "kv":
+                try:
+                    frontend.kv = KvRouting(fleet, config)
+                except ValueError as error:
+                    raise FleetError(str(error)) from None
+                await nursery.start(frontend.kv.run)
+                log.info("KV-aware routing: %s", frontend.kv.stats())
             if config.health_interval > 0:
                 frontend.health = EngineHealth(
                     fleet,
@@ -270,21 +300,23 @@ async def run_frontend(config: ServeConfig, *, task_status: trio.TaskStatus[Fron
                     timeout=config.health_timeout,
                     api=config.engine_api,
                     on_down=frontend.engine_down,
+                    check_join=frontend.check_join,
+                    on_join=frontend.engine_joined,
                 )
                 await nursery.start(frontend.health.run)
-            if config.router_mode == "kv":
-                try:
-                    frontend.kv = KvRouting(fleet, config)
-                except ValueError as error:
-                    raise FleetError(str(error)) from None
-                await nursery.start(frontend.kv.run)
-                log.info("KV-aware routing: %s", frontend.kv.stats())
+            elif fleet.pending:
+                log.warning(
+                    "health checks are off (--health-interval 0): engines not up yet (%s) will never join",
+                    ", ".join(f"{p.id} ({p.url})" for p in fleet.pending),
+                )
             log.info(
-                "serving model %r from %d engine(s): %s",
+                "serving model %r from %d engine(s): %s%s",
                 frontend.model_name,
                 len(fleet.engines),
                 ", ".join(f"{e.id}={e.card.host}:{e.card.port} ({e.card.api}, {e.card.role})" for e in fleet.engines),
+                "; not up yet: " + ", ".join(f"{p.id}={p.url}" for p in fleet.pending) if fleet.pending else "",
             )
+            nursery.start_soon(monitor_loop_lag)
             task_status.started(frontend)
             await trio.sleep_forever()
         finally:

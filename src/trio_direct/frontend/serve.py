@@ -21,10 +21,16 @@ from trio_direct.frontend.runtime import run_frontend
 log = logging.getLogger(__name__)
 
 
-def hypercorn_config(host: str, port: int, log_level: str = "info", graceful_timeout: float = 30.0) -> hypercorn.Config:
+def hypercorn_config(
+    host: str, port: int, log_level: str = "info", graceful_timeout: float = 30.0, *, listen_fd: int | None = None
+) -> hypercorn.Config:
+    """`listen_fd`: serve that already listening socket (a `--workers` child's) instead of binding."""
     config = hypercorn.Config()
     config.loglevel = log_level.upper()
-    config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
+    if listen_fd is not None:
+        config.bind = [f"fd://{listen_fd}"]
+    else:
+        config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
     config.accesslog = None
     config.keep_alive_timeout = 75
     config.graceful_timeout = graceful_timeout
@@ -35,13 +41,15 @@ async def serve(
     config: ServeConfig,
     *,
     shutdown: trio.Event | None = None,
+    listen_fd: int | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the frontend and its HTTP server; reports the bound addresses.
 
     Runs until cancelled, or until `shutdown` is set: then it stops accepting connections, gives
     in-flight requests up to `--graceful-shutdown-timeout` to finish, cancels what is left (each
-    engine request then ends in an Abort) and returns.
+    engine request then ends in an Abort) and returns. `listen_fd`: an inherited listening socket
+    to serve instead of `--host/--port` (see `frontend/supervisor.py`).
     """
     async with open_asyncio_loop(), trio.open_nursery() as nursery:
         frontend = await nursery.start(run_frontend, config)
@@ -51,7 +59,9 @@ async def serve(
             api_key=config.api_key,
             max_concurrent=config.max_concurrent_requests,
         )
-        http = hypercorn_config(config.host, config.port, config.log_level, config.graceful_shutdown_timeout)
+        http = hypercorn_config(
+            config.host, config.port, config.log_level, config.graceful_shutdown_timeout, listen_fd=listen_fd
+        )
         trigger = shutdown.wait if shutdown is not None else None
 
         async def http_server(*, task_status: trio.TaskStatus[list[str]]) -> None:

@@ -1,0 +1,95 @@
+"""Health checking of engines that were not up at start-up: they join once up and agreeing."""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import trio
+
+from support import wait_until
+from trio_direct.fleet.fleet import Engine, Fleet, FleetError
+from trio_direct.fleet.health import EngineHealth
+from trio_direct.mock.server import MockEngineConfig, run_mock_engine
+
+
+def url(running) -> str:
+    return f"http://127.0.0.1:{running.port}"
+
+
+async def fleet_with_one_pending(start_mock, pool, port: int) -> Fleet:
+    up = await start_mock(served_model_name="tiny")
+    fleet = await Fleet.connect([url(up), f"127.0.0.1:{port}"], pool, wait_timeout=10, join_grace=0)
+    assert [p.id for p in fleet.pending] == ["e1"]
+    return fleet
+
+
+async def test_a_pending_engine_joins_once_it_is_up(start_mock, pool, unused_port):
+    fleet = await fleet_with_one_pending(start_mock, pool, unused_port)
+    joined: list[Engine] = []
+    health = EngineHealth(fleet, pool, timeout=1.0, on_join=joined.append)
+    pending = fleet.pending[0]
+    assert await health.try_join(pending) is None
+    assert "cannot connect" in pending.reason and fleet.pending == [pending]
+
+    await start_mock(served_model_name="tiny", port=unused_port)
+    engine = await health.try_join(pending)
+    assert engine is not None and joined == [engine]
+    assert [e.id for e in fleet.engines] == ["e0", "e1"] and not fleet.pending
+    assert engine.card.port == unused_port and engine.healthy
+    assert [w.engine.id for w in fleet.workers()] == ["e0", "e1"]
+    await health.check(engine)  # watched like any engine from now on
+    assert engine.healthy
+
+
+async def test_a_pending_engine_serving_another_model_is_refused_loudly_once(start_mock, pool, unused_port, caplog):
+    fleet = await fleet_with_one_pending(start_mock, pool, unused_port)
+    joined: list[Engine] = []
+    health = EngineHealth(fleet, pool, timeout=1.0, on_join=joined.append)
+    await start_mock(served_model_name="other", port=unused_port)
+    with caplog.at_level(logging.ERROR, logger="trio_direct.fleet.health"):
+        for _ in range(3):
+            assert await health.try_join(fleet.pending[0]) is None
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1, "logged once, not at every probe"
+    assert "engine e1" in errors[0].getMessage() and "served_model_name 'other'" in errors[0].getMessage()
+    assert "stays out of routing" in errors[0].getMessage()
+    assert [e.id for e in fleet.engines] == ["e0"] and [p.id for p in fleet.pending] == ["e1"]
+    assert not joined
+
+
+async def test_the_frontend_check_can_refuse_a_joining_engine(start_mock, pool, unused_port):
+    fleet = await fleet_with_one_pending(start_mock, pool, unused_port)
+
+    def wrong_flag(engine: Engine) -> None:
+        raise FleetError(f"engine {engine.id} reports role {engine.card.role!r}; given with --prefill-engine-url")
+
+    health = EngineHealth(fleet, pool, timeout=1.0, check_join=wrong_flag)
+    await start_mock(served_model_name="tiny", port=unused_port)
+    assert await health.try_join(fleet.pending[0]) is None
+    assert "--prefill-engine-url" in fleet.pending[0].reason
+    assert [e.id for e in fleet.engines] == ["e0"]
+
+
+async def test_the_health_loop_probes_pending_engines_and_then_watches_them(start_mock, pool, unused_port, nursery):
+    fleet = await fleet_with_one_pending(start_mock, pool, unused_port)
+    downs: list[Engine] = []
+    health = EngineHealth(fleet, pool, interval=0.05, timeout=0.5, failures_to_down=1, on_down=downs.append)
+    await nursery.start(health.run)
+    await trio.sleep(0.2)
+    assert [p.id for p in fleet.pending] == ["e1"]
+
+    late = trio.CancelScope()
+
+    async def serve_late(*, task_status=trio.TASK_STATUS_IGNORED):
+        with late:
+            config = MockEngineConfig(served_model_name="tiny", port=unused_port, speedup=math.inf)
+            await run_mock_engine(config, task_status=task_status)
+
+    await nursery.start(serve_late)
+    await wait_until(lambda: not fleet.pending, timeout=10)
+    joined = fleet.engines[1]
+    assert joined.id == "e1" and joined.healthy
+    late.cancel()  # the joined engine goes away: its health watch notices
+    await wait_until(lambda: downs == [joined], timeout=10)
+    assert not joined.healthy
