@@ -120,6 +120,8 @@ BAD_PAYLOADS = {
     "events not a list": msgspec.msgpack.encode([1.0, {"a": 1}, 0]),
     "timestamp not a number": msgspec.msgpack.encode(["now", [], 0]),
     "timestamp is a bool": msgspec.msgpack.encode([True, [], 0]),
+    "a str that is not UTF-8": b"\xa2\xff\xfe",
+    "nested too deep": b"\x91" * 100_000 + b"\xc0",
 }
 
 

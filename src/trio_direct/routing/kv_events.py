@@ -94,8 +94,10 @@ def decode_batch(payload: bytes) -> DecodedBatch:
     """Decode ``[ts, [events...], dp_rank]`` in any SGLang generation."""
     try:
         raw = msgspec.msgpack.decode(payload)
-    except msgspec.DecodeError as exc:
-        raise BadBatch(f"not msgpack: {exc}") from None
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError, ValueError) as exc:
+        # Bytes from the network: msgspec also raises UnicodeDecodeError (a str that is not UTF-8)
+        # and RecursionError (deep nesting); none of it may take the subscriber down.
+        raise BadBatch(f"not msgpack: {type(exc).__name__}: {exc}") from None
     if isinstance(raw, dict):
         # Not what SGLang sends (its batch is array_like), but cheap to accept.
         raw = [raw.get("ts"), raw.get("events"), raw.get("dp_rank", raw.get("data_parallel_rank"))]
