@@ -374,3 +374,47 @@ async def test_sockets_close_when_the_block_ends(ctx: zmq.Context) -> None:
 async def test_null_publisher_opens_nothing(ctx: zmq.Context) -> None:
     async with open_kv_publishers(KvEventsConfig(), 4, ctx) as publishers:
         assert len(publishers) == 0
+
+
+# -- fault-injection hooks -------------------------------------------------------------
+
+
+async def test_publish_payload_sends_anything_under_the_next_seq(ctx: zmq.Context) -> None:
+    async with open_kv_publishers(_config(), 1, ctx) as publishers:
+        publisher = publishers[0]
+        sub = await _subscribe(ctx, publisher)
+        with sub, trio.fail_after(10):
+            expected = publisher.next_seq
+            assert publisher.publish_payload(b"\xc1 not msgpack") == expected
+            assert publisher.next_seq == expected + 1
+            assert await sub.recv_multipart() == [b"kv", expected.to_bytes(8, "big"), b"\xc1 not msgpack"]
+            replies = await _replay(ctx, publisher.bound_replay_endpoint, expected)
+    assert [(_seq(r[2]), r[3]) for r in replies[:-1]] == [(expected, b"\xc1 not msgpack")]
+
+
+async def test_send_frames_uses_no_seq(ctx: zmq.Context) -> None:
+    async with open_kv_publishers(_config(), 1, ctx) as publishers:
+        publisher = publishers[0]
+        sub = await _subscribe(ctx, publisher)
+        with sub, trio.fail_after(10):
+            expected = publisher.next_seq
+            publisher.send_frames([b"kv", b"short"])
+            assert await sub.recv_multipart() == [b"kv", b"short"]
+            assert publisher.next_seq == expected
+
+
+async def test_restart_sequence_numbers_from_zero_with_no_history(ctx: zmq.Context) -> None:
+    async with open_kv_publishers(_config(), 1, ctx) as publishers:
+        publisher = publishers[0]
+        for step in range(3):
+            publisher.publish([STORED], ts=float(step))
+        publisher.drop_next(1)
+        publisher.restart_sequence()
+        assert publisher.next_seq == 0
+        assert await _replay(ctx, publisher.bound_replay_endpoint, 0) == [[b"", b"", END_SEQ, b""]]
+        sub = await _subscribe(ctx, publisher)  # not dropped: the restart forgot drop_next
+        with sub:
+            publisher.publish([REMOVED], ts=9.0)
+            with trio.fail_after(10):
+                _, seq, payload = await sub.recv_multipart()
+    assert decode_batch(payload)[1] == [REMOVED] and _seq(seq) == publisher.next_seq - 1

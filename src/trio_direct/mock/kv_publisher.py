@@ -221,6 +221,27 @@ class KvEventPublisher:
             raise ValueError("n must not be negative")
         self._skip += n
 
+    def publish_payload(self, payload: bytes) -> int:
+        """Test hook: publish ``payload`` as-is as the next batch, however malformed; returns its seq.
+
+        The seq is used up and the payload kept for replay, as a corrupt batch would be.
+        """
+        seq = self._seq
+        self._seq += 1
+        self._buffer.append((seq, payload))
+        self._pub.send_multipart_nowait([self._topic, seq.to_bytes(8, "big"), payload])
+        return seq
+
+    def send_frames(self, frames: Sequence[bytes]) -> None:
+        """Test hook: put raw multipart ``frames`` on the PUB socket; no seq is used up."""
+        self._pub.send_multipart_nowait(list(frames))
+
+    def restart_sequence(self) -> None:
+        """Test hook: number from 0 again with an empty replay ring, as a restarted publisher does."""
+        self._seq = 0
+        self._skip = 0
+        self._buffer.clear()
+
     async def serve_replay(self) -> None:
         """Answer replay requests until cancelled; returns at once without a replay endpoint."""
         if self._replay is None:
