@@ -38,6 +38,13 @@ TOKENS = Counter("trio_direct_tokens", "Tokens by kind: input, output, cached", 
 ROUTED = Counter("trio_direct_routing_decisions", "Requests routed, by engine and role", ["engine", "role"], registry=REGISTRY)
 ABORTS = Counter("trio_direct_engine_aborts", "Abort RPCs sent to engines", ["outcome"], registry=REGISTRY)
 RETRIES = Counter("trio_direct_retries", "Requests retried on another engine before their first token", registry=REGISTRY)
+#: Event-loop lag (`frontend/loop_lag.py`): 0.1 s is a bucket edge, the soak benchmark's stall target.
+_LOOP_LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1)
+LOOP_LAG = Histogram(
+    "trio_direct_event_loop_lag_seconds", "How late the event loop woke a 20 ms timer",
+    buckets=_LOOP_LAG_BUCKETS, registry=REGISTRY,
+)  # fmt: skip
+LOOP_LAG_MAX = Gauge("trio_direct_event_loop_lag_max_seconds", "Worst event-loop lag since start", registry=REGISTRY)
 
 
 class FrontendCollector(Collector):
