@@ -60,6 +60,8 @@ class FrontendCollector(Collector):
         health = GaugeMetricFamily("trio_direct_engine_healthy", "1 when the engine is routable", labels=["engine", "url", "role"])
         for engine in frontend.fleet.engines:
             health.add_metric([engine.id, engine.card.url, engine.card.role], 1.0 if engine.healthy else 0.0)
+        for pending in frontend.fleet.pending:  # not up since start-up: role unknown until it joins
+            health.add_metric([pending.id, pending.url, "unknown"], 0.0)
         yield health
         if frontend.kv is None:
             return
