@@ -1,4 +1,5 @@
-"""Health checking of engines that were not up at start-up: they join once up and agreeing."""
+"""Health checking: engines that were not up at start-up join once up and agreeing; engines that come
+back with a changed card are checked again and reported."""
 
 from __future__ import annotations
 
@@ -93,3 +94,67 @@ async def test_the_health_loop_probes_pending_engines_and_then_watches_them(star
     late.cancel()  # the joined engine goes away: its health watch notices
     await wait_until(lambda: downs == [joined], timeout=10)
     assert not joined.healthy
+
+
+# --- an engine that comes back with a changed card ------------------------------------------------
+
+KV_EVENTS = '{"publisher": "zmq", "endpoint": "tcp://127.0.0.1:0", "topic": "kv"}'
+
+
+async def engine_that_restarts(nursery, port: int):
+    """Start a mock on `port`; returns a function that stops it and starts it again with `options`."""
+    running = trio.CancelScope()
+
+    async def serve(options, *, task_status=trio.TASK_STATUS_IGNORED):
+        with running:
+            config = MockEngineConfig(served_model_name="tiny", port=port, speedup=math.inf, **options)
+            await run_mock_engine(config, task_status=task_status)
+
+    await nursery.start(serve, {})
+
+    async def restart(**options) -> None:
+        nonlocal running
+        running.cancel()
+        running = trio.CancelScope()
+        await nursery.start(serve, options)
+
+    return restart
+
+
+async def test_an_engine_back_with_new_kv_events_endpoints_is_reported_with_its_old_card(pool, unused_port, nursery):
+    restart = await engine_that_restarts(nursery, unused_port)
+    fleet = await Fleet.connect([f"127.0.0.1:{unused_port}"], pool, wait_timeout=10, join_grace=0)
+    [engine] = fleet.engines
+    assert engine.card.kv_events == ()
+    changes: list[tuple[Engine, object]] = []
+    health = EngineHealth(fleet, pool, timeout=1.0, on_change=lambda e, old: changes.append((e, old)))
+    health.unreachable(engine, "killed")
+    first = engine.card
+
+    await restart(kv_events_config=KV_EVENTS)
+    await health.check(engine)
+    assert engine.healthy and engine.card.kv_events, "back, with its new card applied"
+    assert changes == [(engine, first)]
+    await health.check(engine)
+    assert len(changes) == 1, "an engine that stays up is not reported again"
+
+
+async def test_an_engine_back_with_a_card_the_frontend_refuses_stays_down(pool, unused_port, nursery, caplog):
+    restart = await engine_that_restarts(nursery, unused_port)
+    fleet = await Fleet.connect([f"127.0.0.1:{unused_port}"], pool, wait_timeout=10, join_grace=0)
+    [engine] = fleet.engines
+    first = engine.card
+
+    def refuse(candidate: Engine) -> None:
+        assert candidate.card.kv_events and engine.card is first, "checked before it is applied"
+        raise FleetError("its page size 3 does not divide the routing block 16")
+
+    changes: list[Engine] = []
+    health = EngineHealth(fleet, pool, timeout=1.0, check_join=refuse, on_change=lambda e, old: changes.append(e))
+    health.unreachable(engine, "killed")
+    await restart(kv_events_config=KV_EVENTS)
+    with caplog.at_level(logging.ERROR, logger="trio_direct.fleet.health"):
+        await health.check(engine)
+    assert not engine.healthy and engine.card is first and not changes
+    assert "frontend refuses: its page size 3 does not divide the routing block 16; it stays down" in caplog.text
+    assert not fleet.workers()

@@ -114,3 +114,76 @@ def test_kv_routing_indexes_a_joining_engine_and_refuses_one_whose_page_does_not
     kv.engine_joined(joined)  # before `run`: its subscription starts with the others
     assert kv.index.stats()["workers"] == 2
     assert [s.engine for s in kv.subscribers] == ["e1"]
+
+
+# --- engines that come back with another card (kv mode) -------------------------------------------
+
+
+def changed(card, **changes):
+    return SimpleNamespace(**vars(card) | changes)
+
+
+async def test_kv_routing_follows_an_engine_back_on_new_kv_event_endpoints(nursery):
+    import trio
+
+    from support import wait_until
+    from trio_direct.fleet.card import KvEventSource
+    from trio_direct.frontend.kv_routing import KvRouting
+    from trio_direct.mock.kv_publisher import KvEventsConfig, open_kv_publishers
+    from trio_direct.routing.block_hash import RoutingKey
+    from trio_direct.routing.kv_events import BlockRemoved, BlockStored
+
+    engine = kv_engine("e0", kv_events=(KvEventSource(0, "tcp://127.0.0.1:1"),))  # where it published before
+    kv = KvRouting(Fleet([engine], model=None), ServeConfig(router_mode="kv"))
+    front = frontend([engine], router_mode="kv")
+    front.kv = kv
+    await nursery.start(kv.run)
+    [before] = kv.subscribers
+    config = KvEventsConfig.from_dict({"publisher": "zmq", "endpoint": "tcp://127.0.0.1:0", "topic": "kv"})
+    async with open_kv_publishers(config, 1) as publishers:
+        publisher = publishers[0]
+        source = KvEventSource(0, publisher.bound_endpoint, "kv")
+        old, engine.card = engine.card, changed(engine.card, kv_events=(source,))
+        front.engine_changed(engine, old)
+        [subscriber] = kv.subscribers
+        assert subscriber is not before and subscriber.sources == (source,)
+        with trio.fail_after(10):  # a SUB joins late: publish until it has everything
+            while subscriber.last_applied(0) != publisher.next_seq - 1:
+                publisher.publish([BlockRemoved(block_hashes=(-1,))])
+                await trio.sleep(0.02)
+        tokens = tuple(range(16))
+        publisher.publish([BlockStored((1, 2, 3, 4), None, tokens, 4)])
+        await wait_until(lambda: subscriber.last_applied(0) == publisher.next_seq - 1)
+        assert kv.index.find_matches(tokens) == {RoutingKey("e0", None): 1}
+    await wait_until(lambda: not before._ranks)  # the old subscription ended: its socket is closed
+    assert kv.stats()["subscribers"]["e0"]["events"] > 0
+
+
+def test_kv_routing_re_registers_ranks_when_the_dp_size_changes_and_keeps_a_same_endpoint_subscription(caplog):
+    import logging
+
+    from trio_direct.fleet.card import KvEventSource
+    from trio_direct.frontend.kv_routing import KvRouting
+    from trio_direct.routing.block_hash import RoutingKey
+
+    engine = kv_engine("e0", kv_events=(KvEventSource(0, "tcp://127.0.0.1:1"),))
+    kv = KvRouting(Fleet([engine], model=None), ServeConfig(router_mode="kv"))
+    [first] = kv.subscribers
+
+    old, engine.card = engine.card, changed(engine.card, url="grpc://elsewhere:1")
+    kv.engine_changed(engine, old)  # nothing KV routing depends on changed
+    assert kv.subscribers == [first]
+
+    ranks = (KvEventSource(0, "tcp://127.0.0.1:2"), KvEventSource(1, "tcp://127.0.0.1:3"))
+    old, engine.card = engine.card, changed(engine.card, dp_size=2, kv_events=ranks)
+    with caplog.at_level(logging.INFO, logger="trio_direct.frontend.kv_routing"):
+        kv.engine_changed(engine, old)
+    [line] = [r.getMessage() for r in caplog.records if "came back" in r.getMessage()]
+    assert "tcp://127.0.0.1:2, tcp://127.0.0.1:3 (was tcp://127.0.0.1:1" in line and "re-subscribed" in line
+    assert kv.index.workers() == [RoutingKey("e0", 0), RoutingKey("e0", 1)]
+    [subscriber] = kv.subscribers
+    assert subscriber is not first and subscriber.sources == ranks
+
+    old, engine.card = engine.card, changed(engine.card, role="decode", dp_size=1, kv_events=())
+    kv.engine_changed(engine, old)  # decode engines are routed by load alone
+    assert kv.index.workers() == [] and kv.subscribers == []

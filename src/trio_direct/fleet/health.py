@@ -3,9 +3,10 @@
 An engine is marked down after `failures_to_down` consecutive failed checks (a failure is an error
 or ``healthy: false``, each check bounded by `timeout`), or at once when a real request finds it
 unreachable (`EngineHealth.unreachable`). It is marked up again after a successful check and a fresh
-probe whose card still agrees with the fleet (same model, same block size); a changed card is
-applied, a changed model or block size is refused loudly and the engine stays down. Routing never
-picks a down engine (`Fleet.workers` skips it).
+probe whose card still agrees with the fleet (same model, same block size); a changed card that
+passes the frontend's own rules (`check_join`) is applied and reported (`on_change`: KV routing
+follows new KV-event endpoints), a changed model or block size, or a card the frontend refuses, is
+refused loudly and the engine stays down. Routing never picks a down engine (`Fleet.workers` skips it).
 
 Engines that were not up at start-up (`Fleet.pending`) are probed every `interval` instead; one
 whose probe works and whose card agrees with the fleet joins it (`Fleet.join`), and from then on is
@@ -22,7 +23,7 @@ import trio
 
 from trio_direct.engine.errors import EngineDeadlineExceeded, EngineError, EngineUnavailable
 from trio_direct.engine.transport import ChannelPool
-from trio_direct.fleet.card import CardError
+from trio_direct.fleet.card import CardError, EngineCard
 from trio_direct.fleet.fleet import Engine, Fleet, FleetError, PendingEngine
 from trio_direct.fleet.probe import probe_engine
 
@@ -44,6 +45,7 @@ class EngineHealth:
         on_down: Callable[[Engine], None] | None = None,
         check_join: Callable[[Engine], None] | None = None,
         on_join: Callable[[Engine], None] | None = None,
+        on_change: Callable[[Engine, EngineCard], None] | None = None,
     ) -> None:
         self.fleet = fleet
         self.pool = pool
@@ -52,10 +54,12 @@ class EngineHealth:
         self.failures_to_down = failures_to_down
         self.api = api
         self.on_down = on_down
-        #: The frontend's own rules for a joining engine (raise `FleetError` to refuse it), and
-        #: what joining means beyond routing (KV index, subscriptions).
+        #: The frontend's own rules for a joining engine, or one back with a changed card (raise
+        #: `FleetError` to refuse it), and what joining means beyond routing (KV index, subscriptions).
         self.check_join = check_join
         self.on_join = on_join
+        #: Called with the engine (its new card applied) and its old card when it came back changed.
+        self.on_change = on_change
         self._failures: dict[str, int] = {engine.id: 0 for engine in fleet.engines}
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -162,8 +166,17 @@ class EngineHealth:
             )  # fmt: skip
             return
         if card != engine.card:
+            if self.check_join is not None:
+                try:
+                    self.check_join(Engine(engine.id, card, probed.client, healthy=False))
+                except FleetError as error:
+                    log.error(
+                        "engine %s came back with a card this frontend refuses: %s; it stays down", engine.id, error
+                    )
+                    return
             log.info("engine %s came back with a changed card; applying it", engine.id)
-            engine.card = card
-            engine.client = probed.client
+            old, engine.card, engine.client = engine.card, card, probed.client
+            if self.on_change is not None:
+                self.on_change(engine, old)
         engine.healthy = True
         log.info("engine %s (%s) is up again (model %s)", engine.id, card.url, model.served_model_name)

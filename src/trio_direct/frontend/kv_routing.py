@@ -13,6 +13,10 @@ index per fleet, and a `KvRouter` weighs prefix overlap against load for every r
 - Disaggregated: the prefill pool is routed KV-aware, the decode pool by load only.
 - An engine that joins after start-up (`engine_joined`) is registered and subscribed to like the
   others; its subscription runs in `run`'s nursery, so it ends with the rest.
+- An engine that comes back with another card (`engine_changed`: a restart on new KV-event ports,
+  another DP size or role) gets a new subscription; the old one is cancelled through its own
+  cancel scope, so it stops dialling the old endpoints. A restart on the same endpoints keeps its
+  subscription: the subscriber sees the publisher's sequence restart by itself.
 """
 
 from __future__ import annotations
@@ -20,12 +24,14 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import trio
 
 from trio_direct.config import ServeConfig
 from trio_direct.engine.errors import EngineError
+from trio_direct.fleet.card import EngineCard
 from trio_direct.fleet.fleet import Engine, Fleet, Worker
 from trio_direct.routing.block_hash import RoutingKey
 from trio_direct.routing.kv_index import KvIndex
@@ -50,11 +56,21 @@ def routing_block_size(fleet: Fleet, configured: int | None) -> int:
 
 
 def _page_size(engine: Engine) -> int:
-    return engine.card.kv_block_size or engine.card.block_size or 1
+    return _page_size_of(engine.card)
+
+
+def _page_size_of(card: EngineCard) -> int:
+    return card.kv_block_size or card.block_size or 1
 
 
 def routing_key(worker: Worker) -> RoutingKey:
     return RoutingKey(worker.engine.id, worker.dp_rank)
+
+
+def _keys(engine_id: str, card: EngineCard) -> list[RoutingKey]:
+    """The routing keys of an engine with `card`: one, or one per DP rank."""
+    ranks = [None] if card.dp_size <= 1 else list(range(card.dp_size))
+    return [RoutingKey(engine_id, rank) for rank in ranks]
 
 
 class _IndexSink:
@@ -64,18 +80,38 @@ class _IndexSink:
         self._index = index
         self._engine = engine
         self._single_rank = engine.card.dp_size <= 1
+        #: Set when the subscription is replaced: a batch its cancelled task was already handed
+        #: comes from the old endpoints (or DP layout) and must not reach the index.
+        self.retired = False
 
     def _key(self, dp_rank: int) -> RoutingKey:
         return RoutingKey(self._engine.id, None if self._single_rank else dp_rank)
 
     def on_events(self, dp_rank: int, events: Sequence[Any]) -> None:
+        if self.retired:
+            return
         key = self._key(dp_rank)
         for event in events:
             self._index.apply(key, event)
 
     def on_clear(self, dp_rank: int, reason: str) -> None:
+        if self.retired:
+            return
         log.info("KV index of %s cleared: %s", self._key(dp_rank), reason)
         self._index.clear_worker(self._key(dp_rank))
+
+
+@dataclass(slots=True, eq=False)
+class _Subscription:
+    """One engine's subscriber, and the cancel scope that stops it alone (`engine_changed`)."""
+
+    subscriber: KvEventSubscriber
+    sink: _IndexSink
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        with self.scope:
+            await self.subscriber.run(task_status=task_status)
 
 
 class KvRouting:
@@ -98,20 +134,24 @@ class KvRouting:
         # Decode engines of a disaggregated fleet hold no reusable prefix: load alone decides.
         load_only = KvRouterConfig(overlap_score_credit=0.0, block_size=self.block_size, use_kv_events=False)
         self.decode_router = KvRouter(load_only)
-        self.subscribers: list[KvEventSubscriber] = []
+        #: Engine id → its running (or, before `run`, due) subscription.
+        self._subscriptions: dict[str, _Subscription] = {}
         self.load_poll_interval = config.load_poll_interval
         #: `run`'s nursery while it runs: where the subscriptions of engines that join later run.
         self._nursery: trio.Nursery | None = None
         for engine in fleet.engines:
             self._index_engine(engine)
 
-    def _index_engine(self, engine: Engine) -> KvEventSubscriber | None:
-        """Register the engine's ranks in the index; its subscriber (not yet running), if it has one."""
+    @property
+    def subscribers(self) -> list[KvEventSubscriber]:
+        return [subscription.subscriber for subscription in self._subscriptions.values()]
+
+    def _index_engine(self, engine: Engine) -> _Subscription | None:
+        """Register the engine's ranks in the index; its subscription (not yet running), if it has one."""
         if self.index is None or engine.card.role == "decode":
             return None
-        ranks = [None] if engine.card.dp_size <= 1 else list(range(engine.card.dp_size))
-        for rank in ranks:
-            self.index.register_worker(RoutingKey(engine.id, rank), _page_size(engine))
+        for key in _keys(engine.id, engine.card):
+            self.index.register_worker(key, _page_size(engine))
         if not engine.card.kv_events:
             log.warning(
                 "engine %s publishes no KV events: it is routed by load only (start SGLang with "
@@ -119,16 +159,17 @@ class KvRouting:
                 engine.id,
             )
             return None
-        subscriber = KvEventSubscriber(engine.id, engine.card.kv_events, _IndexSink(self.index, engine))
-        self.subscribers.append(subscriber)
-        return subscriber
+        sink = _IndexSink(self.index, engine)
+        subscription = _Subscription(KvEventSubscriber(engine.id, engine.card.kv_events, sink), sink)
+        self._subscriptions[engine.id] = subscription
+        return subscription
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Keep the index fed (and load polled) until cancelled."""
         try:
             async with trio.open_nursery() as nursery:
-                for subscriber in self.subscribers:
-                    await nursery.start(subscriber.run)
+                for subscription in list(self._subscriptions.values()):
+                    await nursery.start(subscription.run)
                 if self.load_poll_interval > 0:
                     nursery.start_soon(self._poll_load)
                 self._nursery = nursery
@@ -146,9 +187,47 @@ class KvRouting:
 
     def engine_joined(self, engine: Engine) -> None:
         """An engine joined the fleet after start-up: index it and follow its KV events."""
-        subscriber = self._index_engine(engine)
-        if subscriber is not None and self._nursery is not None:
-            self._nursery.start_soon(subscriber.run)
+        subscription = self._index_engine(engine)
+        if subscription is not None and self._nursery is not None:
+            self._nursery.start_soon(subscription.run)
+
+    def engine_changed(self, engine: Engine, old: EngineCard) -> None:
+        """`engine` came back with a card other than `old`: follow its KV events where they are now.
+
+        Only what KV routing depends on matters (role, DP size, page size, KV-event endpoints); an
+        engine back on the same endpoints keeps its subscription, which notices the publisher's
+        restart by itself. Otherwise the old subscription is cancelled (it would keep dialling
+        endpoints nobody publishes on), ranks that no longer exist leave the index and the
+        routers, and a new subscription starts from the new card.
+        """
+        new = engine.card
+        if (old.role, old.dp_size, _page_size_of(old), old.kv_events) == (
+            new.role, new.dp_size, _page_size_of(new), new.kv_events,
+        ):  # fmt: skip
+            return
+        stopped = self._subscriptions.pop(engine.id, None)
+        if stopped is not None:
+            stopped.sink.retired = True
+            stopped.scope.cancel()
+        gone = set(_keys(engine.id, old)) - set(_keys(engine.id, new))
+        for key in gone:
+            if self.index is not None:
+                self.index.remove_worker(key)
+            self.router.remove_worker(key)
+            self.decode_router.remove_worker(key)
+        if self.index is None:
+            return  # approximate mode: nothing subscribed, and new ranks are learnt as they are routed
+        if new.role == "decode":
+            for key in _keys(engine.id, new):
+                self.index.remove_worker(key)  # decode engines are routed by load alone
+        subscription = self._index_engine(engine)
+        if subscription is not None and self._nursery is not None:
+            self._nursery.start_soon(subscription.run)
+        log.info(
+            "engine %s came back with KV events at %s (was %s; %s, DP size %d, page %d): %s",
+            engine.id, _endpoints(new), _endpoints(old), new.role, new.dp_size, _page_size_of(new),
+            "re-subscribed" if subscription is not None else "routed by load only",
+        )  # fmt: skip
 
     async def _poll_load(self) -> None:
         while True:
@@ -175,12 +254,10 @@ class KvRouting:
 
     def engine_down(self, engine: Engine) -> None:
         """Forget what `engine` caches (its events stopped being trustworthy) and its load."""
-        for subscriber in self.subscribers:
-            if subscriber.engine == engine.id:
-                subscriber.engine_down()
-        ranks = [None] if engine.card.dp_size <= 1 else list(range(engine.card.dp_size))
-        for rank in ranks:
-            key = RoutingKey(engine.id, rank)
+        subscription = self._subscriptions.get(engine.id)
+        if subscription is not None:
+            subscription.subscriber.engine_down()
+        for key in _keys(engine.id, engine.card):
             if self.index is not None:
                 self.index.clear_worker(key)
             self.router.remove_worker(key)
@@ -216,3 +293,7 @@ class KvRouting:
             "index": self.index.stats() if self.index is not None else None,
             "subscribers": {s.engine: s.counters.as_dict() for s in self.subscribers},
         }
+
+
+def _endpoints(card: EngineCard) -> str:
+    return ", ".join(source.endpoint for source in card.kv_events) or "none"

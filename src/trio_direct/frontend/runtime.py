@@ -8,6 +8,7 @@ hypercorn beside it) and `hypercorn trio_direct.app:app` (whose lifespan starts 
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from collections.abc import Sequence
@@ -20,6 +21,7 @@ from trio_direct.config import ServeConfig
 from trio_direct.engine.errors import EngineError
 from trio_direct.engine.transport import ChannelPool, open_asyncio_loop
 from trio_direct.engine.types import EngineClient
+from trio_direct.fleet.card import EngineCard
 from trio_direct.fleet.fleet import Engine, Fleet, FleetError, FleetOverrides, Worker
 from trio_direct.fleet.health import EngineHealth
 from trio_direct.frontend.kv_routing import KvRouting
@@ -165,6 +167,11 @@ class Frontend:
         if self.kv is not None:
             self.kv.engine_joined(engine)
 
+    def engine_changed(self, engine: Engine, old_card: EngineCard) -> None:
+        """An engine came back with another card: in kv mode, follow its KV events where they are now."""
+        if self.kv is not None:
+            self.kv.engine_changed(engine, old_card)
+
     def engine_down(self, engine: Engine) -> None:
         """What an engine going down means beyond routing: its KV index entries are stale."""
         if self.kv is not None:
@@ -302,6 +309,7 @@ async def run_frontend(config: ServeConfig, *, task_status: trio.TaskStatus[Fron
                     on_down=frontend.engine_down,
                     check_join=frontend.check_join,
                     on_join=frontend.engine_joined,
+                    on_change=frontend.engine_changed,
                 )
                 await nursery.start(frontend.health.run)
             elif fleet.pending:
@@ -317,6 +325,10 @@ async def run_frontend(config: ServeConfig, *, task_status: trio.TaskStatus[Fron
                 "; not up yet: " + ", ".join(f"{p.id}={p.url}" for p in fleet.pending) if fleet.pending else "",
             )
             nursery.start_soon(monitor_loop_lag)
+            # Everything loaded so far (modules, tokenizer, templates) lives as long as the process:
+            # keep it out of the cyclic GC, whose full collections otherwise walk those ~60k
+            # objects each time and stall every stream for tens of milliseconds.
+            gc.freeze()
             task_status.started(frontend)
             await trio.sleep_forever()
         finally:
