@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+import h2.connection
+import h2.settings
 import pytest
 import trio
 
@@ -141,6 +143,137 @@ async def test_an_engine_that_is_down_fails_fast_as_unavailable(aio_loop):
         async with channel.open_stream(GENERATE, pb.GenerateRequest(), pb.GenerateResponse, timeout=5) as stream:
             async for _ in stream:
                 pass
+    channel.close()
+
+
+def advertise_stream_limit(monkeypatch: pytest.MonkeyPatch, limit: int | None) -> None:
+    """Servers accepting connections from now on advertise (and enforce) this stream limit.
+
+    h2 hardcodes 100 in a server's first SETTINGS frame; None advertises no limit at all.
+    """
+
+    class ServerSettings(h2.settings.Settings):
+        def __init__(self, client: bool = True, initial_values: dict | None = None) -> None:
+            if not client and initial_values:  # a server's own settings (its peer's have no initial values)
+                initial_values = dict(initial_values)
+                initial_values.pop(h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS)
+                if limit is not None:
+                    initial_values[h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS] = limit
+            super().__init__(client, initial_values)
+
+    monkeypatch.setattr(h2.connection, "Settings", ServerSettings)
+
+
+@pytest.mark.parametrize(("limit", "connections"), [(4, 3), (None, 1)])
+async def test_streams_past_the_engines_limit_all_run_and_control_calls_never_wait_behind_them(
+    fake_engine_factory, monkeypatch, limit, connections
+):
+    """10 streams held open at once on a fresh channel; a health check still answers at once."""
+    advertise_stream_limit(monkeypatch, limit)
+    engine = await fake_engine_factory(TYPES)
+    held, health_peers = [], []
+
+    def generate(call):
+        held.append(call)
+        call.send(pb.GenerateResponse(output_ids=[1]))  # and never finish
+
+    def health(call):
+        health_peers.append(call.peer)
+        call.send(pb.HealthCheckResponse(healthy=True))
+        call.finish()
+
+    engine.handlers[GENERATE] = generate
+    engine.handlers[HEALTH] = health
+    channel = engine.channel()
+    started = []
+
+    async def hold_a_stream() -> None:
+        async with channel.open_stream(GENERATE, pb.GenerateRequest(), pb.GenerateResponse, timeout=None) as stream:
+            async for _message in stream:
+                started.append(1)
+                await trio.sleep_forever()
+
+    async with trio.open_nursery() as streams:
+        for _ in range(10):
+            streams.start_soon(hold_a_stream)
+        await wait_until(lambda: len(started) == 10)
+        with trio.fail_after(2):
+            reply = await channel.unary(HEALTH, pb.HealthCheckRequest(), pb.HealthCheckResponse, timeout=2)
+        assert reply.healthy
+        stream_peers = {call.peer for call in held}
+        assert len(stream_peers) == connections, "a connection per `limit` streams"
+        assert health_peers[0] not in stream_peers, "control calls have a connection of their own"
+        streams.cancel_scope.cancel()
+    await wait_until(lambda: all(call.done for call in held))  # every stream reset at the engine
+    channel.close()
+
+
+async def test_a_tiny_stream_limit_does_not_open_connections_without_bound(fake_engine_factory, monkeypatch):
+    """Past 32 connections a stream waits in grpclib's queue instead, and still completes."""
+    advertise_stream_limit(monkeypatch, 1)
+    engine = await fake_engine_factory(TYPES)
+    peers, held = set(), []
+    released = False
+
+    def generate(call):
+        peers.add(call.peer)
+        call.send(pb.GenerateResponse(output_ids=[1]))
+        if released:
+            call.finish()
+        else:
+            held.append(call)
+
+    engine.handlers[GENERATE] = generate
+    channel = engine.channel()
+    received = []
+
+    async def one_stream() -> None:
+        async with channel.open_stream(GENERATE, pb.GenerateRequest(), pb.GenerateResponse, timeout=10) as stream:
+            received.extend([message async for message in stream])
+
+    async with trio.open_nursery() as streams:
+        for _ in range(40):
+            streams.start_soon(one_stream)
+        await wait_until(lambda: len(held) == 32)
+        released = True
+        for call in held:
+            call.finish()
+    assert len(received) == 40
+    assert len(peers) == 32
+    channel.close()
+
+
+async def test_closing_a_channel_drops_every_connection(fake_engine_factory, monkeypatch):
+    advertise_stream_limit(monkeypatch, 2)
+    engine = await fake_engine_factory(TYPES)
+    held = []
+
+    def generate(call):
+        held.append(call)
+        call.send(pb.GenerateResponse(output_ids=[1]))
+
+    engine.handlers[GENERATE] = generate
+    engine.handlers[HEALTH] = lambda call: (call.send(pb.HealthCheckResponse(healthy=True)), call.finish())
+    channel = engine.channel()
+    failures = []
+
+    async def hold_a_stream() -> None:
+        try:
+            async with channel.open_stream(GENERATE, pb.GenerateRequest(), pb.GenerateResponse, timeout=None) as stream:
+                async for _message in stream:
+                    pass
+        except errors.EngineUnavailable:
+            failures.append(1)
+
+    async with trio.open_nursery() as streams:
+        for _ in range(5):
+            streams.start_soon(hold_a_stream)
+        await wait_until(lambda: len(held) == 5)
+        assert (await channel.unary(HEALTH, pb.HealthCheckRequest(), pb.HealthCheckResponse, timeout=2)).healthy
+        channel.close()
+        await wait_until(lambda: len(failures) == 5)  # in-flight streams on all three connections fail
+    await wait_until(lambda: all(call.done for call in held))
+    assert (await channel.unary(HEALTH, pb.HealthCheckRequest(), pb.HealthCheckResponse, timeout=2)).healthy
     channel.close()
 
 

@@ -7,6 +7,10 @@ thread). Cancelling the trio side cancels that one asyncio task, whose ``async w
 channel.request(...)`` exit then runs *inside asyncio* and resets the HTTP/2 stream, so the engine sees
 the cancel. Wrapping grpclib's stream context manager from trio instead leaks the stream (§2.3).
 
+Each engine gets several HTTP/2 connections: one for control (unary) calls, so a health check or an
+`Abort` never waits behind generations, and as many for streams as the peer's
+SETTINGS_MAX_CONCURRENT_STREAMS needs (past it grpclib queues a new stream until another closes).
+
 The server half serves gRPC to the mock engine with plain synchronous handlers: a handler gets a
 `ServerCall`, pushes replies with `send()` and ends with `finish()`/`fail()`; the asyncio side drains
 them. One asyncio task per call again, no per-message crossing.
@@ -28,10 +32,13 @@ from typing import Any
 import trio
 import trio_asyncio
 from grpclib.client import Channel
+from grpclib.client import Handler as ClientHandler
 from grpclib.config import Configuration
 from grpclib.const import Cardinality, Handler, Status
 from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
+from grpclib.protocol import H2Protocol
 from grpclib.server import Server
+from h2.events import RemoteSettingsChanged
 
 from trio_direct.exception_groups import unwrap_single_exception
 from trio_direct.engine.errors import (
@@ -57,6 +64,12 @@ _HTTP2_CONFIG = Configuration(
     http2_connection_window_size=16 * 1024 * 1024,
     http2_stream_window_size=4 * 1024 * 1024,
 )
+
+#: The stream limit assumed for a peer whose SETTINGS never came; h2 and grpclib servers advertise 100.
+_DEFAULT_STREAM_LIMIT = 100
+
+#: Stream connections per engine at most (3,200 streams at a limit of 100, more than an engine runs).
+_MAX_STREAM_CONNECTIONS = 32
 
 
 #: The loop opened by `open_asyncio_loop`, for tasks that do not inherit its contextvar: hypercorn's
@@ -131,8 +144,69 @@ class MessageStream:
         return item
 
 
+class _ClientProtocol(H2Protocol):
+    """grpclib's client protocol, reporting the peer's stream limit whenever its SETTINGS arrive."""
+
+    def __init__(self, *args: Any, report: Callable[[int | None], None]) -> None:
+        super().__init__(*args)
+        self._report = report
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        processors = self.processor.processors
+        process = processors[RemoteSettingsChanged]
+        peer_settings = self.connection._connection.remote_settings  # noqa: SLF001 - h2's view of the peer
+
+        def settings_changed(event: RemoteSettingsChanged) -> None:
+            process(event)
+            self._report(peer_settings.max_concurrent_streams)  # h2: 2**32+1 when the peer sets none
+
+        processors[RemoteSettingsChanged] = settings_changed
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        super().connection_lost(exc)
+        self._report(None)  # wakes a stream waiting for SETTINGS that will never come
+
+
+class _Connection(Channel):
+    """One HTTP/2 connection to an engine, with the count of streams this client has open on it.
+
+    Created on the asyncio side (grpclib binds the running loop); reconnects on use after a loss.
+    """
+
+    def __init__(self, host: str, port: int) -> None:
+        super().__init__(host, port, config=_HTTP2_CONFIG)
+        self.open_streams = 0
+        #: The peer's SETTINGS_MAX_CONCURRENT_STREAMS; None until its first SETTINGS frame (or a wait
+        #: for it) settled it. Kept across reconnects: the same engine most likely answers again.
+        self.stream_limit: int | None = None
+        self._settled = asyncio.Event()
+
+    def _protocol_factory(self) -> H2Protocol:
+        return _ClientProtocol(ClientHandler(), self._config, self._h2_config, report=self._limit_reported)
+
+    def _limit_reported(self, limit: int | None) -> None:
+        if limit is not None:
+            self.stream_limit = limit
+        self._settled.set()
+
+    async def learn_stream_limit(self, timeout: float) -> None:
+        """Wait for the peer's first SETTINGS; a peer that sends none gets the default limit."""
+        if self.stream_limit is None:
+            try:
+                await asyncio.wait_for(self._settled.wait(), timeout)
+            except asyncio.TimeoutError:
+                pass
+            if self.stream_limit is None:
+                self.stream_limit = _DEFAULT_STREAM_LIMIT
+
+
 class EngineChannel:
-    """One engine's HTTP/2 connection, connected on first use and reconnected after a loss.
+    """One engine's HTTP/2 connections, connected on first use and reconnected after a loss.
+
+    Control calls (every unary call: health, abort, load, info) have a connection of their own, so
+    they never queue behind generation streams. Streams fill a connection up to the limit its peer
+    advertised (grpclib would queue the next one until a stream closes) and then open another.
 
     Must be used inside `open_asyncio_loop()`. `close()` it before that loop ends.
     """
@@ -142,7 +216,8 @@ class EngineChannel:
         self.port = port
         self.connect_timeout = connect_timeout
         self.name = f"{host}:{port}"
-        self._channel: Channel | None = None
+        self._control: _Connection | None = None
+        self._streaming: list[_Connection] = []
 
     # --- trio side -------------------------------------------------------------------------------
 
@@ -177,30 +252,55 @@ class EngineChannel:
                 send.send_nowait(_Failure(error))
 
     def close(self) -> None:
-        """Drop the connection; in-flight calls fail as unavailable."""
-        if self._channel is not None:
-            self._channel.close()
-            self._channel = None
+        """Drop every connection; in-flight calls fail as unavailable."""
+        connections, self._streaming = self._streaming, []
+        if self._control is not None:
+            connections.append(self._control)
+            self._control = None
+        for connection in connections:
+            connection.close()
 
     # --- asyncio side ----------------------------------------------------------------------------
 
-    async def _connected(self) -> Channel:
-        if self._channel is None:
-            self._channel = Channel(self.host, self.port, config=_HTTP2_CONFIG)
-        elif self._channel._connected:  # noqa: SLF001 - the hot path: no task for an open connection
-            return self._channel
+    async def _connected(self, connection: _Connection) -> _Connection:
+        if connection._connected:  # noqa: SLF001 - the hot path: no task for an open connection
+            return connection
         try:
-            await asyncio.wait_for(self._channel.__connect__(), self.connect_timeout)
+            await asyncio.wait_for(connection.__connect__(), self.connect_timeout)
         except asyncio.TimeoutError:
             raise EngineUnavailable(
                 f"connect timed out after {self.connect_timeout:g}s", engine=self.name
             ) from None
         except OSError as error:
             raise EngineUnavailable(f"cannot connect: {error.strerror or error}", engine=self.name) from None
-        return self._channel
+        return connection
+
+    async def _stream_connection(self) -> _Connection:
+        """A connection with room for one more stream, that slot reserved; opens one when all are full."""
+        while True:
+            for connection in self._streaming:
+                limit = connection.stream_limit
+                if limit is None:  # new: its peer's first SETTINGS tell how many streams fit
+                    await self._connected(connection)
+                    await connection.learn_stream_limit(self.connect_timeout)
+                    break  # rescan: the list may have changed meanwhile
+                if connection.open_streams < limit:
+                    connection.open_streams += 1
+                    return connection
+            else:
+                if len(self._streaming) < _MAX_STREAM_CONNECTIONS:
+                    self._streaming.append(_Connection(self.host, self.port))
+                    continue
+                # A peer advertising 0 (or tiny) limits must not make us open connections forever:
+                # past the cap, grpclib queues the stream on the least loaded connection.
+                connection = min(self._streaming, key=lambda c: c.open_streams)
+                connection.open_streams += 1
+                return connection
 
     async def _unary_aio(self, path, request, response_type, timeout):
-        channel = await self._connected()
+        if self._control is None:
+            self._control = _Connection(self.host, self.port)
+        channel = await self._connected(self._control)
         try:
             async with channel.request(
                 path, Cardinality.UNARY_UNARY, type(request), response_type, timeout=timeout
@@ -211,8 +311,9 @@ class EngineChannel:
             raise self._typed(error) from None
 
     async def _stream_aio(self, path, request, response_type, timeout, send) -> None:
-        channel = await self._connected()
+        connection = await self._stream_connection()
         try:
+            channel = await self._connected(connection)
             async with channel.request(
                 path, Cardinality.UNARY_STREAM, type(request), response_type, timeout=timeout
             ) as stream:
@@ -222,6 +323,8 @@ class EngineChannel:
                     push(message)
         except Exception as error:  # noqa: BLE001
             raise self._typed(error) from None
+        finally:
+            connection.open_streams -= 1
 
     def _typed(self, error: Exception) -> EngineError:
         if isinstance(error, EngineError):
