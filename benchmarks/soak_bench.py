@@ -88,6 +88,8 @@ def on_usr1(signum, frame):
     for kind, count in kinds.most_common(40):
         print(f"{stamp()} SOAK-DIAG   {count:8d} {kind}", file=sys.stderr, flush=True)
 signal.signal(signal.SIGUSR1, on_usr1)
+if os.environ.get("SOAK_GC_THRESHOLD"):
+    gc.set_threshold(*map(int, os.environ["SOAK_GC_THRESHOLD"].split(",")))
 sys.argv = ["trio_direct", *sys.argv[1:]]
 runpy.run_module("trio_direct", run_name="__main__", alter_sys=True)
 """
@@ -363,6 +365,7 @@ def main() -> None:
     parser.add_argument("--num-blocks", type=int, default=1_000_000, help="mock KV pages: room for every stream")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks/results/soak/soak.json")
     parser.add_argument("--diagnose", action="store_true", help="log GC pauses and GIL stalls of the frontend (see DIAGNOSE_WRAPPER)")
+    parser.add_argument("--gc-threshold", help="with --diagnose: gc.set_threshold(...) in the frontend, e.g. 20000,20,100")
     parser.add_argument("--gc-freeze", action="store_true", help="with --diagnose: gc.freeze() the frontend once it is up")
     parser.add_argument("--frontend-arg", action="append", default=[], help="extra `trio-direct serve` argument")
     args = parser.parse_args()
@@ -381,6 +384,8 @@ def main() -> None:
             "--max-concurrent-requests", "0", *(f"--engine-url=127.0.0.1:{p}" for p in ports), *args.frontend_arg,
         ]  # fmt: skip
         env = os.environ | ({"SOAK_GC_FREEZE": "1"} if args.gc_freeze else {})
+        if args.gc_threshold:
+            env["SOAK_GC_THRESHOLD"] = args.gc_threshold
         frontend = children.start(command, stdout=frontend_log, stderr=subprocess.STDOUT, env=env)
         try:
             wait_http(port)

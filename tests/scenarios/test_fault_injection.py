@@ -408,12 +408,6 @@ async def test_an_engine_killed_mid_stream_fails_its_streams_cleanly_and_rejoins
     await kill_and_restart_an_engine(nursery, new_kv_port=False)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: KvRouting keeps the KvEventSubscriber built from the engine's first card; when the engine "
-    "comes back with a new kv_events endpoint, EngineHealth._bring_back applies the new card but nothing "
-    "re-subscribes, so the restarted engine's KV events are never indexed",
-)
 async def test_an_engine_that_comes_back_on_a_new_kv_events_port_is_indexed_again(aio_loop, nursery):
     await kill_and_restart_an_engine(nursery, new_kv_port=True)
 
@@ -619,14 +613,6 @@ async def test_after_lost_kv_history_new_prompts_are_indexed_again(aio_loop, nur
 # ---- 4. a client that vanishes while its response is being written ------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: asgi_completions._stream calls chunks.aclose() on stream_completion, an async generator "
-    "suspended inside run_choices' nursery; when the disconnect's Cancelled lands in _stream (awaiting "
-    "response.body), the nursery exits with [Cancelled, GeneratorExit], unwrap_single_exception leaves "
-    "the pair grouped, the cancel scope strips Cancelled, and BaseExceptionGroup([GeneratorExit]) escapes "
-    "to the server ('Error in ASGI Framework' in hypercorn's log)",
-)
 async def test_a_client_gone_while_a_chunk_is_being_written_ends_the_request_quietly(
     aio_loop, nursery, mock_engine_factory
 ):
@@ -674,13 +660,6 @@ async def test_a_client_gone_while_a_chunk_is_being_written_ends_the_request_qui
 # ---- 5. many streams on one engine ----------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: every call to an engine shares one HTTP/2 connection (ChannelPool), and grpclib servers "
-    "(h2) allow 100 concurrent streams; past that grpclib's client queues new streams until one closes "
-    "(grpclib/protocol.py, TooManyStreamsError), so HealthCheck and Abort wait behind long generations: "
-    "the health check times out and a healthy engine is marked down (503), Aborts time out",
-)
 async def test_more_than_a_hundred_streams_do_not_get_a_healthy_engine_marked_down(aio_loop, nursery):
     engine = await start_mock_engine(nursery, INCREMENTAL)  # real speed: ~6 ms a token
     health = ("--health-interval", "0.3", "--health-timeout", "1")

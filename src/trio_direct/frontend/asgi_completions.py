@@ -165,26 +165,30 @@ def _count_tokens(model: str, completion: completions.Completion) -> None:
 
 
 async def _stream(frontend: Frontend, completion: completions.Completion, response: _Response, started: float) -> None:
-    chunks = completions.stream_completion(frontend, completion)
     ttft = metrics.TTFT.labels(frontend.model_name)
     gaps = metrics.INTER_TOKEN.labels(frontend.model_name)
     last = None
-    try:
-        async for chunk in chunks:
-            if not response.started:  # the first item comes once the engine calls are dispatched
-                await response.start(200, _SSE_HEADERS)
-            if chunk:
-                now = time.perf_counter()
-                if last is None:
-                    ttft.observe(now - started)
-                else:
-                    gaps.observe(now - last)
-                last = now
-                await response.body(chunk)
-        _count_tokens(frontend.model_name, completion)
-        await response.end()
-    finally:
-        await chunks.aclose()
+
+    async def write(chunk: bytes) -> None:
+        nonlocal last
+        now = time.perf_counter()
+        if last is None:
+            ttft.observe(now - started)
+        else:
+            gaps.observe(now - last)
+        last = now
+        await response.body(chunk)
+
+    # This task enters the request's nursery itself (`open_stream`): a disconnect that cancels a
+    # write here tears the engine calls down through plain `async with` exits.
+    async with completions.open_stream(frontend, completion) as stream:
+        await response.start(200, _SSE_HEADERS)  # the engine calls are dispatched
+        async for chunk in stream:
+            await write(chunk)
+    for chunk in stream.ending():
+        await write(chunk)
+    _count_tokens(frontend.model_name, completion)
+    await response.end()
 
 
 async def _read_body(receive: Receive, limit: int) -> bytes | None:

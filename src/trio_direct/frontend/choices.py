@@ -191,17 +191,24 @@ async def run_choices(
 
 
 class ChoiceEvents:
-    """Batches of events as they come; raises a choice's engine failure where it happened."""
+    """Batches of events as they come; raises a choice's engine failure where it happened.
 
-    __slots__ = ("_receive",)
+    A failure that arrived behind events of the same batch is raised on the next call, so the
+    events before it still go out.
+    """
+
+    __slots__ = ("_receive", "_failure")
 
     def __init__(self, receive: trio.MemoryReceiveChannel) -> None:
         self._receive = receive
+        self._failure: EngineError | None = None
 
     def __aiter__(self) -> ChoiceEvents:
         return self
 
     async def __anext__(self) -> list[ChoiceEvent]:
+        if self._failure is not None:
+            raise self._failure
         try:
             batch = [await self._receive.receive()]
         except trio.EndOfChannel:
@@ -211,9 +218,12 @@ class ChoiceEvents:
                 batch.append(self._receive.receive_nowait())
             except (trio.WouldBlock, trio.EndOfChannel):
                 break
-        for item in batch:
+        for position, item in enumerate(batch):
             if type(item) is ChoiceFailed:
-                raise item.error
+                if position == 0:
+                    raise item.error
+                self._failure = item.error
+                return batch[:position]
         return batch
 
 

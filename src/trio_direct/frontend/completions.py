@@ -56,7 +56,7 @@ from trio_direct.text.stop_strings import StopStringMatcher
 
 log = logging.getLogger(__name__)
 
-#: Scheduler rounds a streamed response waits before writing its headers (see stream_completion).
+#: Scheduler rounds a streamed response waits before writing its headers (see open_stream).
 _DISPATCH_ROUNDS = 4
 
 #: Prompts longer than this (characters) are rendered and tokenized on a worker thread, so that one
@@ -384,41 +384,106 @@ async def _run(frontend: Frontend, completion: Completion) -> AsyncIterator[Choi
         frontend.release(completion.key)
 
 
-async def stream_completion(frontend: Frontend, completion: Completion) -> AsyncIterator[bytes]:
-    """The SSE body: an empty item once the engine calls are dispatched, then the chunks.
+@asynccontextmanager
+async def open_stream(frontend: Frontend, completion: Completion) -> AsyncIterator[CompletionStream]:
+    """Route the request and dispatch its engine calls; read the SSE chunks from the yielded stream.
 
-    Everything that queued up while the client was slow goes out as one write.
+    The request's nursery lives in this block, which the caller's own task enters, so no chunk is
+    ever handed over from inside it by a suspended generator (PEP 789): a client that leaves while a
+    chunk is being written cancels the caller's task, and the block tears the engine calls down.
+    After the block, `CompletionStream.ending` gives the chunks that close the stream, including a
+    failure the choices' nursery raised on its way out.
     """
-    cid, created, model = completion.id, completion.created, completion.model
+    stream = CompletionStream(completion)
+    dispatched = False
     try:
         async with _run(frontend, completion) as batches:
-            # An empty first item marks "dispatched": the response headers go out only now, and
-            # the opening chunks only with the first output, so no socket write holds up the
-            # dispatch of the engine calls. The few scheduling rounds let the choice tasks get
-            # their requests onto the wire (choice task -> transport pump -> asyncio coroutine).
+            # Yielded only once the engine calls are dispatched, so the caller writes the response
+            # headers now, and the opening chunks only with the first output: no socket write holds
+            # up the dispatch. The few scheduling rounds let the choice tasks get their requests
+            # onto the wire (choice task -> transport pump -> asyncio coroutine).
             for _ in range(_DISPATCH_ROUNDS):
                 await trio.lowlevel.checkpoint()
-            yield b""
-            opening = _opening(completion)
-            async for batch in batches:
-                out = [opening] if opening else []
-                opening = b""
-                for event in _merge(batch):
-                    if event.finish_reason == "abort":
-                        raise _EngineAbort(event)
-                    out.append(_chunk(completion, event))
-                if data := b"".join(out):
-                    yield data
+            stream._batches = batches
+            dispatched = True
+            yield stream
+    # Failures the choices' nursery raised on its way out. Before the stream was handed over nothing
+    # is written yet, so the caller answers with a status instead.
     except EngineError as error:
-        yield responses.error_chunk(engine_error_response(error))
-    except _EngineAbort as abort:
-        yield responses.error_chunk(_abort_error(abort.event))
+        if not dispatched:
+            raise engine_error_response(error) from None
+        stream._fail(engine_error_response(error))
     except OpenAIError as error:
-        yield responses.error_chunk(error)
-    else:
+        if not dispatched:
+            raise
+        stream._fail(error)
+    finally:
+        stream._batches = None
+
+
+class CompletionStream:
+    """The SSE chunks of one streamed completion (see `open_stream`).
+
+    Iterating gives one write per batch of choice events (everything that queued up while the
+    client was slow goes out at once) until the choices end or one fails; `ending` then gives the
+    closing chunks. A plain iterator: it holds no nursery or cancel scope, so it can be abandoned
+    at any await.
+    """
+
+    __slots__ = ("_completion", "_batches", "_opening", "_failure")
+
+    def __init__(self, completion: Completion) -> None:
+        self._completion = completion
+        self._batches: ChoiceEvents | None = None
+        self._opening = _opening(completion)
+        self._failure: OpenAIError | None = None
+
+    def __aiter__(self) -> CompletionStream:
+        return self
+
+    async def __anext__(self) -> bytes:
+        while self._batches is not None:
+            try:
+                batch = await self._batches.__anext__()
+            except StopAsyncIteration:
+                break
+            except EngineError as error:
+                self._fail(engine_error_response(error))
+                break
+            except OpenAIError as error:
+                self._fail(error)
+                break
+            if data := self._encode(batch):
+                return data
+        self._batches = None
+        raise StopAsyncIteration
+
+    def ending(self) -> list[bytes]:
+        """The closing chunks: the failure, or the usage when asked for; then ``[DONE]``."""
+        completion = self._completion
+        if self._failure is not None:
+            return [responses.error_chunk(self._failure), responses.DONE]
         if completion.include_usage:
-            yield responses.usage_chunk(cid, created, model, completion.usage(), chat=completion.chat)
-    yield responses.DONE
+            usage = completion.usage()
+            chunk = responses.usage_chunk(completion.id, completion.created, completion.model, usage, chat=completion.chat)
+            return [chunk, responses.DONE]
+        return [responses.DONE]
+
+    def _encode(self, batch: list[ChoiceEvent]) -> bytes:
+        out = [self._opening] if self._opening else []
+        for event in _merge(batch):
+            if event.finish_reason == "abort":
+                self._fail(_abort_error(event))
+                return b""
+            out.append(_chunk(self._completion, event))
+        self._opening = b""
+        return b"".join(out)
+
+    def _fail(self, error: OpenAIError) -> None:
+        """End the stream: no more chunks; `ending` reports `error` (the first failure wins)."""
+        self._batches = None
+        if self._failure is None:
+            self._failure = error
 
 
 def _opening(completion: Completion) -> bytes:
@@ -433,11 +498,6 @@ def _opening(completion: Completion) -> bytes:
             for p in completion.plans
         )
     return b""
-
-
-class _EngineAbort(Exception):
-    def __init__(self, event: ChoiceEvent) -> None:
-        self.event = event
 
 
 def _merge(batch: list[ChoiceEvent]) -> list[ChoiceEvent]:

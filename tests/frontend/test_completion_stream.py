@@ -1,0 +1,200 @@
+"""A streamed completion's SSE chunks, read in the caller's own task (`completions.open_stream`).
+
+A scripted in-process engine client stands in for the gRPC transport, so these run in milliseconds:
+what is asserted is what the client would read, and what the engine and the router are told.
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import pytest
+import trio
+
+from trio_direct.config import ServeConfig
+from trio_direct.engine.errors import EngineError, EngineInternal
+from trio_direct.engine.types import GenerateChunk, GenerateInput
+from trio_direct.fleet.fleet import Engine, Fleet
+from trio_direct.frontend import completions
+from trio_direct.frontend.choices import ChoiceOutput, ChoicePlan
+from trio_direct.frontend.runtime import Frontend
+from trio_direct.openai.errors import OpenAIError
+from trio_direct.openai.requests import decode_completion_request
+from trio_direct.routing.simple import NoWorkerAvailable, RoundRobinRouter
+
+HANG = object()  # in a script: the engine sends nothing more until the call is left
+
+
+class Chunks:
+    """What `EngineClient.generate` yields: scripted chunks one at a time, then an end, an error or
+    a hang (each chunk arrives on its own, as from a fast engine)."""
+
+    def __init__(self, script: list) -> None:
+        self._script = list(script)
+
+    def __aiter__(self) -> Chunks:
+        return self
+
+    async def __anext__(self) -> GenerateChunk:
+        await trio.lowlevel.checkpoint()
+        if not self._script:
+            raise StopAsyncIteration
+        item = self._script.pop(0)
+        if item is HANG:
+            await trio.sleep_forever()
+        if isinstance(item, EngineError):
+            raise item
+        return item
+
+    def next_nowait(self) -> GenerateChunk:
+        raise trio.WouldBlock
+
+
+@dataclass(eq=False)
+class ScriptedEngine:
+    """An engine client whose every generation plays `script`; records aborts and open calls."""
+
+    script: list
+    api: str = "native"
+    name: str = "scripted"
+    aborted: list[str] = field(default_factory=list)
+    open_calls: int = 0
+
+    @asynccontextmanager
+    async def generate(self, request: GenerateInput):
+        self.open_calls += 1
+        try:
+            yield Chunks(self.script)
+        finally:
+            self.open_calls -= 1
+
+    async def abort(self, rid: str, *, timeout: float = 5.0) -> bool:
+        self.aborted.append(rid)
+        return True
+
+
+@dataclass(eq=False)
+class LoadLedger:
+    """Stands in for kv routing: records the load a request holds until it is released."""
+
+    held: set[str] = field(default_factory=set)
+    router: object = None
+
+    def choose(self, router, workers, token_ids, request_id):
+        if not workers:
+            raise NoWorkerAvailable("no healthy engine")
+        self.held.add(request_id)
+        return workers[0], None
+
+    def free(self, request_id: str) -> None:
+        self.held.discard(request_id)
+
+    def first_token(self, request_id: str) -> None:
+        pass
+
+
+class Digits:
+    """A detokenizer: token id 3 reads '3'."""
+
+    def push(self, token_ids: list[int]) -> str:
+        return "".join(str(t) for t in token_ids)
+
+    def flush(self) -> str:
+        return ""
+
+
+def setup(script: list, *, n: int = 1, include_usage: bool = False, healthy: bool = True):
+    client = ScriptedEngine(script)
+    card = SimpleNamespace(role="aggregated", dp_size=1, url="grpc://scripted:1")
+    engine = Engine("e0", card, client, healthy=healthy)
+    ledger = LoadLedger()
+    frontend = Frontend(
+        ServeConfig(), Fleet([engine], model=None), RoundRobinRouter(), tokenizer=None, chat_template_override=None, kv=ledger
+    )
+    body = {"model": "m", "prompt": "go", "stream": True, "n": n}
+    if include_usage:
+        body["stream_options"] = {"include_usage": True}
+    request = decode_completion_request(json.dumps(body).encode())
+    plans = [
+        ChoicePlan(None, GenerateInput(rid=f"{'a' * 32}{i:04x}", input_ids=[1, 2]), ChoiceOutput(i, Digits()))
+        for i in range(n)
+    ]
+    completion = completions.Completion(
+        id="cmpl-x", key="a" * 32, created=0, model="m", chat=False, plans=plans,
+        prompts=[completions.Prompt([1, 2], "go")], request=request, token_text=str,
+    )  # fmt: skip
+    return frontend, completion, client, ledger
+
+
+def events(chunks: list[bytes]) -> list:
+    """The SSE events the client reads: JSON objects, and "[DONE]"."""
+    out = []
+    for line in b"".join(chunks).decode().splitlines():
+        if line.startswith("data: "):
+            data = line.removeprefix("data: ")
+            out.append(data if data == "[DONE]" else json.loads(data))
+    return out
+
+
+async def read_all(frontend, completion) -> tuple[list[bytes], list[bytes]]:
+    """The writes during the stream, and the closing writes after it."""
+    written = []
+    async with completions.open_stream(frontend, completion) as stream:
+        async for chunk in stream:
+            written.append(chunk)
+    return written, stream.ending()
+
+
+async def test_tokens_stream_then_done_and_the_load_is_released():
+    script = [GenerateChunk([3]), GenerateChunk([4], finish_reason="length", prompt_tokens=2, completion_tokens=2)]
+    frontend, completion, client, ledger = setup(script, include_usage=True)
+    written, ending = await read_all(frontend, completion)
+    body = events(written)
+    assert "".join(e["choices"][0]["text"] for e in body) == "34"
+    assert body[-1]["choices"][0]["finish_reason"] == "length"
+    usage, done = events(ending)
+    assert usage["usage"]["completion_tokens"] == 2 and done == "[DONE]"
+    assert client.aborted == [] and client.open_calls == 0 and not ledger.held
+
+
+async def test_an_engine_failure_mid_stream_ends_it_with_an_error_event_then_done():
+    frontend, completion, client, ledger = setup([GenerateChunk([3]), EngineInternal("boom")])
+    written, ending = await read_all(frontend, completion)
+    assert events(written)[0]["choices"][0]["text"] == "3"
+    error, done = events(ending)
+    assert error["error"]["message"] == "The engine failed to complete the request." and done == "[DONE]"
+    assert client.aborted == [] and not ledger.held  # the engine itself ended the request
+
+
+async def test_an_engine_abort_ends_the_stream_with_an_error_event():
+    script = [GenerateChunk([3], finish_reason="abort", abort_message="preempted")]
+    frontend, completion, _client, ledger = setup(script)
+    written, ending = await read_all(frontend, completion)
+    assert written == []
+    error, done = events(ending)
+    assert "preempted" in error["error"]["message"] and done == "[DONE]"
+    assert not ledger.held
+
+
+async def test_a_caller_cancelled_mid_write_leaves_quietly_and_aborts_every_choice():
+    """The disconnect case: the caller's task is cancelled while it writes a chunk."""
+    frontend, completion, client, ledger = setup([GenerateChunk([3]), HANG], n=2)
+    with trio.CancelScope() as request:
+        async with completions.open_stream(frontend, completion) as stream:
+            async for _chunk in stream:
+                request.cancel()
+                await trio.sleep_forever()  # the write the client never takes
+    assert request.cancelled_caught  # nothing but the cancellation left the block
+    assert sorted(client.aborted) == [p.request.rid for p in completion.plans]
+    assert client.open_calls == 0 and not ledger.held
+
+
+async def test_no_engine_before_dispatch_is_an_error_status_not_a_stream():
+    frontend, completion, _client, ledger = setup([], healthy=False)
+    with pytest.raises(OpenAIError) as caught:
+        async with completions.open_stream(frontend, completion):
+            pytest.fail("a stream was handed over without an engine")
+    assert caught.value.status == 503 and not ledger.held
