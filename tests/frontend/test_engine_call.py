@@ -124,3 +124,20 @@ async def test_chunks_that_queued_up_come_as_one_batch(engine, client):
     assert sum(batches, []) == [0, 1, 2, 3, 4, 5]
     assert len(batches) < 6
     assert engine.aborted == []
+
+
+async def test_tokens_that_arrived_before_an_engine_error_are_delivered_first(engine, client):
+    def generate(call):
+        for i in range(3):
+            call.send(token(i))
+        call.fail("INTERNAL", "out of memory")
+
+    engine.handlers[native.GENERATE] = generate
+    received = []
+    with pytest.raises(EngineInternal):
+        async with open_engine_call(client, GenerateInput(rid="late-error-1", input_ids=[1])) as call:
+            await trio.sleep(0.1)  # tokens and the error all arrive before the first read
+            while batch := await call.next_batch():
+                received += [t for chunk in batch for t in chunk.token_ids]
+    assert received == [0, 1, 2]
+    assert engine.aborted == [], "the engine ended the request itself"

@@ -29,7 +29,7 @@ _ENGINE_MAY_STILL_RUN = (EngineUnavailable, EngineDeadlineExceeded)
 class EngineCall:
     """The state of one engine request, read by the cancellation decision."""
 
-    __slots__ = ("client", "request", "ended_at_engine", "first_chunk_at", "_chunks")
+    __slots__ = ("client", "request", "ended_at_engine", "first_chunk_at", "_chunks", "_failure")
 
     def __init__(self, client: EngineClient, request: GenerateInput) -> None:
         self.client = client
@@ -38,6 +38,9 @@ class EngineCall:
         self.ended_at_engine = False
         self.first_chunk_at: float | None = None
         self._chunks: AsyncIterator[GenerateChunk] | None = None
+        #: An engine error that arrived behind chunks of a batch: raised by the next call, so the
+        #: chunks before it still reach the client.
+        self._failure: EngineError | None = None
 
     async def next_batch(self) -> list[GenerateChunk]:
         """The next chunk plus any that already arrived behind it; [] once the engine finished.
@@ -45,6 +48,9 @@ class EngineCall:
         Batching what queued up while the consumer was busy keeps a slow client from falling further
         behind, and never delays a chunk that could be sent now.
         """
+        if self._failure is not None:
+            failure, self._failure = self._failure, None
+            raise failure
         if self.ended_at_engine:
             return []
         chunks = self._chunks
@@ -57,7 +63,15 @@ class EngineCall:
             raise
         if self.first_chunk_at is None:
             self.first_chunk_at = trio.current_time()
-        while batch[-1].finish_reason is None and (more := _next_nowait(chunks)) is not None:
+        while batch[-1].finish_reason is None:
+            try:
+                more = _next_nowait(chunks)
+            except EngineError as error:
+                self.ended_at_engine = not isinstance(error, _ENGINE_MAY_STILL_RUN)
+                self._failure = error
+                break
+            if more is None:
+                break
             batch.append(more)
         if batch[-1].finish_reason is not None:
             self.ended_at_engine = True
