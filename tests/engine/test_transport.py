@@ -10,7 +10,7 @@ import pytest
 import trio
 
 from trio_direct._proto.native import sglang_pb2 as pb
-from trio_direct.engine import errors
+from trio_direct.engine import errors, transport
 from trio_direct.engine.transport import ChannelPool, EngineChannel
 
 from support import wait_until
@@ -240,6 +240,51 @@ async def test_a_tiny_stream_limit_does_not_open_connections_without_bound(fake_
             call.finish()
     assert len(received) == 40
     assert len(peers) == 32
+    channel.close()
+
+
+async def test_an_extra_connection_that_cannot_open_queues_the_stream_instead_of_failing_it(
+    fake_engine_factory, monkeypatch
+):
+    """An engine too busy to accept another connection in time still serves on the ones it has."""
+    advertise_stream_limit(monkeypatch, 2)
+    engine = await fake_engine_factory(TYPES)
+    held = []
+
+    def generate(call):
+        call.send(pb.GenerateResponse(output_ids=[1]))
+        held.append(call)
+
+    engine.handlers[GENERATE] = generate
+    channel = engine.channel()
+    received = []
+
+    async def one_stream() -> None:
+        async with channel.open_stream(GENERATE, pb.GenerateRequest(), pb.GenerateResponse, timeout=10) as stream:
+            received.extend([message async for message in stream])
+
+    async with trio.open_nursery() as streams:
+        for _ in range(2):
+            streams.start_soon(one_stream)
+        await wait_until(lambda: len(held) == 2)  # the first connection is full
+
+        connect = transport._Connection.__connect__
+
+        async def connect_times_out(self):  # noqa: ANN202
+            if not self._connected:  # a new connection; open ones still work
+                raise OSError("simulated: the engine did not accept in time")
+            return await connect(self)
+
+        monkeypatch.setattr(transport._Connection, "__connect__", connect_times_out)
+        streams.start_soon(one_stream)  # needs a second connection, which cannot open
+        await trio.sleep(0.2)
+        assert len(held) == 2, "queued on the full connection, not failed"
+        for call in held[:1]:
+            call.finish()
+        await wait_until(lambda: len(held) == 3)  # a slot freed: the queued stream runs
+        for call in held[1:]:
+            call.finish()
+    assert len(received) == 3
     channel.close()
 
 

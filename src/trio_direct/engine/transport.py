@@ -276,12 +276,26 @@ class EngineChannel:
         return connection
 
     async def _stream_connection(self) -> _Connection:
-        """A connection with room for one more stream, that slot reserved; opens one when all are full."""
+        """A connection with room for one more stream, that slot reserved; opens one when all are full.
+
+        An extra connection that cannot be opened (an engine too busy to accept in time) is dropped
+        and the stream queues on the least loaded open connection instead: only an engine that no
+        connection reaches fails the request.
+        """
         while True:
             for connection in self._streaming:
                 limit = connection.stream_limit
                 if limit is None:  # new: its peer's first SETTINGS tell how many streams fit
-                    await self._connected(connection)
+                    try:
+                        await self._connected(connection)
+                    except EngineUnavailable:
+                        if connection in self._streaming:
+                            self._streaming.remove(connection)
+                        fallback = self._least_loaded()
+                        if fallback is None:
+                            raise
+                        fallback.open_streams += 1
+                        return fallback
                     await connection.learn_stream_limit(self.connect_timeout)
                     break  # rescan: the list may have changed meanwhile
                 if connection.open_streams < limit:
@@ -296,6 +310,11 @@ class EngineChannel:
                 connection = min(self._streaming, key=lambda c: c.open_streams)
                 connection.open_streams += 1
                 return connection
+
+    def _least_loaded(self) -> _Connection | None:
+        """The open connection with the fewest streams (grpclib queues past its limit), if any."""
+        open_ = [c for c in self._streaming if c._connected and c.stream_limit is not None]  # noqa: SLF001
+        return min(open_, key=lambda c: c.open_streams) if open_ else None
 
     async def _unary_aio(self, path, request, response_type, timeout):
         if self._control is None:
