@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import math
+from types import SimpleNamespace
 
 import trio
 
@@ -158,3 +159,27 @@ async def test_an_engine_back_with_a_card_the_frontend_refuses_stays_down(pool, 
     assert not engine.healthy and engine.card is first and not changes
     assert "frontend refuses: its page size 3 does not divide the routing block 16; it stays down" in caplog.text
     assert not fleet.workers()
+
+
+class _BusyEngineClient:
+    """An engine whose health checks never answer in time, streaming output or not."""
+
+    name = "busy:1"
+    last_output_at = -math.inf
+
+    async def health(self, *, timeout: float = 5.0) -> bool:
+        await trio.sleep_forever()
+
+
+async def test_an_engine_streaming_output_is_busy_not_down_when_health_checks_time_out():
+    client = _BusyEngineClient()
+    engine = Engine("e0", SimpleNamespace(url="busy:1"), client)  # type: ignore[arg-type]
+    health = EngineHealth(Fleet([engine], model=None), pool=None, interval=5.0, timeout=0.05)  # type: ignore[arg-type]
+    for _ in range(3):  # tokens keep arriving: unanswered checks are load, not failure
+        client.last_output_at = trio.current_time()
+        await health.check(engine)
+    assert engine.healthy
+    client.last_output_at = trio.current_time() - 60  # silent for a minute: now it counts
+    await health.check(engine)
+    await health.check(engine)
+    assert not engine.healthy

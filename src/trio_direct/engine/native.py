@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -193,6 +194,7 @@ class NativeEngineClient:
         self.name = channel.name
         self.incremental = incremental
         self._warned_cumulative = False
+        self.last_output_at = -math.inf
 
     @asynccontextmanager
     async def generate(self, request: GenerateInput) -> AsyncIterator[AsyncIterator[GenerateChunk]]:

@@ -9,6 +9,7 @@ newer ones as gRPC statuses. proto3 cannot tell unset from zero, so semantic def
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -171,6 +172,7 @@ class SmgEngineClient:
     def __init__(self, channel: EngineChannel) -> None:
         self.channel = channel
         self.name = channel.name
+        self.last_output_at = -math.inf
 
     @asynccontextmanager
     async def generate(self, request: GenerateInput) -> AsyncIterator[AsyncIterator[GenerateChunk]]:

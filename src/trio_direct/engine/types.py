@@ -102,6 +102,9 @@ class EngineClient(Protocol):
 
     api: EngineApi
     name: str
+    #: When a generation on this engine last delivered output (trio time; set by the frontend's
+    #: engine calls): an engine streaming tokens is alive even when a health check queues too long.
+    last_output_at: float
 
     def generate(self, request: GenerateInput) -> AbstractAsyncContextManager[AsyncIterator[GenerateChunk]]:
         """Open a generation; leaving the context early cancels it at the engine."""

@@ -17,6 +17,7 @@ still restart it with the right flags.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 
 import trio
@@ -135,6 +136,12 @@ class EngineHealth:
             reason = "" if healthy else "HealthCheck answered healthy=false"
         except (EngineError, trio.TooSlowError) as error:
             healthy, reason = False, str(error) or f"no answer in {self.timeout:g}s"
+            if isinstance(error, (trio.TooSlowError, EngineDeadlineExceeded)) and self._streaming(engine):
+                # SGLang answers HealthCheck through its scheduler: under load it queues. An engine
+                # that just delivered tokens is busy, not down (nor is a frontend whose own event
+                # loop stalled past the timeout).
+                log.info("engine %s: health check unanswered in %gs, but it is streaming output", engine.id, self.timeout)
+                return
         if not healthy:
             self._failures[engine.id] += 1
             if engine.healthy and self._failures[engine.id] >= self.failures_to_down:
@@ -143,6 +150,11 @@ class EngineHealth:
         self._failures[engine.id] = 0
         if not engine.healthy:
             await self._bring_back(engine)
+
+    def _streaming(self, engine: Engine) -> bool:
+        """Output arrived from `engine` during this check or the interval before it."""
+        since = trio.current_time() - getattr(engine.client, "last_output_at", -math.inf)
+        return since < self.interval + self.timeout
 
     def _mark_down(self, engine: Engine, reason: str) -> None:
         engine.healthy = False

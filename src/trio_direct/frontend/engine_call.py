@@ -61,8 +61,10 @@ class EngineCall:
         except EngineError as error:
             self.ended_at_engine = not isinstance(error, _ENGINE_MAY_STILL_RUN)
             raise
+        now = trio.current_time()
+        self.client.last_output_at = now
         if self.first_chunk_at is None:
-            self.first_chunk_at = trio.current_time()
+            self.first_chunk_at = now
         while batch[-1].finish_reason is None:
             try:
                 more = _next_nowait(chunks)
