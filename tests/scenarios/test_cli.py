@@ -98,5 +98,25 @@ async def test_sigterm_lets_an_in_flight_stream_finish_then_exits(nursery):
                     process.send_signal(signal.SIGTERM)  # mid-stream
         assert lines[-2:] == ["", "data: [DONE]"] or "data: [DONE]" in lines
         assert not any('"error"' in line for line in lines)
-    with trio.fail_after(30):
+    with trio.fail_after(10):  # the client's idle keep-alive connection does not hold the drain
         assert await process.wait() == 0
+
+
+@pytest.mark.parametrize("path", ["/live", "/v1/models"])
+async def test_idle_keep_alive_connections_do_not_hold_shutdown(nursery, path):
+    port = free_port()
+    command = [sys.executable, "-m", "trio_direct", "serve", "--port", str(port), "--graceful-shutdown-timeout", "30"]
+    process = await nursery.start(partial(trio.run_process, command, check=False, stderr=subprocess.DEVNULL))
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+        with trio.fail_after(60):
+            while True:
+                try:
+                    if (await client.get("/health")).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                await trio.sleep(0.2)
+        assert (await client.get(path)).status_code == 200  # the connection stays open, idle
+        process.send_signal(signal.SIGTERM)
+        with trio.fail_after(10):  # nothing in flight: no reason to wait out the 30 s
+            assert await process.wait() == 0

@@ -65,6 +65,7 @@ def with_completion_routes(
         if scope["type"] != "http":
             await app(scope, receive, send)
             return
+        send = _finish_shielded(send)
         path = scope["path"]
         if expected is not None and path not in _OPEN_PATHS and not _authorized(scope, expected):
             error = errors.unauthorized()
@@ -84,6 +85,31 @@ def with_completion_routes(
                 limit.leave()
 
     return asgi
+
+
+#: Bound on the shielded last write of a response (a socket write and hypercorn's bookkeeping).
+_LAST_SEND_TIMEOUT = 10.0
+
+
+def _finish_shielded(send: Send) -> Send:
+    """`send`, with a response's last message shielded from cancellation.
+
+    Completing a response makes hypercorn report the client gone, and the handler's reaction
+    (quart-trio's, and ours: cancel the request's scope) lands while hypercorn is still inside
+    that last `send`, recycling the connection for keep-alive. Cancelled there, hypercorn never
+    starts the connection's idle timer: the idle keep-alive connection then never times out, and
+    holds a graceful shutdown for its whole timeout.
+    """
+
+    async def finish_shielded(message: dict) -> None:
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
+            with trio.CancelScope(shield=True) as scope:
+                scope.deadline = trio.current_time() + _LAST_SEND_TIMEOUT
+                await send(message)
+        else:
+            await send(message)
+
+    return finish_shielded
 
 
 def _authorized(scope: Scope, expected: bytes) -> bool:
