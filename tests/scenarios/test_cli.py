@@ -18,6 +18,18 @@ from support import start_mock_engine
 pytestmark = pytest.mark.slow
 
 
+async def wait_healthy(client: httpx.AsyncClient) -> None:
+    """Poll `GET /health` until the serve process answers 200 (it may not listen yet)."""
+    with trio.fail_after(60):
+        while True:
+            try:
+                if (await client.get("/health")).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            await trio.sleep(0.2)
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -29,14 +41,7 @@ async def test_serve_without_engines_runs_built_in_mocks_and_stops_on_sigterm(nu
     command = [sys.executable, "-m", "trio_direct", "serve", "--port", str(port), "--mock-speedup", "inf"]
     process = await nursery.start(partial(trio.run_process, command, check=False, stderr=subprocess.DEVNULL))
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
-        with trio.fail_after(60):
-            while True:
-                try:
-                    if (await client.get("/health")).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                await trio.sleep(0.2)
+        await wait_healthy(client)
         models = (await client.get("/v1/models")).json()
         assert [m["id"] for m in models["data"]] == ["trio-direct-mock"]
         reply = await client.post(
@@ -80,14 +85,7 @@ async def test_sigterm_lets_an_in_flight_stream_finish_then_exits(nursery):
     command = [sys.executable, "-m", "trio_direct", "serve", "--port", str(port), "--engine-url", engine.url]
     process = await nursery.start(partial(trio.run_process, command, check=False, stderr=subprocess.DEVNULL))
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
-        with trio.fail_after(60):
-            while True:
-                try:
-                    if (await client.get("/health")).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                await trio.sleep(0.2)
+        await wait_healthy(client)
         model = (await client.get("/v1/models")).json()["data"][0]["id"]
         body = {"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 150, "stream": True}
         lines = []
@@ -108,14 +106,7 @@ async def test_idle_keep_alive_connections_do_not_hold_shutdown(nursery, path):
     command = [sys.executable, "-m", "trio_direct", "serve", "--port", str(port), "--graceful-shutdown-timeout", "30"]
     process = await nursery.start(partial(trio.run_process, command, check=False, stderr=subprocess.DEVNULL))
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
-        with trio.fail_after(60):
-            while True:
-                try:
-                    if (await client.get("/health")).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                await trio.sleep(0.2)
+        await wait_healthy(client)
         assert (await client.get(path)).status_code == 200  # the connection stays open, idle
         process.send_signal(signal.SIGTERM)
         with trio.fail_after(10):  # nothing in flight: no reason to wait out the 30 s
