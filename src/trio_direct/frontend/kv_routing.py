@@ -97,7 +97,13 @@ class _IndexSink:
     def on_clear(self, dp_rank: int, reason: str) -> None:
         if self.retired:
             return
-        log.info("KV index of %s cleared: %s", self._key(dp_rank), reason)
+        hint = ""
+        if "lost" in reason:  # the engine still caches what the lost events told of
+            hint = (
+                "; prefixes the engine cached before stay unknown to routing until it evicts and "
+                "re-stores them (a replay_endpoint in its --kv-events-config avoids this)"
+            )
+        log.info("KV index of %s cleared: %s%s", self._key(dp_rank), reason, hint)
         self._index.clear_worker(self._key(dp_rank))
 
 
