@@ -337,3 +337,41 @@ async def test_the_pool_shares_one_channel_per_engine_and_reconnects_after_a_res
     first.close()  # a dropped connection is re-established on the next call
     assert (await first.unary(HEALTH, pb.HealthCheckRequest(), pb.HealthCheckResponse, timeout=5)).healthy
     pool.close()
+
+
+def test_writes_of_one_loop_turn_leave_in_one_send():
+    """A request's HEADERS and DATA frames (two grpclib writes) reach the socket as one write."""
+    import asyncio
+
+    class Recording:
+        def __init__(self) -> None:
+            self.writes: list[bytes] = []
+            self.closed = False
+
+        def write(self, data: bytes) -> None:
+            self.writes.append(data)
+
+        def is_closing(self) -> bool:
+            return self.closed
+
+        def close(self) -> None:
+            self.closed = True
+
+        def get_extra_info(self, name: str) -> str:
+            return f"extra:{name}"
+
+    async def scenario() -> Recording:
+        socket = Recording()
+        coalescing = transport._CoalescingTransport(socket)
+        coalescing.write(b"headers")
+        coalescing.write(b"data")
+        assert socket.writes == [], "nothing is sent within the turn"
+        await asyncio.sleep(0)
+        assert socket.writes == [b"headersdata"]
+        coalescing.write(b"last")
+        coalescing.close()  # closing sends what is pending first
+        assert socket.writes == [b"headersdata", b"last"] and socket.closed
+        assert coalescing.get_extra_info("peername") == "extra:peername"
+        return socket
+
+    asyncio.run(scenario())

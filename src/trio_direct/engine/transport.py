@@ -152,7 +152,7 @@ class _ClientProtocol(H2Protocol):
         self._report = report
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)
+        super().connection_made(_CoalescingTransport(transport))  # type: ignore[arg-type]
         processors = self.processor.processors
         process = processors[RemoteSettingsChanged]
         peer_settings = self.connection._connection.remote_settings  # noqa: SLF001 - h2's view of the peer
@@ -166,6 +166,44 @@ class _ClientProtocol(H2Protocol):
     def connection_lost(self, exc: BaseException | None) -> None:
         super().connection_lost(exc)
         self._report(None)  # wakes a stream waiting for SETTINGS that will never come
+
+
+class _CoalescingTransport:
+    """The socket transport, with the writes of one event-loop turn sent as one.
+
+    grpclib writes a request's HEADERS and DATA frames separately; each send to an idle engine
+    process wakes it, which costs ~0.5 ms on a virtual machine with idle CPUs. Buffered until the
+    loop's next turn (no timer, no added latency beyond the current turn), a request leaves in one
+    send, and under load many streams' frames share one.
+    """
+
+    __slots__ = ("_transport", "_pending", "_loop")
+
+    def __init__(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport
+        self._pending: list[bytes] = []
+        self._loop = asyncio.get_running_loop()
+
+    def write(self, data: bytes) -> None:
+        if not data:
+            return
+        if not self._pending:
+            self._loop.call_soon(self._flush)
+        self._pending.append(data)
+
+    def _flush(self) -> None:
+        if self._pending:
+            data = b"".join(self._pending)
+            self._pending.clear()
+            if not self._transport.is_closing():
+                self._transport.write(data)  # type: ignore[attr-defined]
+
+    def close(self) -> None:
+        self._flush()
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
 
 
 class _Connection(Channel):
