@@ -62,6 +62,8 @@ class EngineHealth:
         #: Called with the engine (its new card applied) and its old card when it came back changed.
         self.on_change = on_change
         self._failures: dict[str, int] = {engine.id: 0 for engine in fleet.engines}
+        #: Why a down engine that answers again was refused, last time (logged once per reason).
+        self._refused: dict[str, str] = {}
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
@@ -172,18 +174,19 @@ class EngineHealth:
         card = probed.card
         model = self.fleet.model
         if card.served_model_name != engine.card.served_model_name or card.block_size != engine.card.block_size:
-            log.error(
-                "engine %s came back serving model %r with block size %s (was %r, %s): kept out of routing",
-                engine.id, card.served_model_name, card.block_size, engine.card.served_model_name, engine.card.block_size,
-            )  # fmt: skip
+            self._refuse_back(
+                engine,
+                f"engine {engine.id} came back serving model {card.served_model_name!r} with block size "
+                f"{card.block_size} (was {engine.card.served_model_name!r}, {engine.card.block_size}): kept out of routing",
+            )
             return
         if card != engine.card:
             if self.check_join is not None:
                 try:
                     self.check_join(Engine(engine.id, card, probed.client, healthy=False))
                 except FleetError as error:
-                    log.error(
-                        "engine %s came back with a card this frontend refuses: %s; it stays down", engine.id, error
+                    self._refuse_back(
+                        engine, f"engine {engine.id} came back with a card this frontend refuses: {error}; it stays down"
                     )
                     return
             log.info("engine %s came back with a changed card; applying it", engine.id)
@@ -191,4 +194,11 @@ class EngineHealth:
             if self.on_change is not None:
                 self.on_change(engine, old)
         engine.healthy = True
+        self._refused.pop(engine.id, None)
         log.info("engine %s (%s) is up again (model %s)", engine.id, card.url, model.served_model_name)
+
+    def _refuse_back(self, engine: Engine, reason: str) -> None:
+        """Loud, but once per reason: a down engine is checked again every interval."""
+        if self._refused.get(engine.id) != reason:
+            log.error("%s", reason)
+        self._refused[engine.id] = reason
