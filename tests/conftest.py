@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import trio
+import zmq
 
 from support import FakeEngine
 from trio_direct.engine.transport import EngineChannel, open_asyncio_loop, serve_grpc
@@ -73,3 +75,14 @@ async def dial(aio_loop):
     yield open_channel
     for channel in channels:
         channel.close()
+
+
+@pytest.fixture
+def ctx() -> Iterator[zmq.Context]:
+    """A ZMQ context that fails the test if a socket was left open."""
+    context = zmq.Context()
+    yield context
+    leaked = [sock for sock in list(context._sockets) if not sock.closed]
+    context.destroy(linger=0)  # term() would hang on a leaked socket
+    assert not leaked, "sockets left open"
+

@@ -13,6 +13,21 @@ import trio
 
 from trio_direct.engine.native import NativeEngineClient
 from trio_direct.engine.transport import EngineChannel, RpcMethod, ServerCall
+from trio_direct.mock.kv_publisher import KvEventsConfig
+
+
+def kv_events_config(fmt: str = "map", *, replay: bool = True, **extra: object) -> KvEventsConfig:
+    """A ZMQ publisher config on ephemeral loopback ports (with a replay endpoint unless told not)."""
+    return KvEventsConfig.from_dict(
+        {
+            "publisher": "zmq",
+            "endpoint": "tcp://127.0.0.1:0",
+            "replay_endpoint": "tcp://127.0.0.1:0" if replay else None,
+            "topic": "kv",
+            "format": fmt,
+            **extra,
+        }
+    )
 
 
 async def wait_until(predicate: Callable[[], bool], timeout: float = 5.0, interval: float = 0.005) -> None:

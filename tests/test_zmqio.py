@@ -1,6 +1,5 @@
 """TrioSocket: pyzmq on trio without threads, incl. the edge-triggered FD trap."""
 
-from collections.abc import Iterator
 
 import pytest
 import trio
@@ -8,15 +7,6 @@ import trio.testing
 import zmq
 
 from trio_direct.zmqio import TrioSocket
-
-
-@pytest.fixture
-def ctx() -> Iterator[zmq.Context]:
-    context = zmq.Context()
-    yield context
-    leaked = [sock for sock in list(context._sockets) if not sock.closed]
-    context.destroy(linger=0)  # term() would hang on a leaked socket
-    assert not leaked, "sockets left open"
 
 
 def _prefilled_pull(ctx: zmq.Context, count: int, name: str) -> TrioSocket:

@@ -1,11 +1,12 @@
 """The mock's SGLang KV-event publisher as a subscriber sees it: frames, seqs, encodings, replay."""
 
-from collections.abc import Iterator
 
 import msgspec
 import pytest
 import trio
 import zmq
+
+from support import kv_events_config
 
 from trio_direct.mock.kv_publisher import (
     END_SEQ,
@@ -27,26 +28,6 @@ REMOVED = BlockRemoved(block_hashes=(11,))
 EVENTS = [STORED, ROOT_STORED, REMOVED, AllBlocksCleared()]
 
 
-@pytest.fixture
-def ctx() -> Iterator[zmq.Context]:
-    context = zmq.Context()
-    yield context
-    leaked = [sock for sock in list(context._sockets) if not sock.closed]
-    context.destroy(linger=0)  # term() would hang on a leaked socket
-    assert not leaked, "sockets left open"
-
-
-def _config(fmt: str = "map", *, replay: bool = True, **extra: object) -> KvEventsConfig:
-    return KvEventsConfig.from_dict(
-        {
-            "publisher": "zmq",
-            "endpoint": "tcp://127.0.0.1:0",
-            "replay_endpoint": "tcp://127.0.0.1:0" if replay else None,
-            "topic": "kv",
-            "format": fmt,
-            **extra,
-        }
-    )
 
 
 def _seq(frame: bytes) -> int:
@@ -192,7 +173,7 @@ def test_rank_endpoints() -> None:
 
 
 async def test_ranks_get_consecutive_ports_and_their_own_rank(ctx: zmq.Context) -> None:
-    async with open_kv_publishers(_config(), 3, ctx) as publishers:
+    async with open_kv_publishers(kv_events_config(), 3, ctx) as publishers:
         ports = [p.bound_port for p in publishers]
         replay_ports = [p.bound_replay_port for p in publishers]
         assert ports == [ports[0] + r for r in range(3)]
@@ -206,7 +187,7 @@ async def test_ranks_get_consecutive_ports_and_their_own_rank(ctx: zmq.Context) 
 
 
 def test_describe_matches_sglang_server_info(ctx: zmq.Context) -> None:
-    publishers = bind_kv_publishers(_config(), 2, ctx)
+    publishers = bind_kv_publishers(kv_events_config(), 2, ctx)
     with_replay = publishers.config
     publishers.close()
     port = int(with_replay.endpoint.rsplit(":", 1)[1])
@@ -255,7 +236,7 @@ def test_describe_matches_sglang_server_info(ctx: zmq.Context) -> None:
     }
     assert describe("h", KvEventsConfig(), 1, 1) == {"kv_events": None, "kv_event_sources": []}
     with pytest.raises(ValueError):
-        describe("h", _config(), 1, 1)  # port 0: not yet bound
+        describe("h", kv_events_config(), 1, 1)  # port 0: not yet bound
 
 
 # -- live publishing -----------------------------------------------------------------
@@ -263,7 +244,7 @@ def test_describe_matches_sglang_server_info(ctx: zmq.Context) -> None:
 
 @pytest.mark.parametrize("fmt", ["map", "array"])
 async def test_subscriber_sees_topic_seq_and_payload(ctx: zmq.Context, fmt: str) -> None:
-    async with open_kv_publishers(_config(fmt), 1, ctx) as publishers:
+    async with open_kv_publishers(kv_events_config(fmt), 1, ctx) as publishers:
         publisher = publishers[0]
         sub = await _subscribe(ctx, publisher)
         with sub, trio.fail_after(10):
@@ -281,7 +262,7 @@ async def test_subscriber_sees_topic_seq_and_payload(ctx: zmq.Context, fmt: str)
 
 
 async def test_seq_starts_at_zero_and_counts_batches(ctx: zmq.Context) -> None:
-    async with open_kv_publishers(_config(), 1, ctx) as publishers:
+    async with open_kv_publishers(kv_events_config(), 1, ctx) as publishers:
         publisher = publishers[0]
         assert publisher.next_seq == 0
         publisher.publish([STORED])
@@ -293,7 +274,7 @@ async def test_seq_starts_at_zero_and_counts_batches(ctx: zmq.Context) -> None:
 
 @pytest.mark.parametrize("fmt", ["map", "array"])
 async def test_replay_layouts(ctx: zmq.Context, fmt: str) -> None:
-    async with open_kv_publishers(_config(fmt), 1, ctx) as publishers:
+    async with open_kv_publishers(kv_events_config(fmt), 1, ctx) as publishers:
         publisher = publishers[0]
         for step in range(3):
             publisher.publish([STORED], ts=float(step))
@@ -308,7 +289,7 @@ async def test_replay_layouts(ctx: zmq.Context, fmt: str) -> None:
 
 
 async def test_replay_reveals_lost_history(ctx: zmq.Context) -> None:
-    async with open_kv_publishers(_config(buffer_steps=2), 1, ctx) as publishers:
+    async with open_kv_publishers(kv_events_config(buffer_steps=2), 1, ctx) as publishers:
         publisher = publishers[0]
         endpoint = publisher.bound_replay_endpoint
         assert await _replay(ctx, endpoint, 0) == [[b"", b"", END_SEQ, b""]]  # nothing yet
@@ -324,7 +305,7 @@ async def test_long_replay_to_a_slow_reader_arrives_complete(ctx: zmq.Context) -
     big = BlockStored(
         block_hashes=tuple(range(64)), parent_block_hash=None, token_ids=(100_000,) * 1024, block_size=16
     )
-    async with open_kv_publishers(_config(), 1, ctx) as publishers:
+    async with open_kv_publishers(kv_events_config(), 1, ctx) as publishers:
         publisher = publishers[0]
         for _ in range(3000):  # ~15 MB
             publisher.publish([big], ts=1.0)
@@ -339,7 +320,7 @@ async def test_long_replay_to_a_slow_reader_arrives_complete(ctx: zmq.Context) -
 
 
 async def test_drop_next_makes_a_gap_that_replay_fills(ctx: zmq.Context) -> None:
-    async with open_kv_publishers(_config(), 1, ctx) as publishers:
+    async with open_kv_publishers(kv_events_config(), 1, ctx) as publishers:
         publisher = publishers[0]
         sub = await _subscribe(ctx, publisher)
         with sub, trio.fail_after(10):
@@ -355,7 +336,7 @@ async def test_drop_next_makes_a_gap_that_replay_fills(ctx: zmq.Context) -> None
 
 
 async def test_malformed_replay_request_is_ignored(ctx: zmq.Context) -> None:
-    async with open_kv_publishers(_config(), 1, ctx) as publishers:
+    async with open_kv_publishers(kv_events_config(), 1, ctx) as publishers:
         endpoint = publishers[0].bound_replay_endpoint
         with TrioSocket(ctx, zmq.DEALER) as dealer:
             dealer.connect(endpoint)
@@ -365,7 +346,7 @@ async def test_malformed_replay_request_is_ignored(ctx: zmq.Context) -> None:
 
 
 async def test_sockets_close_when_the_block_ends(ctx: zmq.Context) -> None:
-    async with open_kv_publishers(_config(), 2, ctx) as publishers:
+    async with open_kv_publishers(kv_events_config(), 2, ctx) as publishers:
         pass
     with pytest.raises(trio.ClosedResourceError):
         publishers[1].publish([STORED])
@@ -380,7 +361,7 @@ async def test_null_publisher_opens_nothing(ctx: zmq.Context) -> None:
 
 
 async def test_publish_payload_sends_anything_under_the_next_seq(ctx: zmq.Context) -> None:
-    async with open_kv_publishers(_config(), 1, ctx) as publishers:
+    async with open_kv_publishers(kv_events_config(), 1, ctx) as publishers:
         publisher = publishers[0]
         sub = await _subscribe(ctx, publisher)
         with sub, trio.fail_after(10):
@@ -393,7 +374,7 @@ async def test_publish_payload_sends_anything_under_the_next_seq(ctx: zmq.Contex
 
 
 async def test_send_frames_uses_no_seq(ctx: zmq.Context) -> None:
-    async with open_kv_publishers(_config(), 1, ctx) as publishers:
+    async with open_kv_publishers(kv_events_config(), 1, ctx) as publishers:
         publisher = publishers[0]
         sub = await _subscribe(ctx, publisher)
         with sub, trio.fail_after(10):
@@ -404,7 +385,7 @@ async def test_send_frames_uses_no_seq(ctx: zmq.Context) -> None:
 
 
 async def test_restart_sequence_numbers_from_zero_with_no_history(ctx: zmq.Context) -> None:
-    async with open_kv_publishers(_config(), 1, ctx) as publishers:
+    async with open_kv_publishers(kv_events_config(), 1, ctx) as publishers:
         publisher = publishers[0]
         for step in range(3):
             publisher.publish([STORED], ts=float(step))

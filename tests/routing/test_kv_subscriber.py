@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import pytest
 import trio
 import zmq
 
-from support import wait_until
+from support import kv_events_config, wait_until
 from trio_direct.fleet.card import KvEventSource
 from trio_direct.mock import kv_types as mock
 from trio_direct.mock.kv_publisher import (
@@ -45,26 +45,6 @@ class RecordingSink:
         self.clears.append((dp_rank, reason))
 
 
-@pytest.fixture
-def ctx() -> Iterator[zmq.Context]:
-    context = zmq.Context()
-    yield context
-    leaked = [sock for sock in list(context._sockets) if not sock.closed]
-    context.destroy(linger=0)  # term() would hang on a leaked socket
-    assert not leaked, "sockets left open"
-
-
-def _config(fmt: str = "map", *, replay: bool = True, **extra: object) -> KvEventsConfig:
-    return KvEventsConfig.from_dict(
-        {
-            "publisher": "zmq",
-            "endpoint": "tcp://127.0.0.1:0",
-            "replay_endpoint": "tcp://127.0.0.1:0" if replay else None,
-            "topic": "kv",
-            "format": fmt,
-            **extra,
-        }
-    )
 
 
 def _sources(publishers: KvEventPublishers) -> list[KvEventSource]:
@@ -171,7 +151,7 @@ async def _subscribed(
 
 async def test_events_arrive_per_rank(ctx: zmq.Context) -> None:
     stored = BlockStored(block_hashes=(11, 12), parent_block_hash=None, token_ids=(1, 2, 3, 4), block_size=2)
-    async with open_kv_publishers(_config(), 2, ctx) as publishers, _subscribed(
+    async with open_kv_publishers(kv_events_config(), 2, ctx) as publishers, _subscribed(
         ctx, _sources(publishers)
     ) as (subscriber, sink):
         for publisher in publishers:
@@ -189,7 +169,7 @@ async def test_events_arrive_per_rank(ctx: zmq.Context) -> None:
 async def test_a_gap_is_filled_from_the_replay_endpoint(
     ctx: zmq.Context, fmt: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    async with open_kv_publishers(_config(fmt), 1, ctx) as publishers, _subscribed(
+    async with open_kv_publishers(kv_events_config(fmt), 1, ctx) as publishers, _subscribed(
         ctx, _sources(publishers)
     ) as (subscriber, sink):
         publisher = publishers[0]
@@ -211,7 +191,7 @@ async def test_a_gap_is_filled_from_the_replay_endpoint(
 
 
 async def test_history_published_before_subscribing_is_replayed(ctx: zmq.Context) -> None:
-    async with open_kv_publishers(_config(), 1, ctx) as publishers:
+    async with open_kv_publishers(kv_events_config(), 1, ctx) as publishers:
         publisher = publishers[0]
         for i in range(5):
             publisher.publish([_mock(_mark(i))])
@@ -224,7 +204,7 @@ async def test_history_published_before_subscribing_is_replayed(ctx: zmq.Context
 
 
 async def test_a_gap_older_than_the_replay_buffer_clears_the_rank(ctx: zmq.Context) -> None:
-    async with open_kv_publishers(_config(buffer_steps=2), 1, ctx) as publishers, _subscribed(
+    async with open_kv_publishers(kv_events_config(buffer_steps=2), 1, ctx) as publishers, _subscribed(
         ctx, _sources(publishers)
     ) as (subscriber, sink):
         publisher = publishers[0]
@@ -245,7 +225,7 @@ async def test_a_gap_older_than_the_replay_buffer_clears_the_rank(ctx: zmq.Conte
 
 
 async def test_a_gap_without_replay_endpoint_clears_and_counts_lost(ctx: zmq.Context) -> None:
-    async with open_kv_publishers(_config(replay=False), 1, ctx) as publishers, _subscribed(
+    async with open_kv_publishers(kv_events_config(replay=False), 1, ctx) as publishers, _subscribed(
         ctx, _sources(publishers)
     ) as (subscriber, sink):
         publisher = publishers[0]
@@ -348,7 +328,7 @@ async def _serving(publishers: KvEventPublishers) -> AsyncIterator[KvEventPublis
 
 
 async def test_a_restarted_publisher_clears_the_rank(ctx: zmq.Context) -> None:
-    first = bind_kv_publishers(_config(), 1, ctx)
+    first = bind_kv_publishers(kv_events_config(), 1, ctx)
     async with _subscribed(ctx, _sources(first)) as (subscriber, sink):
         async with _serving(first) as publisher:
             await _join(publisher, subscriber)
@@ -370,7 +350,7 @@ async def test_a_restarted_publisher_clears_the_rank(ctx: zmq.Context) -> None:
 
 
 async def test_engine_down_clears_every_rank_and_resyncs(ctx: zmq.Context) -> None:
-    async with open_kv_publishers(_config(), 2, ctx) as publishers, _subscribed(
+    async with open_kv_publishers(kv_events_config(), 2, ctx) as publishers, _subscribed(
         ctx, _sources(publishers)
     ) as (subscriber, sink):
         for publisher in publishers:
@@ -432,7 +412,7 @@ async def test_bad_events_are_dropped_from_a_good_batch(ctx: zmq.Context) -> Non
 
 async def test_a_flood_arrives_without_gaps_and_without_starving_other_tasks(ctx: zmq.Context) -> None:
     flood = 50_000
-    async with open_kv_publishers(_config(replay=False), 1, ctx) as publishers, _subscribed(
+    async with open_kv_publishers(kv_events_config(replay=False), 1, ctx) as publishers, _subscribed(
         ctx, _sources(publishers)
     ) as (subscriber, sink):
         publisher = publishers[0]
