@@ -14,6 +14,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -60,8 +61,44 @@ class SseConnection:
     async def request(self, path: str, body: dict) -> Sample:
         """POST `body`, read the SSE stream to [DONE]; times the first and every later content event."""
         sample = Sample()
-        payload = json.dumps(body).encode()
         start = time.perf_counter()
+        last = None
+
+        def on_status(status: int) -> None:
+            if status != 200:
+                sample.ok = False
+
+        def on_records(records: list[bytes]) -> None:
+            nonlocal last
+            now = time.perf_counter()
+            for record in records:
+                data = record.removeprefix(b"data: ")
+                if data == b"[DONE]":
+                    sample.ok = True
+                    continue
+                chunk = json.loads(data)
+                if chunk.get("usage"):
+                    sample.completion_tokens = chunk["usage"]["completion_tokens"]
+                choices = chunk.get("choices") or []
+                if choices and (choices[0].get("delta", {}).get("content") or choices[0].get("text")):
+                    if sample.ttft is None:
+                        sample.ttft = now - start
+                    else:
+                        sample.gaps.append(now - last)
+                    last = now
+
+        await self.exchange(path, json.dumps(body).encode(), on_status, on_records)
+        return sample
+
+    async def exchange(
+        self,
+        path: str,
+        payload: bytes,
+        on_status: Callable[[int], None],
+        on_records: Callable[[list[bytes]], None],
+    ) -> bool:
+        """POST `payload` (JSON) and hand each batch of complete SSE records to `on_records` as it
+        arrives; False when the server closed the connection before the response ended."""
         if self._stream is None or self._h11.our_state is not h11.IDLE:
             await self.aclose()
             self._stream = await trio.open_tcp_stream(self.host, self.port)
@@ -73,40 +110,26 @@ class SseConnection:
             + connection.send(h11.Data(data=payload))
             + connection.send(h11.EndOfMessage())
         )
-        pending, last = b"", None
+        pending = b""
         while True:
             event = connection.next_event()
             if event is h11.NEED_DATA:
                 connection.receive_data(await stream.receive_some(65536))
                 continue
-            if isinstance(event, h11.Response) and event.status_code != 200:
-                sample.ok = False
+            if isinstance(event, h11.Response):
+                on_status(event.status_code)
             elif isinstance(event, h11.Data):
                 pending += bytes(event.data)
-                *records, pending = pending.split(b"\n\n")
-                now = time.perf_counter()
-                for record in records:
-                    data = record.removeprefix(b"data: ")
-                    if data == b"[DONE]":
-                        sample.ok = True
-                        continue
-                    chunk = json.loads(data)
-                    if chunk.get("usage"):
-                        sample.completion_tokens = chunk["usage"]["completion_tokens"]
-                    choices = chunk.get("choices") or []
-                    if choices and (choices[0].get("delta", {}).get("content") or choices[0].get("text")):
-                        if sample.ttft is None:
-                            sample.ttft = now - start
-                        else:
-                            sample.gaps.append(now - last)
-                        last = now
+                if b"\n\n" in pending:
+                    *records, pending = pending.split(b"\n\n")
+                    on_records(records)
             elif isinstance(event, h11.EndOfMessage):
                 if connection.our_state is h11.DONE and connection.their_state is h11.DONE:
                     connection.start_next_cycle()
-                return sample
+                return True
             elif isinstance(event, h11.ConnectionClosed):
                 await self.aclose()
-                return sample
+                return False
 
 
 async def run_load(host: str, port: int, body: dict, *, concurrency: int, requests: int) -> tuple[list[Sample], float]:

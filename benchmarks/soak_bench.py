@@ -40,7 +40,7 @@ import h11
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
-from loadgen import REPO, Children, cpu_seconds, free_port, wait_http
+from loadgen import REPO, Children, SseConnection, cpu_seconds, free_port, wait_http
 
 #: `--diagnose`: the frontend runs under this wrapper, which logs (to its stderr) every garbage
 #: collection over 20 ms and every time a watchdog thread could not run for 100 ms, with the process
@@ -114,62 +114,34 @@ class Load:
     completed_total: int = 0
 
 
-class StreamSlot:
-    """One keep-alive connection that streams one chat request after another."""
-
-    def __init__(self, host: str, port: int) -> None:
-        self.host, self.port = host, port
-        self._stream: trio.SocketStream | None = None
-        self._h11: h11.Connection | None = None
-
-    async def aclose(self) -> None:
-        if self._stream is not None:
-            stream, self._stream = self._stream, None
-            await stream.aclose()
+class StreamSlot(SseConnection):
+    """One keep-alive connection that streams one chat request after another, reading only what the
+    soak counts ([DONE], error events, the usage chunk), so that 1,000 of them fit in one client."""
 
     async def stream(self, payload: bytes) -> tuple[str | None, int]:
         """POST one streaming request and read it to its end: (error kind or None, completion tokens)."""
-        if self._stream is None or self._h11.our_state is not h11.IDLE:
-            await self.aclose()
-            self._stream = await trio.open_tcp_stream(self.host, self.port)
-            self._h11 = h11.Connection(h11.CLIENT)
-        stream, connection = self._stream, self._h11
-        headers = [("Host", self.host), ("Content-Type", "application/json"), ("Content-Length", str(len(payload)))]
-        await stream.send_all(
-            connection.send(h11.Request(method="POST", target="/v1/chat/completions", headers=headers))
-            + connection.send(h11.Data(data=payload))
-            + connection.send(h11.EndOfMessage())
-        )
-        pending, error, done, tokens = b"", None, False, 0
-        while True:
-            event = connection.next_event()
-            if event is h11.NEED_DATA:
-                data = await stream.receive_some(65536)
-                connection.receive_data(data)
-                continue
-            if isinstance(event, h11.Response):
-                if event.status_code != 200:
-                    error = f"http {event.status_code}"
-            elif isinstance(event, h11.Data):
-                pending += event.data
-                if b"\n\n" not in pending:
-                    continue
-                *records, pending = pending.split(b"\n\n")
-                for record in records:
-                    if record == b"data: [DONE]":
-                        done = True
-                    elif b'"completion_tokens"' in record:
-                        usage = json.loads(record.removeprefix(b"data: ")).get("usage") or {}
-                        tokens = usage.get("completion_tokens", tokens)
-                    elif record.startswith(b'data: {"error"'):
-                        error = error or "error event"
-            elif isinstance(event, h11.EndOfMessage):
-                if connection.our_state is h11.DONE and connection.their_state is h11.DONE:
-                    connection.start_next_cycle()
-                return (error or (None if done else "no [DONE]")), tokens
-            elif isinstance(event, h11.ConnectionClosed):
-                await self.aclose()
-                return error or "connection closed", tokens
+        error: str | None = None
+        done, tokens = False, 0
+
+        def on_status(status: int) -> None:
+            nonlocal error
+            if status != 200:
+                error = f"http {status}"
+
+        def on_records(records: list[bytes]) -> None:
+            nonlocal error, done, tokens
+            for record in records:
+                if record == b"data: [DONE]":
+                    done = True
+                elif b'"completion_tokens"' in record:
+                    usage = json.loads(record.removeprefix(b"data: ")).get("usage") or {}
+                    tokens = usage.get("completion_tokens", tokens)
+                elif record.startswith(b'data: {"error"'):
+                    error = error or "error event"
+
+        if not await self.exchange("/v1/chat/completions", payload, on_status, on_records):
+            return error or "connection closed", tokens
+        return (error or (None if done else "no [DONE]")), tokens
 
 
 def request_payload(model: str, rng: random.Random, min_tokens: int, max_tokens: int) -> bytes:
