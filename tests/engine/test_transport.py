@@ -146,6 +146,12 @@ async def test_an_engine_that_is_down_fails_fast_as_unavailable(aio_loop):
     channel.close()
 
 
+async def read_stream(channel: EngineChannel, into: list) -> None:
+    """One Generate stream, read to its end into `into`."""
+    async with channel.open_stream(GENERATE, pb.GenerateRequest(), pb.GenerateResponse, timeout=10) as stream:
+        into.extend([message async for message in stream])
+
+
 def advertise_stream_limit(monkeypatch: pytest.MonkeyPatch, limit: int | None) -> None:
     """Servers accepting connections from now on advertise (and enforce) this stream limit.
 
@@ -227,13 +233,9 @@ async def test_a_tiny_stream_limit_does_not_open_connections_without_bound(fake_
     channel = engine.channel()
     received = []
 
-    async def one_stream() -> None:
-        async with channel.open_stream(GENERATE, pb.GenerateRequest(), pb.GenerateResponse, timeout=10) as stream:
-            received.extend([message async for message in stream])
-
     async with trio.open_nursery() as streams:
         for _ in range(40):
-            streams.start_soon(one_stream)
+            streams.start_soon(read_stream, channel, received)
         await wait_until(lambda: len(held) == 32)
         released = True
         for call in held:
@@ -259,13 +261,9 @@ async def test_an_extra_connection_that_cannot_open_queues_the_stream_instead_of
     channel = engine.channel()
     received = []
 
-    async def one_stream() -> None:
-        async with channel.open_stream(GENERATE, pb.GenerateRequest(), pb.GenerateResponse, timeout=10) as stream:
-            received.extend([message async for message in stream])
-
     async with trio.open_nursery() as streams:
         for _ in range(2):
-            streams.start_soon(one_stream)
+            streams.start_soon(read_stream, channel, received)
         await wait_until(lambda: len(held) == 2)  # the first connection is full
 
         connect = transport._Connection.__connect__
@@ -276,7 +274,7 @@ async def test_an_extra_connection_that_cannot_open_queues_the_stream_instead_of
             return await connect(self)
 
         monkeypatch.setattr(transport._Connection, "__connect__", connect_times_out)
-        streams.start_soon(one_stream)  # needs a second connection, which cannot open
+        streams.start_soon(read_stream, channel, received)  # needs a second connection, which cannot open
         await trio.sleep(0.2)
         assert len(held) == 2, "queued on the full connection, not failed"
         for call in held[:1]:
