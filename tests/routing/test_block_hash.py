@@ -5,6 +5,7 @@ from __future__ import annotations
 from array import array
 
 import pytest
+import xxhash
 
 from trio_direct.routing.block_hash import (
     RoutingKey,
@@ -42,6 +43,19 @@ def test_only_complete_blocks_are_hashed():
     assert local_block_hashes([1, 2, 3, 4, 5], 2) == local_block_hashes([1, 2, 3, 4], 2)
     assert prefix_hashes([1, 2, 3, 4, 5, 6, 7], 4) == prefix_hashes([1, 2, 3, 4], 4)
     assert prefix_hashes([1, 2, 3], 4) == []
+
+
+@pytest.mark.parametrize("blocks", [0, 1, 255, 256, 257, 512, 700])
+def test_long_prompts_hash_like_one_block_at_a_time(blocks):
+    # Long prompts are split many blocks per C call; every block must still be hashed alone.
+    block = 4
+    tokens = [(i * 7919) % 150_000 for i in range(blocks * block + 3)]
+    local = [
+        xxhash.xxh3_64_intdigest(token_bytes(tokens[i : i + block]), seed=1337)
+        for i in range(0, blocks * block, block)
+    ]
+    assert local_block_hashes(tokens, block) == local
+    assert prefix_hashes(tokens, block) == sequence_hashes(local)
 
 
 def test_a_chain_can_be_continued_from_a_parent_hash():

@@ -28,7 +28,7 @@ from collections.abc import Hashable, Iterable, Sequence
 from itertools import count
 from typing import Protocol
 
-from trio_direct.routing.block_hash import prefix_hashes_from_bytes, token_array, token_bytes
+from trio_direct.routing.block_hash import prefix_hashes_from_bytes, token_array, token_view
 
 __all__ = ["BlockRemovedLike", "BlockStoredLike", "KvIndex", "Worker"]
 
@@ -310,7 +310,7 @@ class KvIndex:
         chunk = _FIRST_CHUNK
         while depth < total:
             stop = min(total, depth + chunk)
-            data = token_bytes(token_ids[depth * block : stop * block])
+            data = token_view(token_ids[depth * block : stop * block])
             hashes = prefix_hashes_from_bytes(data, block, parent)
             alive = self._match(hashes, depth, alive, result)
             if not alive:
@@ -457,7 +457,7 @@ class KvIndex:
         run.hashes.extend(hashes)
         first = run.id << _INDEX_BITS | start
         state.pages.update(zip(hashes, range(first, first + len(hashes))))
-        new = prefix_hashes_from_bytes(token_bytes(pending), block, base)
+        new = prefix_hashes_from_bytes(token_view(pending), block, base)
         if not new:
             return
         blocks.extend(new)
