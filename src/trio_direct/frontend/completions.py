@@ -382,6 +382,8 @@ async def _run(frontend: Frontend, completion: Completion) -> AsyncIterator[Choi
             yield batches
     finally:
         frontend.release(completion.key)
+        for plan in completion.plans:  # plan -> reroute -> completion -> plan: let refcounting free them
+            plan.reroute = None
 
 
 @asynccontextmanager
