@@ -51,6 +51,7 @@ class ServeConfig:
     api_key: str | None = None
     max_concurrent_requests: int = 0
     max_n: int = 128
+    gc_full_collection_growth: float = 1.0
     mock_engines: int = 2
     mock_speedup: float = 1.0
     log_level: str = "info"
@@ -91,6 +92,9 @@ _HELP = {
     "max_concurrent_requests": "completion requests served at once; more get 429 with Retry-After (0 = no limit)",
     "max_body_bytes": "largest request body accepted (413 above)",
     "max_n": "largest `n` accepted",
+    "gc_full_collection_growth": "run a full garbage-collector pass when the heap grew by this fraction since the last "
+    "one, like Go's GOGC/100 (0 = CPython's own schedule, which stalls every stream for a full pass every few "
+    "seconds under load; see docs/operations.md)",
     "mock_engines": "number of built-in mock engines started when no --engine-url is given",
     "mock_speedup": "timing divisor of the built-in mock engines (inf = as fast as possible)",
     "log_level": "debug, info, warning or error",

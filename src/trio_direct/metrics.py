@@ -45,6 +45,10 @@ LOOP_LAG = Histogram(
     buckets=_LOOP_LAG_BUCKETS, registry=REGISTRY,
 )  # fmt: skip
 LOOP_LAG_MAX = Gauge("trio_direct_event_loop_lag_max_seconds", "Worst event-loop lag since start", registry=REGISTRY)
+GC_FULL_COLLECTIONS = Counter(
+    "trio_direct_gc_full_collections", "Full garbage-collector passes run on heap growth (frontend/gc_policy.py)",
+    registry=REGISTRY,
+)  # fmt: skip
 
 
 class FrontendCollector(Collector):

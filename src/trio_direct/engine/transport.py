@@ -171,7 +171,8 @@ class _ClientProtocol(H2Protocol):
         self._report = report
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(_CoalescingTransport(transport))  # type: ignore[arg-type]
+        self.writer = _CoalescingTransport(transport)
+        super().connection_made(self.writer)  # type: ignore[arg-type]
         processors = self.processor.processors
         process = processors[RemoteSettingsChanged]
         peer_settings = self.connection._connection.remote_settings  # noqa: SLF001 - h2's view of the peer
@@ -192,8 +193,8 @@ class _CoalescingTransport:
 
     grpclib writes a request's HEADERS and DATA frames separately; each send to an idle engine
     process wakes it, which costs ~0.5 ms on a virtual machine with idle CPUs. Buffered until the
-    loop's next turn (no timer, no added latency beyond the current turn), a request leaves in one
-    send, and under load many streams' frames share one.
+    loop's next turn (no timer), or until `flush()` once a whole request is written, a request
+    leaves in one send, and under load many streams' frames share one.
     """
 
     __slots__ = ("_transport", "_pending", "_loop")
@@ -207,10 +208,10 @@ class _CoalescingTransport:
         if not data:
             return
         if not self._pending:
-            self._loop.call_soon(self._flush)
+            self._loop.call_soon(self.flush)
         self._pending.append(data)
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
         if self._pending:
             data = b"".join(self._pending)
             self._pending.clear()
@@ -218,7 +219,7 @@ class _CoalescingTransport:
                 self._transport.write(data)  # type: ignore[attr-defined]
 
     def close(self) -> None:
-        self._flush()
+        self.flush()
         self._transport.close()
 
     def __getattr__(self, name: str) -> Any:
@@ -238,6 +239,12 @@ class _Connection(Channel):
         #: for it) settled it. Kept across reconnects: the same engine most likely answers again.
         self.stream_limit: int | None = None
         self._settled = asyncio.Event()
+
+    def flush(self) -> None:
+        """Send what this connection buffered, now."""
+        protocol = self._protocol
+        if protocol is not None:
+            protocol.writer.flush()  # type: ignore[attr-defined]
 
     def _protocol_factory(self) -> H2Protocol:
         return _ClientProtocol(ClientHandler(), self._config, self._h2_config, report=self._limit_reported)
@@ -328,13 +335,19 @@ class EngineChannel:
         return connection
 
     async def _stream_connection(self) -> _Connection:
-        """A connection with room for one more stream, that slot reserved; opens one when all are full.
+        """The least loaded connection with room for one more stream, that slot reserved; opens one
+        when all are full.
+
+        Least loaded rather than first with room: every connection keeps getting new streams, and h2
+        forgets a connection's closed streams only when it opens a new one (otherwise thousands of
+        finished streams' state linger on connections that stopped getting new ones).
 
         An extra connection that cannot be opened (an engine too busy to accept in time) is dropped
         and the stream queues on the least loaded open connection instead: only an engine that no
         connection reaches fails the request.
         """
         while True:
+            best: _Connection | None = None
             for connection in self._streaming:
                 limit = connection.stream_limit
                 if limit is None:  # new: its peer's first SETTINGS tell how many streams fit
@@ -350,10 +363,12 @@ class EngineChannel:
                         return fallback
                     await connection.learn_stream_limit(self.connect_timeout)
                     break  # rescan: the list may have changed meanwhile
-                if connection.open_streams < limit:
-                    connection.open_streams += 1
-                    return connection
+                if connection.open_streams < limit and (best is None or connection.open_streams < best.open_streams):
+                    best = connection
             else:
+                if best is not None:
+                    best.open_streams += 1
+                    return best
                 if len(self._streaming) < _MAX_STREAM_CONNECTIONS:
                     self._streaming.append(_Connection(self.host, self.port))
                     continue
@@ -392,6 +407,7 @@ class EngineChannel:
                         path, Cardinality.UNARY_STREAM, type(request), response_type, timeout=timeout
                     ) as stream:
                         await stream.send_message(request, end=True)
+                        channel.flush()  # the request goes now, not a scheduling round later
                         push = send.send_nowait
                         while (message := await stream.recv_message()) is not None:
                             push(message)

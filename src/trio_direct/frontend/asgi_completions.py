@@ -168,9 +168,7 @@ async def _serve(path: str, get_frontend, max_body_bytes: int, receive: Receive,
                 await response.json(200, payload)
             nursery.cancel_scope.cancel()
     except* OpenAIError as group:
-        error = group.exceptions[0]
-        close = error.status == 413  # the rest of the body was never read
-        await response.json(error.status, error.to_json(), close=close)
+        await _answer_error(response, group.exceptions[0])
     except* Exception as group:
         log.error("unexpected error serving a completion", exc_info=group.exceptions[0])
         await response.json(500, errors.internal_error().to_json())
@@ -179,6 +177,13 @@ async def _serve(path: str, get_frontend, max_body_bytes: int, receive: Receive,
         status = response.status if response.ended else 499  # 499: the client went away
         metrics.REQUESTS.labels(status=str(status), **labels).inc()
         metrics.DURATION.labels(labels["model"], endpoint).observe(time.perf_counter() - started)
+
+
+async def _answer_error(response: _Response, error: OpenAIError) -> None:
+    # Not a local of `_serve`: the error's traceback holds that frame, so a local there would keep
+    # request, response and error alive in a reference cycle until a full garbage collection.
+    close = error.status == 413  # the rest of the body was never read
+    await response.json(error.status, error.to_json(), close=close)
 
 
 def _count_tokens(model: str, completion: completions.Completion) -> None:

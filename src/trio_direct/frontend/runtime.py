@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import trio
@@ -24,6 +25,7 @@ from trio_direct.engine.types import EngineClient
 from trio_direct.fleet.card import EngineCard
 from trio_direct.fleet.fleet import Engine, Fleet, FleetError, FleetOverrides, Worker
 from trio_direct.fleet.health import EngineHealth
+from trio_direct.frontend.gc_policy import run_gc_policy
 from trio_direct.frontend.kv_routing import KvRouting
 from trio_direct.frontend.loop_lag import monitor_loop_lag
 from trio_direct.parsers.reasoning import KNOWN_REASONING_PARSERS
@@ -325,6 +327,8 @@ async def run_frontend(config: ServeConfig, *, task_status: trio.TaskStatus[Fron
                 "; not up yet: " + ", ".join(f"{p.id}={p.url}" for p in fleet.pending) if fleet.pending else "",
             )
             nursery.start_soon(monitor_loop_lag)
+            if config.gc_full_collection_growth > 0:
+                nursery.start_soon(partial(run_gc_policy, config.gc_full_collection_growth))
             # Everything loaded so far (modules, tokenizer, templates) lives as long as the process:
             # keep it out of the cyclic GC, whose full collections otherwise walk those ~60k
             # objects each time and stall every stream for tens of milliseconds.
