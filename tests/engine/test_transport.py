@@ -286,6 +286,59 @@ async def test_an_extra_connection_that_cannot_open_queues_the_stream_instead_of
     channel.close()
 
 
+async def test_a_new_stream_goes_to_the_least_loaded_connection(fake_engine_factory, monkeypatch):
+    """Every connection keeps getting new streams (h2 forgets closed streams only when one opens)."""
+    advertise_stream_limit(monkeypatch, 3)
+    engine = await fake_engine_factory(TYPES)
+    held = []
+
+    def generate(call):
+        held.append(call)
+        call.send(pb.GenerateResponse(output_ids=[1]))
+
+    engine.handlers[GENERATE] = generate
+    channel = engine.channel()
+    received: list = []
+    async with trio.open_nursery() as streams:
+        for _ in range(6):
+            streams.start_soon(read_stream, channel, received)
+        await wait_until(lambda: len(held) == 6)
+        first, second = sorted({call.peer for call in held}, key=lambda peer: held[0].peer != peer)
+        on_first = [call for call in held if call.peer == first]
+        on_second = [call for call in held if call.peer == second]
+        assert len(on_first) == len(on_second) == 3
+        on_first[0].finish()  # the first connection keeps 2 streams, the second 1
+        on_second[0].finish()
+        on_second[1].finish()
+        await wait_until(lambda: len(received) == 3)  # each stream is read to its end first
+        streams.start_soon(read_stream, channel, received)
+        await wait_until(lambda: len(held) == 7)
+        assert held[-1].peer == second
+        for call in held:
+            if not call.done:
+                call.finish()
+    channel.close()
+
+
+async def test_a_connection_remembers_only_recently_closed_streams(engine, monkeypatch):
+    monkeypatch.setattr(transport, "_CLOSED_STREAMS_REMEMBERED", 16)
+
+    def generate(call):
+        call.send(pb.GenerateResponse(output_ids=[1]))
+        call.finish()
+
+    engine.handlers[GENERATE] = generate
+    channel = engine.channel()
+    received: list = []
+    for _ in range(40):
+        await read_stream(channel, received)
+    assert len(received) == 40
+    (connection,) = channel._streaming
+    h2_connection = connection._protocol.connection._connection
+    assert len(h2_connection._closed_streams) + len(h2_connection.streams) <= 16 + 2
+    channel.close()
+
+
 async def test_closing_a_channel_drops_every_connection(fake_engine_factory, monkeypatch):
     advertise_stream_limit(monkeypatch, 2)
     engine = await fake_engine_factory(TYPES)
