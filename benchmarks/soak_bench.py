@@ -342,7 +342,11 @@ def main() -> None:
     parser.add_argument("--num-blocks", type=int, default=1_000_000, help="mock KV pages: room for every stream")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks/results/soak/soak.json")
     parser.add_argument("--diagnose", action="store_true", help="log GC pauses and GIL stalls of the frontend (see DIAGNOSE_WRAPPER)")
-    parser.add_argument("--gc-threshold", help="with --diagnose: gc.set_threshold(...) in the frontend, e.g. 20000,20,100")
+    parser.add_argument(
+        "--gc-threshold",
+        help="with --diagnose: gc.set_threshold(...) in the frontend, e.g. 20000,20,100 (its GC policy then "
+        "sets its own; add --frontend-arg=--gc-full-collection-growth=0 to keep these)",
+    )
     parser.add_argument("--gc-freeze", action="store_true", help="with --diagnose: gc.freeze() the frontend once it is up")
     parser.add_argument("--frontend-arg", action="append", default=[], help="extra `trio-direct serve` argument")
     args = parser.parse_args()

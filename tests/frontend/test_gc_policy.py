@@ -9,7 +9,12 @@ import httpx
 import trio
 
 from support import RawSseClient, start_frontend, start_mock_engine
-from trio_direct.frontend.gc_policy import YOUNG_PASSES_PER_OLDER, FullCollectionSchedule, run_gc_policy
+from trio_direct.frontend.gc_policy import (
+    YOUNG_OBJECTS,
+    YOUNG_PASSES_PER_OLDER,
+    FullCollectionSchedule,
+    run_gc_policy,
+)
 from trio_direct.metrics import REGISTRY
 
 
@@ -34,7 +39,7 @@ async def test_old_cyclic_garbage_is_collected_once_the_heap_grew_and_cpython_ge
     async with trio.open_nursery() as nursery:
         schedule = await nursery.start(partial(run_gc_policy, 0.02, check_every=0.01))
         threshold = gc.get_threshold()
-        assert threshold[:2] == (before[0], YOUNG_PASSES_PER_OLDER)
+        assert threshold[:2] == (YOUNG_OBJECTS, YOUNG_PASSES_PER_OLDER)
         assert threshold[2] > 10**9  # CPython never starts a full pass by itself
         cycles = [_Cycle() for _ in range(schedule.baseline // 100)]
         gc.collect(1)

@@ -403,7 +403,7 @@ async def open_stream(frontend: Frontend, completion: Completion) -> AsyncIterat
             # Yielded only once the engine calls are dispatched, so the caller writes the response
             # headers now, and the opening chunks only with the first output: no socket write holds
             # up the dispatch. The few scheduling rounds let the choice tasks get their requests
-            # onto the wire (choice task -> transport pump -> asyncio coroutine).
+            # onto the wire (choice task -> the call's asyncio task, run by the trio-asyncio loop).
             for _ in range(_DISPATCH_ROUNDS):
                 await trio.lowlevel.checkpoint()
             stream._batches = batches
