@@ -170,6 +170,21 @@ def advertise_stream_limit(monkeypatch: pytest.MonkeyPatch, limit: int | None) -
     monkeypatch.setattr(h2.connection, "Settings", ServerSettings)
 
 
+async def engine_holding_streams(fake_engine_factory, monkeypatch: pytest.MonkeyPatch, limit: int) -> tuple:
+    """An engine advertising `limit` streams per connection that answers each Generate with one message
+    and holds it open; returns the engine and the held calls, in arrival order."""
+    advertise_stream_limit(monkeypatch, limit)
+    engine = await fake_engine_factory(TYPES)
+    held: list = []
+
+    def generate(call):
+        held.append(call)
+        call.send(pb.GenerateResponse(output_ids=[1]))
+
+    engine.handlers[GENERATE] = generate
+    return engine, held
+
+
 @pytest.mark.parametrize(("limit", "connections"), [(4, 3), (None, 1)])
 async def test_streams_past_the_engines_limit_all_run_and_control_calls_never_wait_behind_them(
     fake_engine_factory, monkeypatch, limit, connections
@@ -288,15 +303,7 @@ async def test_an_extra_connection_that_cannot_open_queues_the_stream_instead_of
 
 async def test_a_new_stream_goes_to_the_least_loaded_connection(fake_engine_factory, monkeypatch):
     """Every connection keeps getting new streams (h2 forgets closed streams only when one opens)."""
-    advertise_stream_limit(monkeypatch, 3)
-    engine = await fake_engine_factory(TYPES)
-    held = []
-
-    def generate(call):
-        held.append(call)
-        call.send(pb.GenerateResponse(output_ids=[1]))
-
-    engine.handlers[GENERATE] = generate
+    engine, held = await engine_holding_streams(fake_engine_factory, monkeypatch, 3)
     channel = engine.channel()
     received: list = []
     async with trio.open_nursery() as streams:
@@ -340,15 +347,7 @@ async def test_a_connection_remembers_only_recently_closed_streams(engine, monke
 
 
 async def test_closing_a_channel_drops_every_connection(fake_engine_factory, monkeypatch):
-    advertise_stream_limit(monkeypatch, 2)
-    engine = await fake_engine_factory(TYPES)
-    held = []
-
-    def generate(call):
-        held.append(call)
-        call.send(pb.GenerateResponse(output_ids=[1]))
-
-    engine.handlers[GENERATE] = generate
+    engine, held = await engine_holding_streams(fake_engine_factory, monkeypatch, 2)
     engine.handlers[HEALTH] = lambda call: (call.send(pb.HealthCheckResponse(healthy=True)), call.finish())
     channel = engine.channel()
     failures = []
