@@ -264,15 +264,7 @@ async def test_an_extra_connection_that_cannot_open_queues_the_stream_instead_of
     fake_engine_factory, monkeypatch
 ):
     """An engine too busy to accept another connection in time still serves on the ones it has."""
-    advertise_stream_limit(monkeypatch, 2)
-    engine = await fake_engine_factory(TYPES)
-    held = []
-
-    def generate(call):
-        call.send(pb.GenerateResponse(output_ids=[1]))
-        held.append(call)
-
-    engine.handlers[GENERATE] = generate
+    engine, held = await engine_holding_streams(fake_engine_factory, monkeypatch, 2)
     channel = engine.channel()
     received = []
 
