@@ -34,15 +34,15 @@ from trio_direct.frontend import serve as serve_module  # noqa: E402
 STEPS = {
     "body": "request body read",
     "planned": "validated, chat template rendered, tokenized",
-    "open_stream": "routed, choice task running, engine call opening",
+    "open_stream": "routed, the engine call opening",
     "aio_start": "the call's asyncio task running",
     "engine_write": "request frames handed to the socket",
     "engine_data": "first engine bytes received (the engine's prefill)",
     "parsed": "grpclib and h2 parsed them (data_received returned)",
     "recv_message": "grpclib handed the message to the asyncio task",
-    "trio_message": "the choice task has it",
+    "trio_message": "the reading trio task has it",
     "batch": "decoded into chunks (EngineCall.next_batch)",
-    "events": "detokenized; the request task has the choice event",
+    "events": "detokenized: the request task has the choice event",
     "client_write": "the first SSE chunk written to the client socket",
 }
 marks: dict[str, float] = {}
@@ -116,7 +116,8 @@ def instrument() -> None:
     wrap_async(grpclib.client.Stream, "recv_message", after="recv_message", needs="engine_data")
     wrap_async(transport.MessageStream, "__anext__", after="trio_message", needs="engine_data")
     wrap_async(engine_call.EngineCall, "next_batch", after="batch", needs="engine_data")
-    wrap_async(choices.ChoiceEvents, "__anext__", after="events", needs="engine_data")
+    wrap_async(choices.ChoiceEvents, "__anext__", after="events", needs="engine_data")  # n > 1, PD
+    wrap_async(choices._OneChoiceEvents, "__anext__", after="events", needs="engine_data")
     send_all = trio.SocketStream.send_all
 
     async def send_all_marked(self, data):
