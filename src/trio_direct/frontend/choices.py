@@ -1,8 +1,9 @@
 """The choices of one OpenAI request, each an engine call, run inside the request's one nursery.
 
 `run_choices` opens the request's nursery: one task per choice, each an engine call, started at
-once. When the HTTP side stops listening (client gone, server shutting down) every engine call in it
-is left through `open_engine_call`, whose ``finally`` sends the Abort. A choice whose text hits a
+once; a request with a single aggregated choice (the common case) reads its one engine call in its
+own task instead (`ChoiceReader`). When the HTTP side stops listening (client gone, server shutting
+down) every engine call is left through `open_engine_call`, whose ``finally`` sends the Abort. A choice whose text hits a
 stop string ends there too, even if its engine would have gone on. Failures travel in-band, in order,
 so the reader gets every event that came before one.
 """
