@@ -3,9 +3,9 @@
 `run_choices` opens the request's nursery: one task per choice, each an engine call, started at
 once; a request with a single aggregated choice (the common case) reads its one engine call in its
 own task instead (`ChoiceReader`). When the HTTP side stops listening (client gone, server shutting
-down) every engine call is left through `open_engine_call`, whose ``finally`` sends the Abort. A choice whose text hits a
-stop string ends there too, even if its engine would have gone on. Failures travel in-band, in order,
-so the reader gets every event that came before one.
+down) every engine call is left through `open_engine_call`, whose ``finally`` sends the Abort. A
+choice whose text hits a stop string ends there too, even if its engine would have gone on. Failures
+travel in order, so the reader gets every event that came before one.
 """
 
 from __future__ import annotations
@@ -158,8 +158,8 @@ class ChoiceFailed(Exception):
 @asynccontextmanager
 async def run_choices(
     plans: list[ChoicePlan], *, abort_timeout: float, decode_abort_deadline: float = 30.0
-) -> AsyncIterator[ChoiceEvents | _OneChoiceEvents]:
-    """Start every choice's engine call(s) at once; read their events from the yielded `ChoiceEvents`.
+) -> AsyncIterator[AsyncIterator[list[ChoiceEvent]]]:
+    """Start every choice's engine call(s) at once; read batches of their events from what it yields.
 
     The nursery here is the request's: leaving the block (client gone, error, all done) cancels
     whatever still runs, and each engine call's own ``finally`` sends its Abort. A request with a
@@ -266,7 +266,9 @@ class ChoiceReader:
     had not ended it.
     """
 
-    __slots__ = ("_plan", "_abort_timeout", "_on_first_message", "_retries", "_call", "_exit", "_failure", "_delivered", "_ended")
+    __slots__ = (
+        "_plan", "_abort_timeout", "_on_first_message", "_retries", "_call", "_exit", "_failure", "_delivered", "_ended",
+    )  # fmt: skip
 
     def __init__(
         self, plan: ChoicePlan, abort_timeout: float, *, on_first_message: Callable[[], None] | None = None

@@ -30,7 +30,7 @@ from trio_direct.engine.errors import (
 )
 from trio_direct.engine.types import Bootstrap, GenerateInput, TokenLogprob
 from trio_direct.fleet.card import DEFAULT_BOOTSTRAP_PORT
-from trio_direct.frontend.choices import ChoiceEvent, ChoiceEvents, ChoiceOutput, ChoicePlan, EngineLeg, run_choices
+from trio_direct.frontend.choices import ChoiceEvent, ChoiceOutput, ChoicePlan, EngineLeg, run_choices
 from trio_direct.frontend.disaggregation import new_room
 from trio_direct.frontend.runtime import Frontend, Route
 from trio_direct.logs import REQUEST_ID
@@ -366,7 +366,7 @@ def _abort_error(event: ChoiceEvent) -> OpenAIError:
 
 
 @asynccontextmanager
-async def _run(frontend: Frontend, completion: Completion) -> AsyncIterator[ChoiceEvents]:
+async def _run(frontend: Frontend, completion: Completion) -> AsyncIterator[AsyncIterator[list[ChoiceEvent]]]:
     """Route the request, then run its choices; its routing load is released however it ends."""
     try:
         route = frontend.choose_route(completion.prompts[0].token_ids, completion.key)
@@ -436,7 +436,7 @@ class CompletionStream:
 
     def __init__(self, completion: Completion) -> None:
         self._completion = completion
-        self._batches: ChoiceEvents | None = None
+        self._batches: AsyncIterator[list[ChoiceEvent]] | None = None
         self._opening = _opening(completion)
         self._failure: OpenAIError | None = None
 
