@@ -417,3 +417,36 @@ def test_writes_of_one_loop_turn_leave_in_one_send():
         return socket
 
     asyncio.run(scenario())
+
+
+_GRPCLIB_FIRST = """
+import grpclib.client  # before trio-asyncio: grpclib binds asyncio.current_task first
+import trio
+from trio_direct._proto.native import sglang_pb2 as pb
+from trio_direct.engine.transport import EngineChannel, RpcMethod, open_asyncio_loop, serve_grpc
+
+def health(call):
+    call.send(pb.HealthCheckResponse(healthy=True))
+    call.finish()
+
+async def main():
+    path = "/sglang.runtime.v1.SglangService/HealthCheck"
+    method = RpcMethod(path, False, pb.HealthCheckRequest, pb.HealthCheckResponse, health)
+    async with open_asyncio_loop(), trio.open_nursery() as nursery:
+        channel = EngineChannel("127.0.0.1", await nursery.start(serve_grpc, [method], "127.0.0.1", 0))
+        reply = await channel.unary(path, pb.HealthCheckRequest(), pb.HealthCheckResponse, timeout=5)
+        assert reply.healthy
+        channel.close()
+        nursery.cancel_scope.cancel()
+
+trio.run(main)
+"""
+
+
+def test_calls_work_when_grpclib_was_imported_before_the_transport():
+    """On Python 3.12+ asyncio.current_task is C and blind to trio-asyncio's loop unless patched."""
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", _GRPCLIB_FIRST], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr

@@ -29,6 +29,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import grpclib.utils
 import trio
 import trio_asyncio
 from grpclib.client import Channel
@@ -57,6 +58,11 @@ __all__ = [
     "serve_grpc",
     "open_asyncio_loop",
 ]
+
+# trio-asyncio replaces asyncio.current_task on import (3.12's C one cannot see its loop), but grpclib
+# keeps the one that was current when grpclib.utils was imported: in a program that imported grpclib
+# first, every call would fail with "no running event loop". Point grpclib at the replacement.
+grpclib.utils._current_task = asyncio.current_task  # noqa: SLF001
 
 #: Larger HTTP/2 windows than grpclib's defaults: prompts of many thousand token ids and fast token
 #: streams should never wait on flow-control updates.
@@ -424,6 +430,13 @@ class EngineChannel:
                     connection.open_streams -= 1
             except Exception as error:  # noqa: BLE001 - everything becomes a typed engine error
                 send.send_nowait(_Failure(self._typed(error)))
+            except asyncio.CancelledError:
+                # The trio side left (grpclib's exit above reset the stream). Ending normally rather
+                # than cancelled matters on Python 3.12+: a cancelled task keeps its CancelledError,
+                # whose traceback's frames link back (f_back) through trio-asyncio's loop frame to
+                # the handle that woke this task: a reference cycle holding the request until a full
+                # garbage collection.
+                pass
 
     def _typed(self, error: Exception) -> EngineError:
         if isinstance(error, EngineError):
