@@ -150,7 +150,9 @@ async def _serve(path: str, get_frontend, max_body_bytes: int, receive: Receive,
             if body is None:
                 response.status = 499  # the client left before sending its request
                 return
-            nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope)
+            watch = _DisconnectWatch(nursery, receive)
+            if len(body) > completions.THREAD_THRESHOLD_CHARS:
+                watch.start()  # a long prompt is planned on a worker thread: stop that if the client leaves
             frontend = get_frontend()
             if frontend is None:
                 raise errors.service_unavailable("The server is starting: no engine is ready yet.")
@@ -160,8 +162,9 @@ async def _serve(path: str, get_frontend, max_body_bytes: int, receive: Receive,
             # Metrics are recorded before the last write: once the response is complete the server
             # reports the client gone, which cancels this scope.
             if completion.request.stream:
-                await _stream(frontend, completion, response, started)
+                await _stream(frontend, completion, response, started, watch)
             else:
+                watch.start()
                 payload = await completions.complete_unary(frontend, completion)
                 metrics.TTFT.labels(labels["model"]).observe(time.perf_counter() - started)
                 _count_tokens(labels["model"], completion)
@@ -195,24 +198,29 @@ def _count_tokens(model: str, completion: completions.Completion) -> None:
     metrics.TOKENS.labels(model, "cached").inc(usage.cached_tokens)
 
 
-async def _stream(frontend: Frontend, completion: completions.Completion, response: _Response, started: float) -> None:
+async def _stream(
+    frontend: Frontend, completion: completions.Completion, response: _Response, started: float, watch: _DisconnectWatch
+) -> None:
     ttft = metrics.TTFT.labels(frontend.model_name)
     gaps = metrics.INTER_TOKEN.labels(frontend.model_name)
     last = None
 
     async def write(chunk: bytes) -> None:
+        # Timed as the chunk is handed to the server, recorded once it is out: the histograms'
+        # bookkeeping never delays a token.
         nonlocal last
         now = time.perf_counter()
+        await response.body(chunk)
         if last is None:
             ttft.observe(now - started)
         else:
             gaps.observe(now - last)
         last = now
-        await response.body(chunk)
 
     # This task enters the request's nursery itself (`open_stream`): a disconnect that cancels a
     # write here tears the engine calls down through plain `async with` exits.
     async with completions.open_stream(frontend, completion) as stream:
+        watch.start()
         await response.start(200, _SSE_HEADERS)  # the engine calls are dispatched
         async for chunk in stream:
             await write(chunk)
@@ -235,10 +243,30 @@ async def _read_body(receive: Receive, limit: int) -> bytes | None:
             return bytes(body)
 
 
-async def _cancel_on_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
-    scope.cancel()
+class _DisconnectWatch:
+    """Cancels the request's scope when the client disconnects, from `start` on.
+
+    Started once the engine calls are dispatched, not before: a new task's first step would run
+    in the scheduling rounds that carry the request to the engine. A disconnect meanwhile waits in
+    the ASGI queue, so none is missed.
+    """
+
+    __slots__ = ("_nursery", "_receive", "_started")
+
+    def __init__(self, nursery: trio.Nursery, receive: Receive) -> None:
+        self._nursery = nursery
+        self._receive = receive
+        self._started = False
+
+    def start(self) -> None:
+        if not self._started:
+            self._started = True
+            self._nursery.start_soon(self._watch)
+
+    async def _watch(self) -> None:
+        while (await self._receive())["type"] != "http.disconnect":
+            pass
+        self._nursery.cancel_scope.cancel()
 
 
 class _Response:
