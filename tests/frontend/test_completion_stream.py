@@ -99,6 +99,9 @@ class LoadLedger:
 class Digits:
     """A detokenizer: token id 3 reads '3'."""
 
+    def prepare(self) -> None:
+        pass
+
     def push(self, token_ids: list[int]) -> str:
         return "".join(str(t) for t in token_ids)
 

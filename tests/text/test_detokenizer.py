@@ -115,18 +115,25 @@ def test_ids_outside_the_vocabulary_decode_to_nothing(tiny: ModelTokenizer) -> N
     assert detok.push([tiny.vocab_size + 5, *hello]) + detok.flush() == "Hello"
 
 
+@pytest.mark.parametrize("prepared", [False, True], ids=["opened-by-push", "prepared-first"])
 @pytest.mark.parametrize("prompt", ["Hello", "你好", "😀"])
-def test_prompt_context(deepseek: ModelTokenizer, prompt: str) -> None:
+def test_prompt_context(deepseek: ModelTokenizer, prompt: str, prepared: bool) -> None:
     prompt_ids = deepseek.encode(prompt, add_special_tokens=False)
     gen_ids = deepseek.encode(" world 世界", add_special_tokens=False)
     detok = IncrementalDetokenizer(deepseek, prompt_ids=prompt_ids)
+    if prepared:  # as a request does once its engine call has left
+        detok.prepare()
+        detok.prepare()
     text = "".join(detok.push([i]) for i in gen_ids) + detok.flush()
     assert text == " world 世界"
 
 
-def test_prompt_ending_inside_a_character(deepseek: ModelTokenizer) -> None:
+@pytest.mark.parametrize("prepared", [False, True], ids=["opened-by-push", "prepared-first"])
+def test_prompt_ending_inside_a_character(deepseek: ModelTokenizer, prepared: bool) -> None:
     emoji = deepseek.encode("😀", add_special_tokens=False)
     detok = IncrementalDetokenizer(deepseek, prompt_ids=emoji[:1])
+    if prepared:
+        detok.prepare()
     rest = deepseek.encode(" done", add_special_tokens=False)
     text = detok.push(emoji[1:]) + detok.push(rest) + detok.flush()
     assert text.endswith(" done")

@@ -29,6 +29,8 @@ from trio_direct.parsers.tools import ToolCallDelta, ToolCallParser, ToolDelta
 
 
 class TextDecoder(Protocol):
+    def prepare(self) -> None: ...
+
     def push(self, token_ids: list[int]) -> str: ...
 
     def flush(self) -> str: ...
@@ -77,6 +79,10 @@ class ChoiceOutput:
     @property
     def usage_cached_tokens(self) -> int:
         return self.cached_tokens if self.prompt_cached_tokens is None else self.prompt_cached_tokens
+
+    def prepare(self) -> None:
+        """Set up what only the output needs; called once the engine call is on its way."""
+        self.decoder.prepare()
 
     def push(self, batch: list[GenerateChunk]) -> ChoiceEvent:
         token_ids = [token for chunk in batch for token in chunk.token_ids]

@@ -11,7 +11,7 @@ as they come, or one body at the end.
 from __future__ import annotations
 
 import logging
-import uuid
+import os
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
@@ -211,7 +211,7 @@ def _plan(
         raise errors.service_unavailable("No engine is available to serve the request.")
     return_logprob, top_logprobs = logprob_options(request)
     stops = stop_strings(request)
-    request_key = uuid.uuid4().hex
+    request_key = os.urandom(16).hex()  # as random as uuid4().hex, without building a UUID
     REQUEST_ID.set(id_prefix + request_key)
     plans = []
     for prompt_index, prompt in enumerate(prompts):
@@ -406,6 +406,7 @@ async def open_stream(frontend: Frontend, completion: Completion) -> AsyncIterat
             # onto the wire (choice task -> the call's asyncio task, run by the trio-asyncio loop).
             for _ in range(_DISPATCH_ROUNDS):
                 await trio.lowlevel.checkpoint()
+            stream.prepare()  # the engine computes the first token meanwhile
             stream._batches = batches
             dispatched = True
             yield stream
@@ -437,7 +438,7 @@ class CompletionStream:
     def __init__(self, completion: Completion) -> None:
         self._completion = completion
         self._batches: AsyncIterator[list[ChoiceEvent]] | None = None
-        self._opening = _opening(completion)
+        self._opening: bytes | None = None  # the first chunk(s), made by `prepare`
         self._failure: OpenAIError | None = None
 
     def __aiter__(self) -> CompletionStream:
@@ -460,6 +461,13 @@ class CompletionStream:
         self._batches = None
         raise StopAsyncIteration
 
+    def prepare(self) -> None:
+        """What the first write needs and the engine request did not: done while it is computed."""
+        if self._opening is None:
+            self._opening = _opening(self._completion)
+            for plan in self._completion.plans:
+                plan.output.prepare()
+
     def ending(self) -> list[bytes]:
         """The closing chunks: the failure, or the usage when asked for; then ``[DONE]``."""
         completion = self._completion
@@ -472,6 +480,7 @@ class CompletionStream:
         return [responses.DONE]
 
     def _encode(self, batch: list[ChoiceEvent]) -> bytes:
+        self.prepare()
         out = [self._opening] if self._opening else []
         for event in _merge(batch):
             if event.finish_reason == "abort":

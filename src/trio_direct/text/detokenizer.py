@@ -39,7 +39,7 @@ class IncrementalDetokenizer:
     parameters; like HF fast tokenizers (and SGLang with them), decoding ignores it.
     """
 
-    __slots__ = ("_tokenizer", "_skip", "_stream", "_chunk", "_pending", "_prefix", "_done")
+    __slots__ = ("_tokenizer", "_skip", "_stream", "_chunk", "_pending", "_prefix", "_done", "_prepared")
 
     def __init__(
         self,
@@ -50,26 +50,38 @@ class IncrementalDetokenizer:
     ) -> None:
         self._tokenizer = tokenizer.tokenizer
         self._skip = skip_special_tokens
-        context = list(prompt_ids[-_PROMPT_CONTEXT:]) if prompt_ids else []
-        # A prompt ending inside a UTF-8 sequence would make DecodeStream's prefix end in
-        # U+FFFD and every later step fail its prefix check; decode without context then.
-        if context and self._decode(context).endswith(_REPLACEMENT):
-            context = []
-        # None once DecodeStream has given up (see the module docstring).
-        self._stream: DecodeStream | None = DecodeStream(
-            ids=context or None, skip_special_tokens=skip_special_tokens
-        )
         # Mirrors DecodeStream's window: the ids of the last emitted chunk (its decoding
-        # context) and the ids pushed since, which have not produced text yet.
-        self._chunk: list[int] = context
+        # context; the prompt's last ids to begin with) and the ids pushed since, which have not
+        # produced text yet.
+        self._chunk: list[int] = list(prompt_ids[-_PROMPT_CONTEXT:]) if prompt_ids else []
         self._pending: list[int] = []
+        # None until `prepare`, and again once DecodeStream has given up (see the module docstring).
+        self._stream: DecodeStream | None = None
         self._prefix = ""  # decode(self._chunk), kept only without DecodeStream
         self._done = False
+        self._prepared = False
+
+    def prepare(self) -> None:
+        """Open the decoding stream (done by the first `push` otherwise; idempotent).
+
+        Separate from construction so that a request pays for it after its engine call has left,
+        while the engine computes the first token, not before.
+        """
+        if self._prepared:
+            return
+        self._prepared = True
+        # A prompt ending inside a UTF-8 sequence would make DecodeStream's prefix end in
+        # U+FFFD and every later step fail its prefix check; decode without context then.
+        if self._chunk and self._decode(self._chunk).endswith(_REPLACEMENT):
+            self._chunk = []
+        self._stream = DecodeStream(ids=self._chunk or None, skip_special_tokens=self._skip)
 
     def push(self, token_ids: Sequence[int]) -> str:
         """Append engine output ids; return the text they complete (possibly "")."""
         if self._done:
             raise RuntimeError("push() after flush()")
+        if not self._prepared:
+            self.prepare()
         if self._stream is None:
             return "".join(self._step_in_python(token_id) for token_id in token_ids)
         step = self._stream.step
