@@ -88,6 +88,20 @@ async def test_streaming_and_unary_give_the_same_text_and_usage(aio_loop, nurser
     assert chunks[-1]["usage"] == unary["usage"] | {"prompt_tokens_details": chunks[-1]["usage"]["prompt_tokens_details"]}
 
 
+async def test_the_chat_template_is_compiled_at_start_up_not_by_the_first_chat(aio_loop, nursery):
+    from trio_direct.text import chat_template
+
+    chat_template._compile.cache_clear()
+    engine = await start_mock_engine(nursery, *FAST)
+    base = await start_frontend(nursery, "--engine-url", engine.url)
+    compiled = chat_template._compile.cache_info().misses
+    assert compiled == 1  # compiled while the frontend started
+    async with httpx.AsyncClient(base_url=base, timeout=30) as client:
+        response = await chat(client, await model_of(client))
+    assert response.status_code == 200
+    assert chat_template._compile.cache_info().misses == compiled  # the first chat found it ready
+
+
 async def test_a_repeated_prompt_reports_cached_tokens(aio_loop, nursery):
     engine = await start_mock_engine(nursery, *FAST)
     base = await start_frontend(nursery, "--engine-url", engine.url)
