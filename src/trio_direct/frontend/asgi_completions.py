@@ -201,8 +201,7 @@ def _count_tokens(model: str, completion: completions.Completion) -> None:
 async def _stream(
     frontend: Frontend, completion: completions.Completion, response: _Response, started: float, watch: _DisconnectWatch
 ) -> None:
-    ttft = metrics.TTFT.labels(frontend.model_name)
-    gaps = metrics.INTER_TOKEN.labels(frontend.model_name)
+    ttft = gaps = None  # looked up once the engine calls are dispatched
     last = None
 
     async def write(chunk: bytes) -> None:
@@ -220,8 +219,11 @@ async def _stream(
     # This task enters the request's nursery itself (`open_stream`): a disconnect that cancels a
     # write here tears the engine calls down through plain `async with` exits.
     async with completions.open_stream(frontend, completion) as stream:
+        # The engine calls are dispatched: what follows is done while the engine works.
         watch.start()
-        await response.start(200, _SSE_HEADERS)  # the engine calls are dispatched
+        ttft = metrics.TTFT.labels(frontend.model_name)
+        gaps = metrics.INTER_TOKEN.labels(frontend.model_name)
+        await response.start(200, _SSE_HEADERS)
         async for chunk in stream:
             await write(chunk)
     for chunk in stream.ending():
