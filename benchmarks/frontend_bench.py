@@ -1,14 +1,19 @@
 """What the frontend costs, and how it compares with smg on the same mock engines.
 
 Part 1, latency added (c=1): two mock engines at --speedup 1 (real-time decode steps). The same
-chat prompt is sent (a) straight to an engine over gRPC and (b) through `trio-direct serve`; the
-difference of TTFT and inter-token latency is what the frontend adds.
+chat prompt is sent (a) straight to an engine over gRPC, (b) through `trio-direct serve` and, when
+smg is installed, (c) through smg 1.13, the paths alternated; the difference of TTFT and
+inter-token latency from (a) is what a frontend adds. smg, a gateway in Rust, shows how much of
+that the machine itself charges for the extra hop.
 
 Part 2, throughput: two mock engines at --speedup inf (as fast as the mock can stream), fronted by
 `trio-direct serve` and by smg 1.13 (SMG API, round robin) in the same run; streamed tokens/s at
 c=1, 16, 64 and the ratio trio-direct / smg.
 
-    python benchmarks/frontend_bench.py [--smg PATH] [--requests-per-slot 8]
+    python benchmarks/frontend_bench.py [--smg PATH] [--requests-per-slot 8] [--latency-only]
+
+Each latency request streams 32 tokens at the mock's real-time pace (~0.25 s), so
+`--latency-requests 300` takes about four minutes.
 
 smg is looked up on PATH, then in ~/.cache/trio-direct-smg-venv (pip install smg==1.13.0 there).
 """
@@ -21,6 +26,7 @@ import shutil
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import trio
@@ -98,6 +104,7 @@ def main() -> None:
     parser.add_argument("--requests-per-slot", type=int, default=8, help="requests per concurrent slot")
     parser.add_argument("--latency-requests", type=int, default=60)
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per measurement")
+    parser.add_argument("--latency-only", action="store_true", help="measure the latency added, not throughput")
     args = parser.parse_args()
     model_dir = ensure_tiny_model(default_tiny_model_dir())
     tokenizer = ModelTokenizer.from_directory(model_dir)
@@ -108,22 +115,29 @@ def main() -> None:
     with Children() as children:
         print("== latency added by the frontend (c=1, mock --speedup 1, 32 tokens) ==")
         realtime = [children.mock_engine("--incremental-streaming-output") for _ in range(2)]
-        frontend, _ = start_frontend(children, realtime)
-        direct_ttft, direct_gaps, front_ttft, front_gaps = [], [], [], []
-        for _ in range(args.rounds):  # alternate the two paths so both see the same machine noise
-            ttft, gaps = trio.run(direct_latency, realtime[0], prompt_ids, args.latency_requests // args.rounds, 32)
-            direct_ttft += ttft
-            direct_gaps += gaps
-            samples, _ = trio.run(
-                lambda: run_load("127.0.0.1", frontend, chat_body(model, 32), concurrency=1, requests=args.latency_requests // args.rounds)
-            )
-            front_ttft += [s.ttft for s in samples if s.ttft is not None]
-            front_gaps += [g for s in samples for g in s.gaps]
-        print(f"direct gRPC   TTFT {summary_ms(direct_ttft)}   ITL {summary_ms(direct_gaps)}")
-        print(f"trio-direct   TTFT {summary_ms(front_ttft)}   ITL {summary_ms(front_gaps)}")
-        added = percentile(front_ttft, 0.5) - percentile(direct_ttft, 0.5)
-        added_itl = percentile(front_gaps, 0.5) - percentile(direct_gaps, 0.5)
-        print(f"added by trio-direct: TTFT p50 {added * 1e3:+.2f} ms, ITL p50 {added_itl * 1e3:+.2f} ms")
+        frontends = {"trio-direct": start_frontend(children, realtime)[0]}
+        if smg:  # the same hop through a gateway in Rust: what this machine charges any frontend
+            frontends["smg 1.13"] = start_smg(children, smg, realtime, model_dir)[0]
+        ttft: dict[str, list[float]] = {"direct gRPC": [], **{name: [] for name in frontends}}
+        itl: dict[str, list[float]] = {name: [] for name in ttft}
+        per_round = args.latency_requests // args.rounds
+        for _ in range(args.rounds):  # alternate the paths so that all see the same machine noise
+            ttfts, gaps = trio.run(direct_latency, realtime[0], prompt_ids, per_round, 32)
+            ttft["direct gRPC"] += ttfts
+            itl["direct gRPC"] += gaps
+            for name, port in frontends.items():
+                load = partial(run_load, "127.0.0.1", port, chat_body(model, 32), concurrency=1, requests=per_round)
+                samples, _ = trio.run(load)
+                ttft[name] += [s.ttft for s in samples if s.ttft is not None]
+                itl[name] += [g for s in samples for g in s.gaps]
+        for name in ttft:
+            print(f"{name:<13} TTFT {summary_ms(ttft[name])}   ITL {summary_ms(itl[name])}")
+        for name in frontends:
+            added = percentile(ttft[name], 0.5) - percentile(ttft["direct gRPC"], 0.5)
+            added_itl = percentile(itl[name], 0.5) - percentile(itl["direct gRPC"], 0.5)
+            print(f"added by {name}: TTFT p50 {added * 1e3:+.2f} ms, ITL p50 {added_itl * 1e3:+.2f} ms")
+        if args.latency_only:
+            return
 
         print("\n== streamed tokens/s (mock --speedup inf, 2 engines, 64 tokens per request) ==")
         fast = [children.mock_engine("--speedup", "inf", "--incremental-streaming-output") for _ in range(2)]
