@@ -150,9 +150,7 @@ async def _serve(path: str, get_frontend, max_body_bytes: int, receive: Receive,
             if body is None:
                 response.status = 499  # the client left before sending its request
                 return
-            watch = _DisconnectWatch(nursery, receive)
-            if len(body) > completions.THREAD_THRESHOLD_CHARS:
-                watch.start()  # a long prompt is planned on a worker thread: stop that if the client leaves
+            nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope)
             frontend = get_frontend()
             if frontend is None:
                 raise errors.service_unavailable("The server is starting: no engine is ready yet.")
@@ -162,9 +160,8 @@ async def _serve(path: str, get_frontend, max_body_bytes: int, receive: Receive,
             # Metrics are recorded before the last write: once the response is complete the server
             # reports the client gone, which cancels this scope.
             if completion.request.stream:
-                await _stream(frontend, completion, response, started, watch)
+                await _stream(frontend, completion, response, started)
             else:
-                watch.start()
                 payload = await completions.complete_unary(frontend, completion)
                 metrics.TTFT.labels(labels["model"]).observe(time.perf_counter() - started)
                 _count_tokens(labels["model"], completion)
@@ -198,9 +195,7 @@ def _count_tokens(model: str, completion: completions.Completion) -> None:
     metrics.TOKENS.labels(model, "cached").inc(usage.cached_tokens)
 
 
-async def _stream(
-    frontend: Frontend, completion: completions.Completion, response: _Response, started: float, watch: _DisconnectWatch
-) -> None:
+async def _stream(frontend: Frontend, completion: completions.Completion, response: _Response, started: float) -> None:
     ttft = gaps = None  # looked up once the engine calls are dispatched
     last = None
 
@@ -220,7 +215,6 @@ async def _stream(
     # write here tears the engine calls down through plain `async with` exits.
     async with completions.open_stream(frontend, completion) as stream:
         # The engine calls are dispatched: what follows is done while the engine works.
-        watch.start()
         ttft = metrics.TTFT.labels(frontend.model_name)
         gaps = metrics.INTER_TOKEN.labels(frontend.model_name)
         await response.start(200, _SSE_HEADERS)
@@ -245,30 +239,10 @@ async def _read_body(receive: Receive, limit: int) -> bytes | None:
             return bytes(body)
 
 
-class _DisconnectWatch:
-    """Cancels the request's scope when the client disconnects, from `start` on.
-
-    Started once the engine calls are dispatched, not before: a new task's first step would run
-    in the scheduling rounds that carry the request to the engine. A disconnect meanwhile waits in
-    the ASGI queue, so none is missed.
-    """
-
-    __slots__ = ("_nursery", "_receive", "_started")
-
-    def __init__(self, nursery: trio.Nursery, receive: Receive) -> None:
-        self._nursery = nursery
-        self._receive = receive
-        self._started = False
-
-    def start(self) -> None:
-        if not self._started:
-            self._started = True
-            self._nursery.start_soon(self._watch)
-
-    async def _watch(self) -> None:
-        while (await self._receive())["type"] != "http.disconnect":
-            pass
-        self._nursery.cancel_scope.cancel()
+async def _cancel_on_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    scope.cancel()
 
 
 class _Response:
