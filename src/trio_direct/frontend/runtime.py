@@ -281,7 +281,8 @@ def _warm_up_text_pipeline(frontend: Frontend) -> None:
     """
     text = "Hello"
     try:
-        text = render_chat(frontend.tokenizer, [{"role": "user", "content": text}], chat_template=frontend.chat_template_override)
+        messages = [{"role": "user", "content": text}]
+        text = render_chat(frontend.tokenizer, messages, chat_template=frontend.chat_template_override)
     except ChatTemplateError:
         pass  # no template, or one that wants other messages: each request reports it as before
     frontend.tokenizer.encode(text, add_special_tokens=False)
