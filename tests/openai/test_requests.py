@@ -354,3 +354,40 @@ def test_unsupported_features_say_so():
     error = rejected(decode_chat_request, chat(logit_bias={"1": 5}))
     assert error.code == "unsupported_parameter"
     assert "not supported" in error.message
+
+
+# Run in a fresh interpreter: msgspec builds a request type's validators once per process, on first
+# use, calling back into Python (`msgspec._utils.get_class_annotations`) for every struct type.
+_FIRST_DECODES = """
+import json, sys
+from trio_direct.openai import requests
+
+if sys.argv[1] == "warm":
+    requests.warm_up_request_decoding()
+built = []
+sys.setprofile(lambda frame, event, arg: event == "call" and frame.f_code.co_name == "get_class_annotations"
+               and built.append(frame.f_locals.get("obj")))
+tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+requests.decode_chat_request(json.dumps({
+    "model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}], "tools": [tool],
+    "stream": True, "stream_options": {"include_usage": True}, "response_format": {"type": "json_object"},
+}).encode())
+requests.decode_completion_request(b'{"model": "m", "prompt": [1, 2, 3], "logprobs": 2}')
+sys.setprofile(None)
+print(len(built))
+"""
+
+
+@pytest.mark.parametrize("warm", [True, False])
+def test_after_the_warm_up_the_first_requests_find_their_validators_built(warm):
+    import subprocess
+    import sys
+
+    mode = "warm" if warm else "cold"
+    result = subprocess.run([sys.executable, "-c", _FIRST_DECODES, mode], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    built = int(result.stdout)
+    if warm:
+        assert built == 0
+    else:  # the check can see the work the warm-up saves
+        assert built > 10

@@ -207,8 +207,6 @@ def _plan(
             raise errors.invalid_request("The prompt is empty after tokenization.", param="prompt")
         if limit is not None and len(prompt.token_ids) >= limit:
             raise errors.context_length_exceeded(len(prompt.token_ids), limit, sampling.max_new_tokens)
-    if not frontend.healthy():
-        raise errors.service_unavailable("No engine is available to serve the request.")
     return_logprob, top_logprobs = logprob_options(request)
     stops = stop_strings(request)
     request_key = os.urandom(16).hex()  # as random as uuid4().hex, without building a UUID

@@ -253,6 +253,13 @@ def decode_completion_request(body: bytes) -> CompletionRequest:
     return request
 
 
+def warm_up_request_decoding() -> None:
+    """Have msgspec build its validators for the request types now (on first use they cost a chat
+    request ~1 ms and a completion request ~0.4 ms)."""
+    decode_chat_request(b'{"model":"","messages":[{"role":"user","content":"Hello"}]}')
+    decode_completion_request(b'{"model":"","prompt":"Hello"}')
+
+
 def prompt_batch(request: CompletionRequest) -> list[str | list[int]]:
     """The prompts of a (validated) completion request, one entry per prompt: text or token ids."""
     prompt = request.prompt
