@@ -338,6 +338,42 @@ async def test_a_connection_remembers_only_recently_closed_streams(engine, monke
     channel.close()
 
 
+async def test_connecting_ahead_opens_the_connection_the_first_streams_then_use(engine):
+    peers = []
+
+    def generate(call):
+        peers.append(call.peer)
+        call.send(pb.GenerateResponse(output_ids=[1]))
+        call.finish()
+
+    engine.handlers[GENERATE] = generate
+    channel = engine.channel()
+    assert channel.stream_connections == 0
+    await channel.connect_for_streams()
+    assert channel.stream_connections == 1
+    await channel.connect_for_streams()  # already connected: nothing more
+    assert channel.stream_connections == 1
+    assert [connection.open_streams for connection in channel._streaming] == [0]  # no stream slot held
+    received: list = []
+    async with trio.open_nursery() as streams:
+        for _ in range(3):
+            streams.start_soon(read_stream, channel, received)
+    assert len(received) == 3 and len(set(peers)) == 1
+    assert channel.stream_connections == 1
+    channel.close()
+
+
+async def test_connecting_ahead_to_an_engine_that_is_down_fails_as_unavailable(aio_loop):
+    with trio.socket.socket() as sock:  # a port nobody listens on
+        await sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    channel = EngineChannel("127.0.0.1", port, connect_timeout=2.0)
+    with pytest.raises(errors.EngineUnavailable):
+        await channel.connect_for_streams()
+    assert channel.stream_connections == 0
+    channel.close()
+
+
 async def test_closing_a_channel_drops_every_connection(fake_engine_factory, monkeypatch):
     engine, held = await engine_holding_streams(fake_engine_factory, monkeypatch, 2)
     engine.handlers[HEALTH] = lambda call: (call.send(pb.HealthCheckResponse(healthy=True)), call.finish())

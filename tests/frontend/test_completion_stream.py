@@ -71,6 +71,9 @@ class ScriptedEngine:
         finally:
             self.open_calls -= 1
 
+    async def connect(self) -> None:
+        pass
+
     async def abort(self, rid: str, *, timeout: float = 5.0) -> bool:
         self.aborted.append(rid)
         return True

@@ -102,6 +102,17 @@ async def test_the_chat_template_is_compiled_at_start_up_not_by_the_first_chat(a
     assert chat_template._compile.cache_info().misses == compiled  # the first chat found it ready
 
 
+async def test_start_up_connects_to_every_engine_for_generation(aio_loop, nursery):
+    from trio_direct.config import parse_serve_args
+    from trio_direct.frontend.runtime import run_frontend
+
+    engines = [await start_mock_engine(nursery, *FAST) for _ in range(2)]
+    argv = [arg for engine in engines for arg in ("--engine-url", engine.url)]
+    frontend = await nursery.start(run_frontend, parse_serve_args(argv, environ={}))
+    # The first request to each engine finds its connection open (it would wait 5-10 ms otherwise).
+    assert [engine.client.channel.stream_connections for engine in frontend.fleet.engines] == [1, 1]
+
+
 async def test_a_repeated_prompt_reports_cached_tokens(aio_loop, nursery):
     engine = await start_mock_engine(nursery, *FAST)
     base = await start_frontend(nursery, "--engine-url", engine.url)

@@ -211,6 +211,9 @@ class NativeEngineClient:
         async with self.channel.open_stream(GENERATE, message, pb.GenerateResponse, timeout=None) as stream:
             yield ChunkStream(stream, _ChunkDecoder(cumulative), self.name)
 
+    async def connect(self) -> None:
+        await self.channel.connect_for_streams()
+
     async def abort(self, rid: str, *, timeout: float = 5.0) -> bool:
         reply = await self.channel.unary(ABORT, pb.AbortRequest(rid=rid), pb.AbortResponse, timeout=timeout)
         return reply.success

@@ -180,6 +180,9 @@ class SmgEngineClient:
         async with self.channel.open_stream(GENERATE, message, pb.GenerateResponse, timeout=None) as stream:
             yield ChunkStream(stream, _ChunkDecoder(self.name), self.name)
 
+    async def connect(self) -> None:
+        await self.channel.connect_for_streams()
+
     async def abort(self, rid: str, *, timeout: float = 5.0) -> bool:
         request = pb.AbortRequest(request_id=rid, reason="client disconnected")
         reply = await self.channel.unary(ABORT, request, pb.AbortResponse, timeout=timeout)

@@ -325,6 +325,19 @@ class EngineChannel:
                 call.cancel()  # grpclib's stream exit, inside asyncio, resets the HTTP/2 stream
                 await _settled(call, _CANCEL_SETTLE_TIMEOUT)
 
+    async def connect_for_streams(self) -> None:
+        """Have a connection for streams open, its stream limit learned, before a stream needs one.
+
+        The first stream would otherwise wait for the TCP connect and the peer's first SETTINGS.
+        Raises `EngineUnavailable` when the engine cannot be reached.
+        """
+        await _aio(self._connect_for_streams_aio)()
+
+    @property
+    def stream_connections(self) -> int:
+        """Connections for streams that are open now (the control connection aside)."""
+        return sum(1 for connection in self._streaming if connection._connected)  # noqa: SLF001
+
     def close(self) -> None:
         """Drop every connection; in-flight calls fail as unavailable."""
         connections, self._streaming = self._streaming, []
@@ -392,6 +405,10 @@ class EngineChannel:
                 connection = min(self._streaming, key=lambda c: c.open_streams)
                 connection.open_streams += 1
                 return connection
+
+    async def _connect_for_streams_aio(self) -> None:
+        connection = await self._stream_connection()
+        connection.open_streams -= 1  # the slot it reserved: no stream takes it
 
     def _least_loaded(self) -> _Connection | None:
         """The open connection with the fewest streams (grpclib queues past its limit), if any."""

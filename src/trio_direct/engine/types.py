@@ -109,6 +109,9 @@ class EngineClient(Protocol):
     def generate(self, request: GenerateInput) -> AbstractAsyncContextManager[AsyncIterator[GenerateChunk]]:
         """Open a generation; leaving the context early cancels it at the engine."""
 
+    async def connect(self) -> None:
+        """Open the connection generations stream on now, rather than in the first generation."""
+
     async def abort(self, rid: str, *, timeout: float = 5.0) -> bool: ...
 
     async def health(self, *, timeout: float = 5.0) -> bool: ...
