@@ -363,6 +363,42 @@ async def test_connecting_ahead_opens_the_connection_the_first_streams_then_use(
     channel.close()
 
 
+async def test_a_stream_that_leaves_while_its_connection_opens_leaves_the_connect_to_the_others(
+    engine, monkeypatch
+):
+    import asyncio
+
+    attempts = []
+    connect = transport._Connection._create_connection
+
+    async def slow_connect(self):
+        attempts.append(self)
+        await asyncio.sleep(0.3)  # long enough for the first stream's client to leave meanwhile
+        return await connect(self)
+
+    monkeypatch.setattr(transport._Connection, "_create_connection", slow_connect)
+    engine.handlers[GENERATE] = lambda call: (call.send(pb.GenerateResponse(output_ids=[1])), call.finish())
+    channel = engine.channel()
+    received: list = []
+    leaver = trio.CancelScope()
+
+    async def leaving_stream() -> None:
+        with leaver:
+            await read_stream(channel, [])
+
+    async with trio.open_nursery() as streams:
+        streams.start_soon(leaving_stream)
+        await wait_until(lambda: attempts)  # its connect is under way
+        for _ in range(3):
+            streams.start_soon(read_stream, channel, received)
+        await trio.sleep(0.05)
+        leaver.cancel()
+    assert leaver.cancelled_caught and len(received) == 3
+    assert len(attempts) == 1  # one connect, however many streams waited and whoever left
+    assert channel.stream_connections == 1
+    channel.close()
+
+
 async def test_connecting_ahead_to_an_engine_that_is_down_fails_as_unavailable(aio_loop):
     with trio.socket.socket() as sock:  # a port nobody listens on
         await sock.bind(("127.0.0.1", 0))

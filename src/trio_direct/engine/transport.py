@@ -241,6 +241,11 @@ class _CoalescingTransport:
         return getattr(self._transport, name)
 
 
+def _retrieve(task: asyncio.Task) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
 class _Connection(Channel):
     """One HTTP/2 connection to an engine, with the count of streams this client has open on it.
 
@@ -254,6 +259,25 @@ class _Connection(Channel):
         #: for it) settled it. Kept across reconnects: the same engine most likely answers again.
         self.stream_limit: int | None = None
         self._settled = asyncio.Event()
+        self._attempt: asyncio.Task | None = None
+
+    def connect_attempt(self, timeout: float) -> asyncio.Task:
+        """The connect in progress, else a new one, bounded by `timeout`.
+
+        One attempt however many streams wait for it, in a task of its own: a stream that stops
+        waiting (its client left) does not cancel it for the others. Waiting on grpclib's connect
+        lock instead, each stream with its own timeout, lost wake-ups on Python 3.12 under load: a
+        stream waited its whole timeout for a connection that another had opened meanwhile.
+        """
+        if self._attempt is None or self._attempt.done():
+            self._attempt = asyncio.get_running_loop().create_task(asyncio.wait_for(self.__connect__(), timeout))
+            self._attempt.add_done_callback(_retrieve)  # a failure nobody waits for any more is not an error
+        return self._attempt
+
+    def close(self) -> None:
+        if self._attempt is not None and not self._attempt.done():
+            self._attempt.cancel()  # it would open a connection nobody will close
+        super().close()
 
     def flush(self) -> None:
         """Send what this connection buffered, now."""
@@ -352,8 +376,12 @@ class EngineChannel:
     async def _connected(self, connection: _Connection) -> _Connection:
         if connection._connected:  # noqa: SLF001 - the hot path: no task for an open connection
             return connection
+        attempt = connection.connect_attempt(self.connect_timeout)
+        await asyncio.wait((attempt,))  # leaving early (cancelled) leaves the attempt running
+        if attempt.cancelled():  # the connection was closed meanwhile
+            raise EngineUnavailable("connection closed while connecting", engine=self.name)
         try:
-            await asyncio.wait_for(connection.__connect__(), self.connect_timeout)
+            attempt.result()
         except asyncio.TimeoutError:
             raise EngineUnavailable(
                 f"connect timed out after {self.connect_timeout:g}s", engine=self.name
@@ -384,6 +412,7 @@ class EngineChannel:
                     except EngineUnavailable:
                         if connection in self._streaming:
                             self._streaming.remove(connection)
+                            connection.close()
                         fallback = self._least_loaded()
                         if fallback is None:
                             raise
