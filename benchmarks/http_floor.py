@@ -191,8 +191,8 @@ def main() -> None:
         for _ in range(args.rounds):
             ttft["direct gRPC"] += trio.run(direct_latency, engines[0], prompt_ids, per_round, MAX_TOKENS)[0]
             for name, port in targets.items():
-                load = partial(run_load, "127.0.0.1", port, chat_body(str(model_dir), MAX_TOKENS), concurrency=1, requests=per_round)
-                samples, _ = trio.run(load)
+                body = chat_body(str(model_dir), MAX_TOKENS)
+                samples, _ = trio.run(partial(run_load, "127.0.0.1", port, body, concurrency=1, requests=per_round))
                 ttft[name] += [s.ttft for s in samples if s.ttft is not None]
         base = percentile(ttft["direct gRPC"], 0.5)
         previous = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import h2.connection
@@ -366,8 +367,6 @@ async def test_connecting_ahead_opens_the_connection_the_first_streams_then_use(
 async def test_a_stream_that_leaves_while_its_connection_opens_leaves_the_connect_to_the_others(
     engine, monkeypatch
 ):
-    import asyncio
-
     attempts = []
     connect = transport._Connection._create_connection
 

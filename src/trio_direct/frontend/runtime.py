@@ -25,10 +25,10 @@ from trio_direct.engine.types import EngineClient
 from trio_direct.fleet.card import EngineCard
 from trio_direct.fleet.fleet import Engine, Fleet, FleetError, FleetOverrides, Worker
 from trio_direct.fleet.health import EngineHealth
-from trio_direct.openai.requests import warm_up_request_decoding
 from trio_direct.frontend.gc_policy import run_gc_policy
 from trio_direct.frontend.kv_routing import KvRouting
 from trio_direct.frontend.loop_lag import monitor_loop_lag
+from trio_direct.openai.requests import warm_up_request_decoding
 from trio_direct.parsers.reasoning import KNOWN_REASONING_PARSERS
 from trio_direct.parsers.tools import KNOWN_TOOL_CALL_PARSERS
 from trio_direct.routing.kv_router import Decision
@@ -302,7 +302,7 @@ async def _connect_for_generation(engines: Sequence[Engine]) -> None:
         try:
             await engine.client.connect()
         except EngineError as error:
-            log.info("engine %s: not connected ahead (%s); its first request connects", engine.id, error)
+            log.info("engine %s: not connected ahead (%s); its first request will connect", engine.id, error)
 
     async with trio.open_nursery() as nursery:
         for engine in engines:
