@@ -14,8 +14,8 @@ engines at `--speedup 1` and are alternated in rounds with direct gRPC calls, as
 
     python benchmarks/http_floor.py [--requests 90] [--rounds 3] [--smg PATH]
 
-Each request streams 32 tokens at the mock's real-time pace (~0.25 s): 90 requests for each of six
-paths take about two and a half minutes.
+Each request streams 32 tokens at the mock's real-time pace (~0.25 s): a run with `--requests 150`
+(six paths) took about four minutes on the development VM.
 """
 
 from __future__ import annotations
