@@ -26,7 +26,8 @@ from grpclib.const import Cardinality
 
 from trio_direct._proto.native import sglang_pb2 as pb
 from trio_direct.engine.native import GENERATE
-from trio_direct.engine.transport import EngineChannel, RpcMethod, open_asyncio_loop, serve_grpc
+from trio_direct.engine.transport import EngineChannel, open_asyncio_loop
+from trio_direct.engine.transport.server import RpcMethod, serve_grpc
 
 MESSAGE = pb.GenerateResponse(output_ids=[12345], meta_info={"completion_tokens": "1"})
 

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from support import start_mock_engine  # noqa: E402
 from trio_direct.config import ServeConfig  # noqa: E402
-from trio_direct.engine import transport  # noqa: E402
+from trio_direct.engine.transport import client as transport  # noqa: E402
 from trio_direct.frontend import asgi_completions, choices, engine_call  # noqa: E402
 from trio_direct.frontend import serve as serve_module  # noqa: E402
 

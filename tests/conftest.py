@@ -11,7 +11,8 @@ import trio
 import zmq
 
 from support import FakeEngine
-from trio_direct.engine.transport import EngineChannel, open_asyncio_loop, serve_grpc
+from trio_direct.engine.transport import EngineChannel, open_asyncio_loop
+from trio_direct.engine.transport.server import serve_grpc
 from trio_direct.mock.server import MockEngineConfig, RunningMockEngine, run_mock_engine
 from trio_direct.mock.tiny_model import ensure_tiny_model
 

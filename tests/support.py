@@ -12,7 +12,8 @@ from functools import partial
 import trio
 
 from trio_direct.engine.native import NativeEngineClient
-from trio_direct.engine.transport import EngineChannel, RpcMethod, ServerCall
+from trio_direct.engine.transport import EngineChannel
+from trio_direct.engine.transport.server import RpcMethod, ServerCall
 from trio_direct.mock.kv_publisher import KvEventsConfig
 
 

@@ -11,7 +11,8 @@ import pytest
 import trio
 
 from trio_direct._proto.native import sglang_pb2 as pb
-from trio_direct.engine import errors, transport
+from trio_direct.engine import errors
+from trio_direct.engine.transport import client as transport
 from trio_direct.engine.transport import ChannelPool, EngineChannel
 
 from support import wait_until
@@ -486,7 +487,8 @@ _GRPCLIB_FIRST = """
 import grpclib.client  # before trio-asyncio: grpclib binds asyncio.current_task first
 import trio
 from trio_direct._proto.native import sglang_pb2 as pb
-from trio_direct.engine.transport import EngineChannel, RpcMethod, open_asyncio_loop, serve_grpc
+from trio_direct.engine.transport import EngineChannel, open_asyncio_loop
+from trio_direct.engine.transport.server import RpcMethod, serve_grpc
 
 def health(call):
     call.send(pb.HealthCheckResponse(healthy=True))

@@ -14,7 +14,7 @@ from trio_direct.engine import smg as smg_api
 from trio_direct.engine.errors import EngineDeadlineExceeded, EngineError, EngineUnavailable, EngineUnimplemented
 from trio_direct.engine.native import NativeEngineClient
 from trio_direct.engine.smg import SmgEngineClient
-from trio_direct.engine.transport import RpcMethod, serve_grpc
+from trio_direct.engine.transport.server import RpcMethod, serve_grpc
 from trio_direct.fleet.probe import probe_command, probe_engine
 
 KV_EVENTS = '{"publisher": "zmq", "endpoint": "tcp://*:0", "replay_endpoint": "tcp://*:0", "topic": ""}'

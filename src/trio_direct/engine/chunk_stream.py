@@ -21,7 +21,7 @@ class ChunkDecoder(Protocol):
 
 
 class ChunkStream:
-    """Async iterator of `GenerateChunk`s.
+    """Async iterator of `GenerateChunk`s (a `GenerateStream`).
 
     Ends after the chunk that carries the finish reason. A stream that closes before that is an engine
     error, never a silent short answer.
@@ -47,6 +47,9 @@ class ChunkStream:
             if chunk is not None:
                 return chunk
         raise StopAsyncIteration
+
+    async def wait_written(self) -> None:
+        await self._stream.written.wait()
 
     def next_nowait(self) -> GenerateChunk:
         """The next chunk if its message already arrived; raises trio.WouldBlock otherwise."""

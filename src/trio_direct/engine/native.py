@@ -197,7 +197,7 @@ class NativeEngineClient:
         self.last_output_at = -math.inf
 
     @asynccontextmanager
-    async def generate(self, request: GenerateInput) -> AsyncIterator[AsyncIterator[GenerateChunk]]:
+    async def generate(self, request: GenerateInput) -> AsyncIterator[ChunkStream]:
         if self.incremental is None:
             self.incremental = bool((await self.server_info()).get("incremental_streaming_output"))
         cumulative = request.stream and not self.incremental

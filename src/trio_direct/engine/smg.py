@@ -175,7 +175,7 @@ class SmgEngineClient:
         self.last_output_at = -math.inf
 
     @asynccontextmanager
-    async def generate(self, request: GenerateInput) -> AsyncIterator[AsyncIterator[GenerateChunk]]:
+    async def generate(self, request: GenerateInput) -> AsyncIterator[ChunkStream]:
         message = generate_request(request)
         async with self.channel.open_stream(GENERATE, message, pb.GenerateResponse, timeout=None) as stream:
             yield ChunkStream(stream, _ChunkDecoder(self.name), self.name)

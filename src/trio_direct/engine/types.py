@@ -7,7 +7,7 @@ protobuf or the differences between the two APIs.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -97,6 +97,22 @@ class GenerateChunk:
     logprobs: list[TokenLogprob] | None = None
 
 
+class GenerateStream(Protocol):
+    """The chunks of one open generation (what `EngineClient.generate` yields)."""
+
+    def __aiter__(self) -> GenerateStream: ...
+
+    async def __anext__(self) -> GenerateChunk:
+        """The next chunk; raises the call's `EngineError` where the stream broke."""
+
+    def next_nowait(self) -> GenerateChunk:
+        """The next chunk if it already arrived; raises `trio.WouldBlock` when none has, and
+        `StopAsyncIteration` after the last."""
+
+    async def wait_written(self) -> None:
+        """Return once the request is on the wire (or the call ended before it could be)."""
+
+
 class EngineClient(Protocol):
     """One engine, whichever API it speaks."""
 
@@ -106,7 +122,7 @@ class EngineClient(Protocol):
     #: engine calls): an engine streaming tokens is alive even when a health check queues too long.
     last_output_at: float
 
-    def generate(self, request: GenerateInput) -> AbstractAsyncContextManager[AsyncIterator[GenerateChunk]]:
+    def generate(self, request: GenerateInput) -> AbstractAsyncContextManager[GenerateStream]:
         """Open a generation; leaving the context early cancels it at the engine."""
 
     async def connect(self) -> None:

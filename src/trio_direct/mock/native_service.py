@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trio_direct._proto.native import sglang_pb2 as pb
-from trio_direct.engine.transport import RpcMethod, ServerCall
+from trio_direct.engine.transport.server import RpcMethod, ServerCall
 from trio_direct.mock.engine import Bootstrap, EngineInfo, MockEngine
 from trio_direct.mock.logprobs import TokenRow, token_rows
 from trio_direct.mock.scheduler import Finish, MockRequest, RequestOutput

@@ -19,7 +19,7 @@ from typing import Any, Literal
 import trio
 from tokenizers import Tokenizer
 
-from trio_direct.engine.transport import RpcMethod, serve_grpc
+from trio_direct.engine.transport.server import RpcMethod, serve_grpc
 from trio_direct.mock.bootstrap import BootstrapServer, open_bootstrap_server
 from trio_direct.mock.engine import EngineInfo, MockEngine, Role
 from trio_direct.mock.kv_publisher import KvEventPublishers, KvEventsConfig, describe, open_kv_publishers

@@ -25,7 +25,7 @@ from grpclib.health.v1 import health_pb2
 
 from trio_direct._proto.smg import common_pb2 as common
 from trio_direct._proto.smg import sglang_scheduler_pb2 as pb
-from trio_direct.engine.transport import RpcMethod, ServerCall
+from trio_direct.engine.transport.server import RpcMethod, ServerCall
 from trio_direct.mock.engine import FAKE_BOOTSTRAP_HOST, Bootstrap, EngineInfo, MockEngine
 from trio_direct.mock.kv_types import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
 from trio_direct.mock.logprobs import TokenRow, token_rows

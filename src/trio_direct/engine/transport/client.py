@@ -1,44 +1,26 @@
-"""grpclib driven from trio: the only module of trio-direct that touches asyncio.
+"""An engine's HTTP/2 connections and the calls trio code makes on them.
 
-grpclib is asyncio-only, so it runs on a trio-asyncio loop in the *bridge* shape
-(../shared/reference/python-stack.md §2.2): every call enters asyncio exactly once, and messages cross
-to trio through a memory channel with ``send_nowait`` (safe: the asyncio loop runs on the trio
-thread). Cancelling the trio side cancels that one asyncio task, whose ``async with
-channel.request(...)`` exit then runs *inside asyncio* and resets the HTTP/2 stream, so the engine sees
-the cancel. Wrapping grpclib's stream context manager from trio instead leaks the stream (§2.3).
-
-Each engine gets several HTTP/2 connections: one for control (unary) calls, so a health check or an
+Each engine gets several connections: one for control (unary) calls, so a health check or an
 `Abort` never waits behind generations, and as many for streams as the peer's
 SETTINGS_MAX_CONCURRENT_STREAMS needs (past it grpclib queues a new stream until another closes).
-
-The server half serves gRPC to the mock engine with plain synchronous handlers: a handler gets a
-`ServerCall`, pushes replies with `send()` and ends with `finish()`/`fail()`; the asyncio side drains
-them. One asyncio task per call again, no per-message crossing.
-
-Every grpclib and connection failure leaves this module as a typed `EngineError`.
+A stream's whole call is one asyncio task; its messages reach trio through a memory channel.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import math
-import weakref
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from typing import Any
 
-import grpclib.utils
 import trio
-import trio_asyncio
 from grpclib.client import Channel
 from grpclib.client import Handler as ClientHandler
 from grpclib.config import Configuration
-from grpclib.const import Cardinality, Handler, Status
+from grpclib.const import Cardinality
 from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 from grpclib.protocol import H2Protocol
-from grpclib.server import Server
 from h2.events import RemoteSettingsChanged
 from h2.utilities import SizeLimitDict
 
@@ -48,25 +30,13 @@ from trio_direct.engine.errors import (
     EngineUnavailable,
     error_for_status,
 )
+from trio_direct.engine.transport.loop import aio, current_loop, settled
 
-__all__ = [
-    "EngineChannel",
-    "ChannelPool",
-    "MessageStream",
-    "RpcMethod",
-    "ServerCall",
-    "serve_grpc",
-    "open_asyncio_loop",
-]
-
-# trio-asyncio replaces asyncio.current_task on import (3.12's C one cannot see its loop), but grpclib
-# keeps the one that was current when grpclib.utils was imported: in a program that imported grpclib
-# first, every call would fail with "no running event loop". Point grpclib at the replacement.
-grpclib.utils._current_task = asyncio.current_task  # noqa: SLF001
+__all__ = ["HTTP2_CONFIG", "ChannelPool", "EngineChannel", "MessageStream"]
 
 #: Larger HTTP/2 windows than grpclib's defaults: prompts of many thousand token ids and fast token
 #: streams should never wait on flow-control updates.
-_HTTP2_CONFIG = Configuration(
+HTTP2_CONFIG = Configuration(
     http2_connection_window_size=16 * 1024 * 1024,
     http2_stream_window_size=4 * 1024 * 1024,
 )
@@ -84,42 +54,6 @@ _CANCEL_SETTLE_TIMEOUT = 5.0
 _MAX_STREAM_CONNECTIONS = 32
 
 
-#: The loop opened by `open_asyncio_loop`, for tasks that do not inherit its contextvar: hypercorn's
-#: own CLI starts request tasks outside the context where an app opened the loop (python-stack §4.2).
-_process_loop: trio_asyncio.TrioEventLoop | None = None
-
-
-@asynccontextmanager
-async def open_asyncio_loop() -> AsyncIterator[trio_asyncio.TrioEventLoop]:
-    """The trio-asyncio loop every engine call needs; open it around the whole program.
-
-    Reentrant: inside an open loop this yields that loop, so components that need one can ask for it
-    without caring whether the program already opened it.
-    """
-    global _process_loop
-    current = trio_asyncio.current_loop.get()
-    if current is not None:
-        yield current
-        return
-    async with trio_asyncio.open_loop() as loop:
-        outer, _process_loop = _process_loop, loop
-        try:
-            yield loop
-        finally:
-            _process_loop = outer
-
-
-def _loop() -> trio_asyncio.TrioEventLoop:
-    """This task's trio-asyncio loop, else the process's."""
-    loop = trio_asyncio.current_loop.get()
-    return loop if loop is not None else _process_loop  # type: ignore[return-value]
-
-
-def _aio(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """`aio_as_trio` bound to this task's loop, else the process's."""
-    return trio_asyncio.aio_as_trio(fn, loop=_loop())
-
-
 class _Failure:
     """A terminal error travelling through a stream's channel, raised at the reader."""
 
@@ -134,12 +68,17 @@ class MessageStream:
 
     Iterating yields protobuf messages; the call's failure is raised by the iteration at the point
     the stream broke, after every message that arrived before it.
+
+    `written` is set once the request is on the wire (or the call failed before that): what the
+    caller does after sending, such as writing its own client's response headers, waits for it
+    instead of guessing how many scheduling rounds the asyncio side needs.
     """
 
-    __slots__ = ("_receive",)
+    __slots__ = ("_receive", "written")
 
-    def __init__(self, receive: trio.MemoryReceiveChannel) -> None:
+    def __init__(self, receive: trio.MemoryReceiveChannel, written: trio.Event) -> None:
         self._receive = receive
+        self.written = written
 
     def __aiter__(self) -> MessageStream:
         return self
@@ -159,18 +98,6 @@ class MessageStream:
         if type(item) is _Failure:
             raise item.error
         return item
-
-
-async def _settled(call: asyncio.Task, timeout: float) -> None:
-    """Wait for a cancelled call's asyncio task to finish its clean-up, shielded and bounded.
-
-    Its stream reset must not outlive the trio block that opened it; a task that takes longer than
-    ``timeout`` (it should take one loop turn) is left to finish on its own.
-    """
-    finished = trio.Event()
-    call.add_done_callback(lambda _: finished.set())
-    with trio.move_on_after(timeout, shield=True):
-        await finished.wait()
 
 
 class _ClientProtocol(H2Protocol):
@@ -253,7 +180,7 @@ class _Connection(Channel):
     """
 
     def __init__(self, host: str, port: int) -> None:
-        super().__init__(host, port, config=_HTTP2_CONFIG)
+        super().__init__(host, port, config=HTTP2_CONFIG)
         self.open_streams = 0
         #: The peer's SETTINGS_MAX_CONCURRENT_STREAMS; None until its first SETTINGS frame (or a wait
         #: for it) settled it. Kept across reconnects: the same engine most likely answers again.
@@ -326,7 +253,7 @@ class EngineChannel:
 
     async def unary(self, path: str, request: Any, response_type: type, *, timeout: float | None) -> Any:
         """One unary call; raises a typed `EngineError` on failure."""
-        return await _aio(self._unary_aio)(path, request, response_type, timeout)
+        return await aio(self._unary_aio)(path, request, response_type, timeout)
 
     @asynccontextmanager
     async def open_stream(
@@ -338,16 +265,17 @@ class EngineChannel:
         HTTP/2 stream, which the engine observes as a client cancel.
         """
         send, receive = trio.open_memory_channel(math.inf)
+        written = trio.Event()
         # The call's asyncio task is started directly rather than awaited from a trio task: no nursery,
         # pump task or wrapper future per stream, which is fewer scheduling hops before the request
         # leaves and fewer objects for the garbage collector to walk per open stream.
-        call = _loop().create_task(self._stream_aio(path, request, response_type, timeout, send))
+        call = current_loop().create_task(self._stream_aio(path, request, response_type, timeout, send, written))
         try:
-            yield MessageStream(receive)
+            yield MessageStream(receive, written)
         finally:
             if not call.done():
                 call.cancel()  # grpclib's stream exit, inside asyncio, resets the HTTP/2 stream
-                await _settled(call, _CANCEL_SETTLE_TIMEOUT)
+                await settled(call, _CANCEL_SETTLE_TIMEOUT)
 
     async def connect_for_streams(self) -> None:
         """Have a connection for streams open, its stream limit learned, before a stream needs one.
@@ -355,7 +283,7 @@ class EngineChannel:
         The first stream would otherwise wait for the TCP connect and the peer's first SETTINGS.
         Raises `EngineUnavailable` when the engine cannot be reached.
         """
-        await _aio(self._connect_for_streams_aio)()
+        await aio(self._connect_for_streams_aio)()
 
     @property
     def stream_connections(self) -> int:
@@ -457,8 +385,9 @@ class EngineChannel:
         except Exception as error:  # noqa: BLE001 - everything becomes a typed engine error
             raise self._typed(error) from None
 
-    async def _stream_aio(self, path, request, response_type, timeout, send) -> None:
-        """The whole call, in asyncio: messages and then a failure or the end go to ``send``."""
+    async def _stream_aio(self, path, request, response_type, timeout, send, written: trio.Event) -> None:
+        """The whole call, in asyncio: messages and then a failure or the end go to ``send``;
+        ``written`` is set once the request is on the wire, or the call ended before that."""
         with send:
             try:
                 connection = await self._stream_connection()
@@ -469,6 +398,7 @@ class EngineChannel:
                     ) as stream:
                         await stream.send_message(request, end=True)
                         channel.flush()  # the request goes now, not a scheduling round later
+                        written.set()
                         push = send.send_nowait
                         while (message := await stream.recv_message()) is not None:
                             push(message)
@@ -483,6 +413,8 @@ class EngineChannel:
                 # the handle that woke this task: a reference cycle holding the request until a full
                 # garbage collection.
                 pass
+            finally:
+                written.set()  # nobody waits for a request that will never be written
 
     def _typed(self, error: Exception) -> EngineError:
         if isinstance(error, EngineError):
@@ -515,154 +447,3 @@ class ChannelPool:
             channel.close()
         self._channels.clear()
 
-
-# ---- server side ----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class RpcMethod:
-    """One served RPC: its path, whether it streams replies, message types and a sync handler."""
-
-    path: str
-    streaming: bool
-    request_type: type
-    response_type: type
-    handler: Callable[[ServerCall], None]
-
-
-class ServerCall:
-    """One incoming RPC seen by a synchronous handler.
-
-    The handler (or code it hands the call to) calls `send()` for each reply and `finish()` or
-    `fail()` once. If the client cancels first, `on_cancel` is called (synchronously) instead.
-    """
-
-    __slots__ = ("request", "peer", "on_cancel", "_replies", "_status", "_waiter", "_done")
-
-    def __init__(self, request: Any, peer: str) -> None:
-        self.request = request
-        self.peer = peer
-        self.on_cancel: Callable[[], None] | None = None
-        self._replies: collections.deque = collections.deque()
-        self._status: tuple[str, str] | None = None
-        self._waiter: asyncio.Future | None = None
-        self._done = False
-
-    @property
-    def done(self) -> bool:
-        """True once finished, failed or cancelled: later sends are dropped."""
-        return self._done
-
-    def send(self, message: Any) -> None:
-        if not self._done:
-            self._replies.append(message)
-            self._wake()
-
-    def unsent_tail(self) -> Any | None:
-        """The last reply not yet written to the wire (a sender may still amend it), else None."""
-        return self._replies[-1] if self._replies else None
-
-    def finish(self) -> None:
-        self.fail("OK", "")
-
-    def fail(self, status: str, message: str) -> None:
-        """End the call with a gRPC status name (``"CANCELLED"``, ``"INTERNAL"``, ...)."""
-        if not self._done:
-            self._done = True
-            self._status = (status, message)
-            self._wake()
-
-    def _wake(self) -> None:
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-
-class _Service:
-    """Adapts `RpcMethod`s to grpclib's ``__mapping__`` protocol."""
-
-    def __init__(self, methods: Iterable[RpcMethod]) -> None:
-        self._methods = list(methods)
-
-    def __mapping__(self) -> dict[str, Handler]:
-        return {
-            m.path: Handler(
-                _asyncio_handler(m),
-                Cardinality.UNARY_STREAM if m.streaming else Cardinality.UNARY_UNARY,
-                m.request_type,
-                m.response_type,
-            )
-            for m in self._methods
-        }
-
-
-def _asyncio_handler(method: RpcMethod):
-    async def handle(stream) -> None:
-        request = await stream.recv_message()
-        peer = stream.peer.addr() if stream.peer is not None else None
-        call = ServerCall(request, f"{peer[0]}:{peer[1]}" if peer else "")
-        loop = asyncio.get_running_loop()
-        try:
-            method.handler(call)
-            while True:
-                while call._replies:
-                    await stream.send_message(call._replies.popleft())
-                if call._status is not None:
-                    break
-                call._waiter = loop.create_future()
-                await call._waiter
-                call._waiter = None
-        finally:
-            if call._status is None:
-                call._done = True
-                if call.on_cancel is not None:
-                    call.on_cancel()
-        status, message = call._status
-        if status != "OK":
-            raise GRPCError(Status[status], message)
-
-    return handle
-
-
-class _Server(Server):
-    """grpclib's server that also drops accepted connections on close.
-
-    asyncio before Python 3.13 cannot close a server's client connections, so a stopped server would
-    otherwise keep them (and their sockets) open until the peer hangs up.
-    """
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._protocols: weakref.WeakSet = weakref.WeakSet()
-
-    def _protocol_factory(self):  # noqa: ANN202 - grpclib's H2Protocol
-        protocol = super()._protocol_factory()
-        self._protocols.add(protocol)
-        return protocol
-
-    def close(self) -> None:
-        super().close()
-        for protocol in list(self._protocols):
-            processor = getattr(protocol, "processor", None)  # absent until the connection is made
-            if processor is not None:
-                processor.close("server closed")
-
-
-async def serve_grpc(
-    methods: Iterable[RpcMethod],
-    host: str,
-    port: int,
-    *,
-    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
-) -> None:
-    """Serve `methods` on host:port until cancelled; reports the bound port (port 0 = ephemeral)."""
-    server = _Server([_Service(methods)], config=_HTTP2_CONFIG)
-    await _aio(server.start)(host, port)
-    try:
-        bound = server._server.sockets[0].getsockname()[1]  # noqa: SLF001 - grpclib exposes no accessor
-        task_status.started(bound)
-        await trio.sleep_forever()
-    finally:
-        server.close()
-        with trio.move_on_after(2.0, shield=True):
-            await _aio(server.wait_closed)()
