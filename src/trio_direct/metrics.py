@@ -67,9 +67,9 @@ class FrontendCollector(Collector):
         for pending in frontend.fleet.pending:  # not up since start-up: role unknown until it joins
             health.add_metric([pending.id, pending.url, "unknown"], 0.0)
         yield health
-        if frontend.kv is None:
+        if frontend.kv_feeds is None:
             return
-        stats = frontend.kv.stats()
+        stats = frontend.kv_feeds.stats()
         index = stats.get("index") or {}
         blocks = GaugeMetricFamily("trio_direct_kv_index_blocks", "Routing blocks in the KV index")
         blocks.add_metric([], float(index.get("blocks", 0)))

@@ -23,7 +23,8 @@ from trio_direct.frontend.choices import ChoiceOutput, ChoicePlan
 from trio_direct.frontend.runtime import Frontend
 from trio_direct.openai.errors import OpenAIError
 from trio_direct.openai.requests import decode_completion_request
-from trio_direct.routing.simple import NoWorkerAvailable, RoundRobinRouter
+from trio_direct.routing.policy import RoutingPolicy
+from trio_direct.routing.simple import NoWorkerAvailable
 
 HANG = object()  # in a script: the engine sends nothing more until the call is left
 
@@ -86,7 +87,7 @@ class LoadLedger:
     held: set[str] = field(default_factory=set)
     router: object = None
 
-    def choose(self, router, workers, token_ids, request_id):
+    def choose(self, router, workers, key, token_ids, request_id):
         if not workers:
             raise NoWorkerAvailable("no healthy engine")
         self.held.add(request_id)
@@ -118,7 +119,7 @@ def setup(script: list, *, n: int = 1, include_usage: bool = False, healthy: boo
     engine = Engine("e0", card, client, healthy=healthy)
     ledger = LoadLedger()
     frontend = Frontend(
-        ServeConfig(), Fleet([engine], model=None), RoundRobinRouter(), tokenizer=None, chat_template_override=None, kv=ledger
+        ServeConfig(), Fleet([engine], model=None), RoutingPolicy(kv=ledger), tokenizer=None, chat_template_override=None
     )
     body = {"model": "m", "prompt": "go", "stream": True, "n": n}
     if include_usage:

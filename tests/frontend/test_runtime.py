@@ -9,7 +9,8 @@ import pytest
 from trio_direct.config import ServeConfig
 from trio_direct.fleet.fleet import Engine, Fleet, FleetError
 from trio_direct.frontend.runtime import Frontend, check_roles
-from trio_direct.routing.simple import NoWorkerAvailable, RoundRobinRouter
+from trio_direct.routing.policy import RoutingPolicy
+from trio_direct.routing.simple import NoWorkerAvailable
 
 
 def engine(engine_id: str, role: str, url: str = "") -> Engine:
@@ -18,7 +19,9 @@ def engine(engine_id: str, role: str, url: str = "") -> Engine:
 
 
 def frontend(engines: list[Engine], **config) -> Frontend:
-    return Frontend(ServeConfig(**config), Fleet(engines, model=None), RoundRobinRouter(), tokenizer=None, chat_template_override=None)
+    settings = ServeConfig(**config)
+    routing = RoutingPolicy(settings.router_mode, enforce_disagg=settings.enforce_disagg)
+    return Frontend(settings, Fleet(engines, model=None), routing, tokenizer=None, chat_template_override=None)
 
 
 def test_aggregated_engines_take_turns():
@@ -101,19 +104,21 @@ def kv_engine(engine_id: str, role: str = "aggregated", page: int = 4, kv_events
 
 def test_kv_routing_indexes_a_joining_engine_and_refuses_one_whose_page_does_not_fit():
     from trio_direct.fleet.card import KvEventSource
-    from trio_direct.frontend.kv_routing import KvRouting
+    from trio_direct.kv_sync.feeds import KvFeeds
+    from trio_direct.routing.kv_routing import KvRouting
 
     fleet = Fleet([kv_engine("e0", page=4)], model=None)
-    kv = KvRouting(fleet, ServeConfig(router_mode="kv"))
+    kv = KvRouting([e.card for e in fleet.engines], ServeConfig(router_mode="kv"))
+    feeds = KvFeeds(kv, fleet)
     assert kv.block_size == 16 and kv.index.stats()["workers"] == 1
     with pytest.raises(ValueError, match="page size 3 does not divide the routing block 16"):
-        kv.check_join(kv_engine("e1", page=3))
-    kv.check_join(kv_engine("e1", "decode", page=3))  # decode engines are not indexed
+        kv.check_join(kv_engine("e1", page=3).card)
+    kv.check_join(kv_engine("e1", "decode", page=3).card)  # decode engines are not indexed
     joined = kv_engine("e1", page=8, kv_events=(KvEventSource(0, "tcp://127.0.0.1:1"),))
-    kv.check_join(joined)
-    kv.engine_joined(joined)  # before `run`: its subscription starts with the others
+    kv.check_join(joined.card)
+    feeds.engine_joined(joined)  # before `run`: its subscription starts with the others
     assert kv.index.stats()["workers"] == 2
-    assert [s.engine for s in kv.subscribers] == ["e1"]
+    assert [s.engine for s in feeds.subscribers] == ["e1"]
 
 
 # --- engines that come back with another card (kv mode) -------------------------------------------
@@ -128,24 +133,27 @@ async def test_kv_routing_follows_an_engine_back_on_new_kv_event_endpoints(nurse
 
     from support import wait_until
     from trio_direct.fleet.card import KvEventSource
-    from trio_direct.frontend.kv_routing import KvRouting
+    from trio_direct.kv_sync.feeds import KvFeeds
     from trio_direct.mock.kv_publisher import KvEventsConfig, open_kv_publishers
     from trio_direct.routing.block_hash import RoutingKey
     from trio_direct.routing.kv_events import BlockRemoved, BlockStored
+    from trio_direct.routing.kv_routing import KvRouting
 
     engine = kv_engine("e0", kv_events=(KvEventSource(0, "tcp://127.0.0.1:1"),))  # where it published before
-    kv = KvRouting(Fleet([engine], model=None), ServeConfig(router_mode="kv"))
+    fleet = Fleet([engine], model=None)
+    kv = KvRouting([engine.card], ServeConfig(router_mode="kv"))
+    feeds = KvFeeds(kv, fleet)
     front = frontend([engine], router_mode="kv")
-    front.kv = kv
-    await nursery.start(kv.run)
-    [before] = kv.subscribers
+    front.kv_feeds = feeds
+    await nursery.start(feeds.run)
+    [before] = feeds.subscribers
     config = KvEventsConfig.from_dict({"publisher": "zmq", "endpoint": "tcp://127.0.0.1:0", "topic": "kv"})
     async with open_kv_publishers(config, 1) as publishers:
         publisher = publishers[0]
         source = KvEventSource(0, publisher.bound_endpoint, "kv")
         old, engine.card = engine.card, changed(engine.card, kv_events=(source,))
         front.engine_changed(engine, old)
-        [subscriber] = kv.subscribers
+        [subscriber] = feeds.subscribers
         assert subscriber is not before and subscriber.sources == (source,)
         with trio.fail_after(10):  # a SUB joins late: publish until it has everything
             while subscriber.last_applied(0) != publisher.next_seq - 1:
@@ -156,34 +164,36 @@ async def test_kv_routing_follows_an_engine_back_on_new_kv_event_endpoints(nurse
         await wait_until(lambda: subscriber.last_applied(0) == publisher.next_seq - 1)
         assert kv.index.find_matches(tokens) == {RoutingKey("e0", None): 1}
     await wait_until(lambda: not before._ranks)  # the old subscription ended: its socket is closed
-    assert kv.stats()["subscribers"]["e0"]["events"] > 0
+    assert feeds.stats()["subscribers"]["e0"]["events"] > 0
 
 
 def test_kv_routing_re_registers_ranks_when_the_dp_size_changes_and_keeps_a_same_endpoint_subscription(caplog):
     import logging
 
     from trio_direct.fleet.card import KvEventSource
-    from trio_direct.frontend.kv_routing import KvRouting
+    from trio_direct.kv_sync.feeds import KvFeeds
     from trio_direct.routing.block_hash import RoutingKey
+    from trio_direct.routing.kv_routing import KvRouting
 
     engine = kv_engine("e0", kv_events=(KvEventSource(0, "tcp://127.0.0.1:1"),))
-    kv = KvRouting(Fleet([engine], model=None), ServeConfig(router_mode="kv"))
-    [first] = kv.subscribers
+    kv = KvRouting([engine.card], ServeConfig(router_mode="kv"))
+    feeds = KvFeeds(kv, Fleet([engine], model=None))
+    [first] = feeds.subscribers
 
     old, engine.card = engine.card, changed(engine.card, url="grpc://elsewhere:1")
-    kv.engine_changed(engine, old)  # nothing KV routing depends on changed
-    assert kv.subscribers == [first]
+    feeds.engine_changed(engine, old)  # nothing KV routing depends on changed
+    assert feeds.subscribers == [first]
 
     ranks = (KvEventSource(0, "tcp://127.0.0.1:2"), KvEventSource(1, "tcp://127.0.0.1:3"))
     old, engine.card = engine.card, changed(engine.card, dp_size=2, kv_events=ranks)
-    with caplog.at_level(logging.INFO, logger="trio_direct.frontend.kv_routing"):
-        kv.engine_changed(engine, old)
+    with caplog.at_level(logging.INFO, logger="trio_direct.kv_sync.feeds"):
+        feeds.engine_changed(engine, old)
     [line] = [r.getMessage() for r in caplog.records if "came back" in r.getMessage()]
     assert "tcp://127.0.0.1:2, tcp://127.0.0.1:3 (was tcp://127.0.0.1:1" in line and "re-subscribed" in line
     assert kv.index.workers() == [RoutingKey("e0", 0), RoutingKey("e0", 1)]
-    [subscriber] = kv.subscribers
+    [subscriber] = feeds.subscribers
     assert subscriber is not first and subscriber.sources == ranks
 
     old, engine.card = engine.card, changed(engine.card, role="decode", dp_size=1, kv_events=())
-    kv.engine_changed(engine, old)  # decode engines are routed by load alone
-    assert kv.index.workers() == [] and kv.subscribers == []
+    feeds.engine_changed(engine, old)  # decode engines are routed by load alone
+    assert kv.index.workers() == [] and feeds.subscribers == []

@@ -28,7 +28,7 @@ from trio_direct.engine.types import GenerateChunk
 from trio_direct.frontend.completions import Completion, plan_chat
 from trio_direct.frontend.runtime import Frontend
 from trio_direct.parsers.tools import ToolCall, ToolDelta, assemble, tool_call_parser
-from trio_direct.routing.simple import RoundRobinRouter
+from trio_direct.routing.policy import RoutingPolicy
 from trio_direct.text.chat_template import render_chat
 from trio_direct.text.detokenizer import IncrementalDetokenizer
 from trio_direct.text.tokenizer import ModelTokenizer
@@ -313,7 +313,7 @@ def _frontend(model: ModelTokenizer, fmt: Format) -> Frontend:
         served_model_name="m", model_path="m", tokenizer_path="m", block_size=None,
         context_length=None, tool_call_parser=fmt.parser, reasoning_parser=None,
     )
-    return Frontend(ServeConfig(), Fleet([engine], served), RoundRobinRouter(), tokenizer=model,
+    return Frontend(ServeConfig(), Fleet([engine], served), RoutingPolicy(), tokenizer=model,
                     chat_template_override=None)
 
 

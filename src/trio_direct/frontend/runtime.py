@@ -26,13 +26,14 @@ from trio_direct.fleet.card import EngineCard
 from trio_direct.fleet.fleet import Engine, Fleet, FleetError, FleetOverrides, Worker
 from trio_direct.fleet.health import EngineHealth
 from trio_direct.frontend.gc_policy import run_gc_policy
-from trio_direct.frontend.kv_routing import KvRouting
 from trio_direct.frontend.loop_lag import monitor_loop_lag
 from trio_direct.openai.requests import warm_up_request_decoding
 from trio_direct.parsers.reasoning import KNOWN_REASONING_PARSERS
 from trio_direct.parsers.tools import KNOWN_TOOL_CALL_PARSERS
-from trio_direct.routing.kv_router import Decision
-from trio_direct.routing.simple import NoWorkerAvailable, RandomRouter, RoundRobinRouter, Router
+from trio_direct.kv_sync.feeds import KvFeeds
+from trio_direct.routing.block_hash import RoutingKey
+from trio_direct.routing.kv_routing import KvRouting
+from trio_direct.routing.policy import Candidates, Route, RoutingPolicy
 from trio_direct.text.chat_template import ChatTemplateError, load_chat_template, render_chat
 from trio_direct.text.tokenizer import ModelTokenizer
 
@@ -41,19 +42,17 @@ log = logging.getLogger(__name__)
 
 @dataclass(slots=True, eq=False)
 class Frontend:
-    """The fleet, the router and the model's text pipeline, shared by every request."""
+    """The fleet, its routing and the model's text pipeline, shared by every request."""
 
     config: ServeConfig
     fleet: Fleet
-    router: Router
+    routing: RoutingPolicy
     tokenizer: ModelTokenizer
     #: The `--chat-template` file's text; None = the model's own templates.
     chat_template_override: str | None
     created: int = field(default_factory=lambda: int(time.time()))
-    prefill_router: Router = field(default_factory=RoundRobinRouter)
-    decode_router: Router = field(default_factory=RoundRobinRouter)
-    #: `--router-mode kv`: the KV index, its subscriptions and the cost-based routers.
-    kv: KvRouting | None = None
+    #: `--router-mode kv`: the KV-event subscriptions and load polling that feed `routing.kv`.
+    kv_feeds: KvFeeds | None = None
     health: EngineHealth | None = None
     _token_texts: dict[int, str] = field(default_factory=dict)
 
@@ -88,46 +87,24 @@ class Frontend:
         """Prefill engines are configured: requests are served as prefill + decode pairs."""
         return any(engine.card.role == "prefill" for engine in self.fleet.engines)
 
-    def healthy(self) -> bool:
-        try:
-            self.choose_route(dry_run=True)
-        except NoWorkerAvailable:
-            return False
-        return True
-
-    def choose_route(
-        self, token_ids: Sequence[int] = (), request_id: str | None = None, *, dry_run: bool = False
-    ) -> Route:
-        """Where a request goes; raises `NoWorkerAvailable` when nothing healthy can serve it.
-
-        With prefill engines, a prefill worker and a decode worker, else (unless `--enforce-disagg`)
-        an aggregated worker. Round-robin/random pools take turns; in kv mode the prefill (or
-        aggregated) pool is weighed by prefix overlap and load, the decode pool by load. A route
-        chosen with a `request_id` counts as load until `release(request_id)`.
-        """
+    def candidates(self) -> Candidates[Worker]:
+        """The healthy workers of each role, as routing sees them."""
         workers = self.fleet.workers()
-        if self.disaggregated:
-            prefill = self.fleet.prefill_workers()
-            decode = [w for w in workers if w.engine.card.role == "decode"]
-            if prefill and decode:
-                if dry_run:
-                    return Route(decode[0], prefill[0])
-                if self.kv is not None:
-                    prefill_worker, decision = self.kv.choose(self.kv.router, prefill, token_ids, request_id)
-                    decode_worker, decode_decision = self.kv.choose(self.kv.decode_router, decode, token_ids, request_id)
-                    return Route(decode_worker, prefill_worker, decision, decode_decision)
-                return Route(self.decode_router.choose(decode), self.prefill_router.choose(prefill))
-            if self.config.enforce_disagg:
-                raise NoWorkerAvailable("no healthy prefill and decode engine pair (--enforce-disagg)")
-        aggregated = [w for w in workers if w.engine.card.role == "aggregated"]
-        if dry_run:
-            if not aggregated:
-                raise NoWorkerAvailable("no healthy engine")
-            return Route(aggregated[0], None)
-        if self.kv is not None:
-            worker, decision = self.kv.choose(self.kv.router, aggregated, token_ids, request_id)
-            return Route(worker, None, decision)
-        return Route(self.router.choose(aggregated), None)
+        return Candidates(
+            aggregated=[w for w in workers if w.engine.card.role == "aggregated"],
+            prefill=self.fleet.prefill_workers(),
+            decode=[w for w in workers if w.engine.card.role == "decode"],
+            key=routing_key,
+            disaggregated=self.disaggregated,
+        )
+
+    def healthy(self) -> bool:
+        return self.routing.can_route(self.candidates())
+
+    def choose_route(self, token_ids: Sequence[int] = (), request_id: str | None = None) -> Route[Worker]:
+        """Where a request goes (`RoutingPolicy.choose`); raises `NoWorkerAvailable` when nothing
+        healthy can serve it. A route chosen with a `request_id` counts as load until `release`."""
+        return self.routing.choose(self.candidates(), token_ids, request_id)
 
     def explain_route(self, token_ids: Sequence[int] | None = None) -> dict:
         """What `GET/POST /debug/routing` shows: the mode, the workers, and in kv mode the index
@@ -143,11 +120,11 @@ class Frontend:
             # Not up yet at start-up: never routed to; they join when a probe works.
             "pending": [{"engine": p.id, "url": p.url, "reason": p.reason} for p in self.fleet.pending],
         }
-        if self.kv is not None:
-            report["kv"] = self.kv.stats()
+        if self.kv_feeds is not None:
+            report["kv"] = self.kv_feeds.stats()
             if token_ids is not None:
                 report["prompt_tokens"] = len(token_ids)
-                report["route"] = self.choose_route(token_ids, None).to_json()
+                report["route"] = route_json(self.choose_route(token_ids, None))
         return report
 
     def engine_unreachable(self, client: EngineClient, error: EngineError) -> None:
@@ -159,60 +136,52 @@ class Frontend:
     def check_join(self, engine: Engine) -> None:
         """The frontend's rules for an engine joining after start-up (`FleetError` refuses it)."""
         check_role(engine, self.config.prefill_engine_url)
-        if self.kv is not None:
+        if self.routing.kv is not None:
             try:
-                self.kv.check_join(engine)
+                self.routing.kv.check_join(engine.card)
             except ValueError as error:
                 raise FleetError(str(error)) from None
 
     def engine_joined(self, engine: Engine) -> None:
         """What an engine joining means beyond routing: in kv mode, index it and follow its events."""
-        if self.kv is not None:
-            self.kv.engine_joined(engine)
+        if self.kv_feeds is not None:
+            self.kv_feeds.engine_joined(engine)
 
     def engine_changed(self, engine: Engine, old_card: EngineCard) -> None:
         """An engine came back with another card: in kv mode, follow its KV events where they are now."""
-        if self.kv is not None:
-            self.kv.engine_changed(engine, old_card)
+        if self.kv_feeds is not None:
+            self.kv_feeds.engine_changed(engine, old_card)
 
     def engine_down(self, engine: Engine) -> None:
         """What an engine going down means beyond routing: its KV index entries are stale."""
-        if self.kv is not None:
-            self.kv.engine_down(engine)
+        if self.kv_feeds is not None:
+            self.kv_feeds.engine_down(engine)
 
     def first_token(self, request_id: str) -> None:
         """The request's first output arrived: its prefill no longer loads its engine."""
-        if self.kv is not None:
-            self.kv.first_token(request_id)
+        self.routing.first_token(request_id)
 
     def release(self, request_id: str) -> None:
         """The request ended (completion, abort or error): its load leaves its engines."""
-        if self.kv is not None:
-            self.kv.free(request_id)
+        self.routing.release(request_id)
 
 
-@dataclass(frozen=True, slots=True)
-class Route:
-    """The workers of one request: `decode` generates; `prefill` is set for disaggregated serving."""
+def routing_key(worker: Worker) -> RoutingKey:
+    return RoutingKey(worker.engine.id, worker.dp_rank)
 
-    decode: Worker
-    prefill: Worker | None = None
-    #: kv mode: why the (prefill or aggregated) worker was chosen, and the decode worker.
-    decision: Decision | None = None
-    decode_decision: Decision | None = None
 
-    def to_json(self) -> dict:
-        """The route as `GET /debug/routing` shows it."""
+def route_json(route: Route[Worker]) -> dict:
+    """A route as `GET /debug/routing` shows it."""
 
-        def worker(w: Worker | None) -> dict | None:
-            return None if w is None else {"engine": w.engine.id, "url": w.engine.card.url, "dp_rank": w.dp_rank}
+    def worker(w: Worker | None) -> dict | None:
+        return None if w is None else {"engine": w.engine.id, "url": w.engine.card.url, "dp_rank": w.dp_rank}
 
-        return {
-            "decode" if self.prefill else "engine": worker(self.decode),
-            **({"prefill": worker(self.prefill)} if self.prefill else {}),
-            "decision": self.decision.to_json() if self.decision else None,
-            **({"decode_decision": self.decode_decision.to_json()} if self.decode_decision else {}),
-        }
+    return {
+        "decode" if route.prefill else "engine": worker(route.decode),
+        **({"prefill": worker(route.prefill)} if route.prefill else {}),
+        "decision": route.decision.to_json() if route.decision else None,
+        **({"decode_decision": route.decode_decision.to_json()} if route.decode_decision else {}),
+    }
 
 
 def check_parsers(frontend: Frontend) -> None:
@@ -250,13 +219,6 @@ def check_role(engine: Engine, prefill_urls: list[str]) -> None:
 
 #: The model name clients use with the built-in mock engines.
 MOCK_MODEL_NAME = "trio-direct-mock"
-
-
-def make_router(mode: str) -> Router:
-    """The router of the round-robin/random modes (kv mode falls back to it only if asked to)."""
-    if mode == "random":
-        return RandomRouter()
-    return RoundRobinRouter()
 
 
 async def start_mock_engines(count: int, speedup: float, nursery: trio.Nursery) -> list[str]:
@@ -327,18 +289,22 @@ async def run_frontend(config: ServeConfig, *, task_status: trio.TaskStatus[Fron
             check_roles(fleet, config.prefill_engine_url)
             tokenizer = await trio.to_thread.run_sync(ModelTokenizer.from_directory, Path(fleet.model.tokenizer_path))
             template = load_chat_template(Path(config.chat_template)) if config.chat_template else None
-            frontend = Frontend(config, fleet, make_router(config.router_mode), tokenizer, template)
+            kv = None
+            if config.router_mode == "kv":
+                try:
+                    kv = KvRouting([engine.card for engine in fleet.engines], config)
+                except ValueError as error:
+                    raise FleetError(str(error)) from None
+            routing = RoutingPolicy(config.router_mode, enforce_disagg=config.enforce_disagg, kv=kv)
+            frontend = Frontend(config, fleet, routing, tokenizer, template)
             check_parsers(frontend)
             await trio.to_thread.run_sync(_warm_up_request_path, frontend)
             await _connect_for_generation(fleet.engines)
             # KV routing first: an engine that joins (through health checking) is indexed at once.
-            if config.router_mode == "kv":
-                try:
-                    frontend.kv = KvRouting(fleet, config)
-                except ValueError as error:
-                    raise FleetError(str(error)) from None
-                await nursery.start(frontend.kv.run)
-                log.info("KV-aware routing: %s", frontend.kv.stats())
+            if kv is not None:
+                frontend.kv_feeds = KvFeeds(kv, fleet, load_poll_interval=config.load_poll_interval)
+                await nursery.start(frontend.kv_feeds.run)
+                log.info("KV-aware routing: %s", frontend.kv_feeds.stats())
             if config.health_interval > 0:
                 frontend.health = EngineHealth(
                     fleet,

@@ -22,7 +22,7 @@ from trio_direct.mock.kv_publisher import (
     open_kv_publishers,
 )
 from trio_direct.routing.kv_events import BlockRemoved, BlockStored, KvEvent
-from trio_direct.routing.kv_subscriber import END_SEQ, KvEventSubscriber
+from trio_direct.kv_sync.subscriber import END_SEQ, KvEventSubscriber
 from trio_direct.zmqio import TrioSocket
 
 #: Published until the subscriber has caught up; the sink leaves it out of what it records.
@@ -179,7 +179,7 @@ async def test_a_gap_is_filled_from_the_replay_endpoint(
         publisher.drop_next(3)
         for i in range(4):
             publisher.publish([_mock(_mark(i))])
-        with caplog.at_level(logging.INFO, logger="trio_direct.routing.kv_subscriber"):
+        with caplog.at_level(logging.INFO, logger="trio_direct.kv_sync.subscriber"):
             await wait_until(lambda: _caught_up(publisher, subscriber))
 
     assert sink.events[0] == [_mark(0), _mark(1), _mark(2), _mark(3)]

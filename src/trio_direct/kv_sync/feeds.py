@@ -1,0 +1,131 @@
+"""What keeps KV routing's view of the engines current: their KV events and their load.
+
+One ZMQ subscription per engine (a `KvEventSubscriber`, one SUB socket per DP rank) feeds the
+fleet's `KvRouting` index; `GetLoad` polling (``--load-poll-interval``) feeds its load.
+
+- An engine that joins after start-up (`engine_joined`) is registered and subscribed to like the
+  others; its subscription runs in `run`'s nursery, so it ends with the rest.
+- An engine that comes back with another card (`engine_changed`: a restart on new KV-event ports,
+  another DP size or role) gets a new subscription; the old one is cancelled through its own
+  cancel scope, so it stops dialling the old endpoints. A restart on the same endpoints keeps its
+  subscription: the subscriber sees the publisher's sequence restart by itself.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import trio
+import trio_util
+
+from trio_direct.engine.errors import EngineError
+from trio_direct.fleet.card import EngineCard
+from trio_direct.fleet.fleet import Engine, Fleet
+from trio_direct.kv_sync.subscriber import KvEventSubscriber
+from trio_direct.routing.kv_routing import IndexSink, KvRouting, page_size
+
+__all__ = ["KvFeeds"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True, eq=False)
+class _Subscription:
+    """One engine's subscriber, and the cancel scope that stops it alone (`engine_changed`)."""
+
+    subscriber: KvEventSubscriber
+    sink: IndexSink
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        with self.scope:
+            await self.subscriber.run(task_status=task_status)
+
+
+class KvFeeds:
+    """The KV-event subscriptions and the load polling of one fleet."""
+
+    def __init__(self, kv: KvRouting, fleet: Fleet, *, load_poll_interval: float = 0.0) -> None:
+        self.kv = kv
+        self.fleet = fleet
+        self.load_poll_interval = load_poll_interval
+        #: Engine id → its running (or, before `run`, due) subscription.
+        self._subscriptions: dict[str, _Subscription] = {}
+        #: `run`'s nursery while it runs: where the subscriptions of engines that join later run.
+        self._nursery: trio.Nursery | None = None
+        for engine in fleet.engines:
+            self._subscribe(engine, kv.add_engine(engine.id, engine.card))
+
+    @property
+    def subscribers(self) -> list[KvEventSubscriber]:
+        return [subscription.subscriber for subscription in self._subscriptions.values()]
+
+    def _subscribe(self, engine: Engine, sink: IndexSink | None) -> None:
+        if sink is None:
+            return
+        subscription = _Subscription(KvEventSubscriber(engine.id, engine.card.kv_events, sink), sink)
+        self._subscriptions[engine.id] = subscription
+        if self._nursery is not None:
+            self._nursery.start_soon(subscription.run)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Keep the index fed (and load polled) until cancelled."""
+        try:
+            async with trio.open_nursery() as nursery:
+                for subscription in list(self._subscriptions.values()):
+                    await nursery.start(subscription.run)
+                if self.load_poll_interval > 0:
+                    nursery.start_soon(self._poll_load)
+                self._nursery = nursery
+                task_status.started()
+        finally:
+            self._nursery = None
+
+    def engine_joined(self, engine: Engine) -> None:
+        """An engine joined the fleet after start-up: index it and follow its KV events."""
+        self._subscribe(engine, self.kv.add_engine(engine.id, engine.card))
+
+    def engine_changed(self, engine: Engine, old: EngineCard) -> None:
+        """`engine` came back with a card other than `old`: follow its KV events where they are now."""
+        new = engine.card
+        if not self.kv.feeds_changed(old, new):
+            return
+        stopped = self._subscriptions.pop(engine.id, None)
+        if stopped is not None:
+            stopped.sink.retired = True
+            stopped.scope.cancel()
+        sink = self.kv.engine_changed(engine.id, old, new)
+        self._subscribe(engine, sink)
+        if self.kv.index is not None:
+            log.info(
+                "engine %s came back with KV events at %s (was %s; %s, DP size %d, page %d): %s",
+                engine.id, _endpoints(new), _endpoints(old), new.role, new.dp_size, page_size(new),
+                "re-subscribed" if sink is not None else "routed by load only",
+            )  # fmt: skip
+
+    def engine_down(self, engine: Engine) -> None:
+        """Forget what `engine` caches (its events stopped being trustworthy) and its load."""
+        subscription = self._subscriptions.get(engine.id)
+        if subscription is not None:
+            subscription.subscriber.engine_down()
+        self.kv.engine_down(engine.id, engine.card)
+
+    async def _poll_load(self) -> None:
+        async for _ in trio_util.periodic(self.load_poll_interval):
+            for engine in list(self.fleet.engines):  # engines may join while a poll awaits
+                if not engine.healthy:
+                    continue
+                try:
+                    loads = await engine.client.load(timeout=min(self.load_poll_interval, 5.0))
+                except EngineError as error:
+                    log.debug("GetLoad on %s failed: %s", engine.id, error)
+                    continue
+                self.kv.apply_load(engine.id, engine.card, loads)
+
+    def stats(self) -> dict:
+        return {**self.kv.stats(), "subscribers": {s.engine: s.counters.as_dict() for s in self.subscribers}}
+
+
+def _endpoints(card: EngineCard) -> str:
+    return ", ".join(source.endpoint for source in card.kv_events) or "none"

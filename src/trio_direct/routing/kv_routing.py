@@ -1,0 +1,237 @@
+"""KV-aware routing state of one fleet (`--router-mode kv`), without I/O.
+
+One `KvIndex` for the fleet, fed per engine and DP rank with the engines' own KV events (the
+subscriptions are the I/O shell's, `kv_sync.feeds`), and two `KvRouter`s: the aggregated (or
+prefill) pool is weighed by prefix overlap and load, the decode pool of a disaggregated fleet by
+load alone (decode engines hold no prefix another request can reuse).
+
+- The index works at a routing block of ``--kv-cache-block-size`` tokens (16 by default, a
+  multiple of every engine's page size), so a page-size-1 engine costs no more per event or per
+  decision than a page-16 one.
+- Engines that publish no events are routed by load alone, or, with ``--no-router-kv-events``,
+  from an approximate index of this frontend's own decisions (TTL ``--router-ttl-secs``).
+- Load is tracked from dispatch (`ActiveSequences`), released at the first token and at the end,
+  and optionally corrected from the engines' `GetLoad` (`apply_load`), which is how load from
+  other frontends is learnt.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
+
+from trio_direct.config import ServeConfig
+from trio_direct.fleet.card import EngineCard
+from trio_direct.routing.block_hash import RoutingKey
+from trio_direct.routing.kv_index import KvIndex
+from trio_direct.routing.kv_router import Decision, KvRouter, KvRouterConfig
+
+__all__ = [
+    "DEFAULT_ROUTING_BLOCK",
+    "IndexSink",
+    "KvRouting",
+    "page_size",
+    "routing_block_size",
+    "routing_keys",
+]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_ROUTING_BLOCK = 16
+
+W = TypeVar("W")
+
+
+def page_size(card: EngineCard) -> int:
+    return card.kv_block_size or card.block_size or 1
+
+
+def routing_block_size(cards: Iterable[EngineCard], configured: int | None) -> int:
+    """The routing block: the flag, else the smallest multiple of every page size that is >= 16."""
+    pages = {page_size(card) for card in cards}
+    if configured is not None:
+        bad = sorted(p for p in pages if configured % p)
+        if bad:
+            raise ValueError(f"--kv-cache-block-size {configured} is not a multiple of the engines' page size {bad[0]}")
+        return configured
+    block = math.lcm(*pages) if pages else 1
+    return block * math.ceil(DEFAULT_ROUTING_BLOCK / block)
+
+
+def routing_keys(engine_id: str, card: EngineCard) -> list[RoutingKey]:
+    """The routing keys of an engine with `card`: one, or one per DP rank."""
+    ranks: list[int | None] = [None] if card.dp_size <= 1 else list(range(card.dp_size))
+    return [RoutingKey(engine_id, rank) for rank in ranks]
+
+
+class IndexSink:
+    """Feeds one engine's KV events into the index, per DP rank (what a subscriber calls)."""
+
+    __slots__ = ("_index", "_engine_id", "_single_rank", "retired")
+
+    def __init__(self, index: KvIndex, engine_id: str, card: EngineCard) -> None:
+        self._index = index
+        self._engine_id = engine_id
+        self._single_rank = card.dp_size <= 1
+        #: Set when the subscription is replaced: a batch its cancelled task was already handed
+        #: comes from the old endpoints (or DP layout) and must not reach the index.
+        self.retired = False
+
+    def _key(self, dp_rank: int) -> RoutingKey:
+        return RoutingKey(self._engine_id, None if self._single_rank else dp_rank)
+
+    def on_events(self, dp_rank: int, events: Sequence[Any]) -> None:
+        if self.retired:
+            return
+        key = self._key(dp_rank)
+        for event in events:
+            self._index.apply(key, event)
+
+    def on_clear(self, dp_rank: int, reason: str) -> None:
+        if self.retired:
+            return
+        hint = ""
+        if "lost" in reason:  # the engine still caches what the lost events told of
+            hint = (
+                "; prefixes the engine cached before stay unknown to routing until it evicts and "
+                "re-stores them (a replay_endpoint in its --kv-events-config avoids this)"
+            )
+        log.info("KV index of %s cleared: %s%s", self._key(dp_rank), reason, hint)
+        self._index.clear_worker(self._key(dp_rank))
+
+
+class KvRouting:
+    """The index and the routers of one fleet, kept in step with the engines that come and go.
+
+    The routing block is fixed at construction from the engines' page sizes (`cards`); each engine
+    is then added with `add_engine`, and later ones must fit that block (`check_join`).
+    """
+
+    def __init__(self, cards: Iterable[EngineCard], config: ServeConfig) -> None:
+        self.block_size = routing_block_size(cards, config.kv_cache_block_size)
+        self.use_events = config.router_kv_events
+        self.index = KvIndex(self.block_size) if self.use_events else None
+        router_config = KvRouterConfig(
+            overlap_score_credit=config.router_kv_overlap_score_credit,
+            prefill_load_scale=config.router_prefill_load_scale,
+            temperature=config.router_temperature,
+            use_kv_events=self.use_events,
+            ttl_secs=config.router_ttl_secs,
+            block_size=self.block_size,
+        )
+        self.router = KvRouter(router_config, self.index)
+        # Decode engines of a disaggregated fleet hold no reusable prefix: load alone decides.
+        load_only = KvRouterConfig(overlap_score_credit=0.0, block_size=self.block_size, use_kv_events=False)
+        self.decode_router = KvRouter(load_only)
+
+    # ---- engines coming and going -------------------------------------------------------------------
+
+    def check_join(self, card: EngineCard) -> None:
+        """Raise `ValueError` if an engine with `card` cannot be indexed at this fleet's routing block."""
+        if self.index is not None and card.role != "decode" and self.block_size % page_size(card):
+            raise ValueError(
+                f"its page size {page_size(card)} does not divide the routing block {self.block_size} "
+                "(set --kv-cache-block-size to a multiple of every engine's page size)"
+            )
+
+    def add_engine(self, engine_id: str, card: EngineCard) -> IndexSink | None:
+        """Register the engine's ranks in the index; the sink its KV events go to, if it publishes any."""
+        if self.index is None or card.role == "decode":
+            return None
+        for key in routing_keys(engine_id, card):
+            self.index.register_worker(key, page_size(card))
+        if not card.kv_events:
+            log.warning(
+                "engine %s publishes no KV events: it is routed by load only (start SGLang with "
+                "--kv-events-config, or run trio-direct with --no-router-kv-events)",
+                engine_id,
+            )
+            return None
+        return IndexSink(self.index, engine_id, card)
+
+    @staticmethod
+    def feeds_changed(old: EngineCard, new: EngineCard) -> bool:
+        """Whether an engine back with `new` instead of `old` needs its KV events followed anew.
+
+        Only what KV routing depends on matters (role, DP size, page size, KV-event endpoints); an
+        engine back on the same endpoints keeps its subscription, which notices the publisher's
+        restart by itself.
+        """
+        return (old.role, old.dp_size, page_size(old), old.kv_events) != (
+            new.role, new.dp_size, page_size(new), new.kv_events,
+        )  # fmt: skip
+
+    def engine_changed(self, engine_id: str, old: EngineCard, new: EngineCard) -> IndexSink | None:
+        """The engine came back with `new` (`feeds_changed` said so): ranks that no longer exist
+        leave the index and the routers; the new card's sink, if it publishes events."""
+        gone = set(routing_keys(engine_id, old)) - set(routing_keys(engine_id, new))
+        for key in gone:
+            if self.index is not None:
+                self.index.remove_worker(key)
+            self.router.remove_worker(key)
+            self.decode_router.remove_worker(key)
+        if self.index is None:
+            return None  # approximate mode: nothing subscribed, and new ranks are learnt as they are routed
+        if new.role == "decode":
+            for key in routing_keys(engine_id, new):
+                self.index.remove_worker(key)  # decode engines are routed by load alone
+        return self.add_engine(engine_id, new)
+
+    def engine_down(self, engine_id: str, card: EngineCard) -> None:
+        """Forget what the engine caches (its events stopped being trustworthy) and its load."""
+        for key in routing_keys(engine_id, card):
+            if self.index is not None:
+                self.index.clear_worker(key)
+            self.router.remove_worker(key)
+            self.decode_router.remove_worker(key)
+
+    def apply_load(self, engine_id: str, card: EngineCard, loads: Iterable[Mapping[str, Any]]) -> None:
+        """What the engine's `GetLoad` reported, per DP rank: the load other frontends put on it."""
+        router = self.decode_router if card.role == "decode" else self.router
+        for load in loads:
+            rank = load.get("dp_rank")
+            key = RoutingKey(engine_id, rank if card.dp_size > 1 else None)
+            router.active.set_external_load(
+                key,
+                running=int(load.get("num_running_reqs") or 0),
+                waiting=int(load.get("num_waiting_reqs") or 0),
+                used_tokens=int(load.get("num_used_tokens") or 0),
+                waiting_tokens=load.get("num_waiting_uncached_tokens"),
+            )
+
+    # ---- per request --------------------------------------------------------------------------------
+
+    def choose(
+        self,
+        router: KvRouter,
+        workers: Sequence[W],
+        key: Callable[[W], RoutingKey],
+        token_ids: Sequence[int],
+        request_id: str | None,
+    ) -> tuple[W, Decision]:
+        """Route (or, without a request id, only weigh) `token_ids` over `workers`."""
+        by_key = {key(w): w for w in workers}
+        keys = list(by_key)
+        if request_id is None:
+            decision = router.decide(token_ids, keys)
+        else:
+            decision = router.route(request_id, token_ids, keys)
+            log.debug("%s", decision.explain())
+        return by_key[decision.worker], decision
+
+    def first_token(self, request_id: str) -> None:
+        self.router.first_token(request_id)
+        self.decode_router.first_token(request_id)
+
+    def free(self, request_id: str) -> None:
+        self.router.free(request_id)
+        self.decode_router.free(request_id)
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "block_size": self.block_size,
+            "mode": "events" if self.use_events else "approximate",
+            "index": self.index.stats() if self.index is not None else None,
+        }

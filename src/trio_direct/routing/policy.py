@@ -1,0 +1,111 @@
+"""Which workers serve a request: an aggregated engine, or a prefill + decode pair (sans-IO).
+
+The caller passes the healthy workers of each role on every call, so an engine that goes down
+simply stops being offered. With prefill engines in the fleet, a request is served disaggregated
+when a healthy prefill and a healthy decode worker exist; otherwise aggregated engines serve it,
+unless ``--enforce-disagg`` says to refuse. A decode engine never serves alone.
+
+Round-robin and random take turns per pool; in kv mode the prefill (or aggregated) pool is weighed
+by prefix overlap and load, the decode pool by load. A route chosen with a request id counts as
+load until `release` (and its prefill share until `first_token`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from trio_direct.routing.block_hash import RoutingKey
+from trio_direct.routing.kv_router import Decision
+from trio_direct.routing.kv_routing import KvRouting
+from trio_direct.routing.simple import NoWorkerAvailable, RandomRouter, RoundRobinRouter, Router
+
+__all__ = ["Candidates", "Route", "RoutingPolicy"]
+
+W = TypeVar("W")
+
+
+@dataclass(frozen=True, slots=True)
+class Candidates(Generic[W]):
+    """The healthy workers of each role, and how a worker is known to KV routing."""
+
+    aggregated: Sequence[W]
+    prefill: Sequence[W]
+    decode: Sequence[W]
+    key: Callable[[W], RoutingKey]
+    #: Prefill engines are configured (healthy or not): the fleet serves disaggregated.
+    disaggregated: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Route(Generic[W]):
+    """The workers of one request: `decode` generates; `prefill` is set for disaggregated serving."""
+
+    decode: W
+    prefill: W | None = None
+    #: kv mode: why the (prefill or aggregated) worker was chosen, and the decode worker.
+    decision: Decision | None = None
+    decode_decision: Decision | None = None
+
+
+class RoutingPolicy:
+    """The fleet's routing: one router per pool, or KV-aware routing (`kv`)."""
+
+    def __init__(self, mode: str = "round-robin", *, enforce_disagg: bool = False, kv: KvRouting | None = None) -> None:
+        self.mode = mode
+        self.enforce_disagg = enforce_disagg
+        self.kv = kv
+        self._router = _simple_router(mode)
+        self._prefill_router: Router = RoundRobinRouter()
+        self._decode_router: Router = RoundRobinRouter()
+
+    def choose(
+        self, candidates: Candidates[W], token_ids: Sequence[int] = (), request_id: str | None = None
+    ) -> Route[W]:
+        """Where a request goes; raises `NoWorkerAvailable` when nothing healthy can serve it.
+
+        Without a `request_id` nothing is recorded (`GET /debug/routing`).
+        """
+        kv = self.kv
+        if candidates.disaggregated:
+            prefill, decode = candidates.prefill, candidates.decode
+            if prefill and decode:
+                if kv is not None:
+                    prefill_worker, decision = kv.choose(kv.router, prefill, candidates.key, token_ids, request_id)
+                    decode_worker, decode_decision = kv.choose(
+                        kv.decode_router, decode, candidates.key, token_ids, request_id
+                    )
+                    return Route(decode_worker, prefill_worker, decision, decode_decision)
+                return Route(self._decode_router.choose(decode), self._prefill_router.choose(prefill))
+            if self.enforce_disagg:
+                raise NoWorkerAvailable("no healthy prefill and decode engine pair (--enforce-disagg)")
+        aggregated = candidates.aggregated
+        if not aggregated:
+            raise NoWorkerAvailable("no healthy engine")
+        if kv is not None:
+            worker, decision = kv.choose(kv.router, aggregated, candidates.key, token_ids, request_id)
+            return Route(worker, None, decision)
+        return Route(self._router.choose(aggregated), None)
+
+    def can_route(self, candidates: Candidates[W]) -> bool:
+        """Whether `choose` would find a route now (health), recording nothing."""
+        if candidates.disaggregated and candidates.prefill and candidates.decode:
+            return True
+        if candidates.disaggregated and self.enforce_disagg:
+            return False
+        return bool(candidates.aggregated)
+
+    def first_token(self, request_id: str) -> None:
+        """The request's first output arrived: its prefill no longer loads its engine."""
+        if self.kv is not None:
+            self.kv.first_token(request_id)
+
+    def release(self, request_id: str) -> None:
+        """The request ended (completion, abort or error): its load leaves its engines."""
+        if self.kv is not None:
+            self.kv.free(request_id)
+
+
+def _simple_router(mode: str) -> Router:
+    return RandomRouter() if mode == "random" else RoundRobinRouter()
