@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from trio_direct import __version__
+
 if TYPE_CHECKING:
     from trio_direct.frontend.supervisor import WorkerLink
     from trio_direct.mock.server import MockEngineConfig
@@ -31,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="trio-direct", description="trio-direct: an OpenAI-compatible frontend for stock SGLang engines."
     )
+    parser.add_argument("--version", action="version", version=f"trio-direct {__version__}")
     subcommands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_serve(subcommands)
     _add_probe(subcommands)
@@ -65,6 +68,7 @@ def _add_serve(subcommands: argparse._SubParsersAction) -> None:
         "Every flag can also be set with the TRIO_DIRECT_<FLAG> environment variable.",
     )
     add_serve_arguments(p)
+    p.add_argument("--version", action="version", version=f"trio-direct {__version__}")
     # Internal: how a `--workers` supervisor starts its children (frontend/supervisor.py).
     for flag in ("--worker-index", "--listen-fd", "--control-fd"):
         p.add_argument(flag, type=int, default=None, help=argparse.SUPPRESS)
@@ -126,24 +130,32 @@ def _worker_link(args: argparse.Namespace) -> WorkerLink | None:
 
 
 async def _serve_until_signalled(serve, config, worker: WorkerLink | None = None) -> None:  # noqa: ANN001
-    """SIGTERM or SIGINT: drain gracefully; a second one, or one before serving began: stop at once.
+    """SIGTERM or SIGINT: drain gracefully; a second one: end every open response now, each with an
+    error event, then stop; one before serving began: stop at once.
 
     A `--workers` child also drains when its supervisor asks (or is gone): that is no second signal.
     """
-    shutdown = trio.Event()
+    from trio_direct.frontend.serve import CUT_GRACE, Shutdown
+
+    shutdown = Shutdown()
     serving = False
     async with trio.open_nursery() as nursery:
+
+        async def stop_after_cut() -> None:
+            await trio.sleep(config.abort_timeout + CUT_GRACE)  # the cut responses wrote their errors
+            nursery.cancel_scope.cancel()
 
         def stop(reason: str, *, escalate: bool) -> None:
             if not serving:
                 log.warning("%s during start-up: stopping now", reason)
                 nursery.cancel_scope.cancel()
-            elif not shutdown.is_set():
+            elif not shutdown.drain.is_set():
                 log.info("%s: draining in-flight requests", reason)
-                shutdown.set()
-            elif escalate:
-                log.warning("%s again: stopping now", reason)
-                nursery.cancel_scope.cancel()
+                shutdown.drain.set()
+            elif escalate and not shutdown.cut.is_set():
+                log.warning("%s again: ending open responses now", reason)
+                shutdown.cut.set()
+                nursery.start_soon(stop_after_cut)
 
         async def watch_signals() -> None:
             with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:

@@ -50,6 +50,7 @@ class ServeConfig:
     max_body_bytes: int = 32 * 1024 * 1024
     api_key: str | None = None
     max_concurrent_requests: int = 0
+    cors_allow_origins: str = ""
     max_n: int = 128
     gc_full_collection_growth: float = 1.0
     mock_engines: int = 2
@@ -91,6 +92,7 @@ _HELP = {
     "api_key": "require this Bearer token on /v1/* and /debug/* (/health, /live, /metrics stay open)",
     "max_concurrent_requests": "completion requests served at once; more get 429 with Retry-After (0 = no limit)",
     "max_body_bytes": "largest request body accepted (413 above)",
+    "cors_allow_origins": "browser origins allowed to call the API (comma-separated, * for any; default: no CORS)",
     "max_n": "largest `n` accepted",
     "gc_full_collection_growth": "run a full garbage-collector pass when the heap grew by this fraction since the last "
     "one, like Go's GOGC/100 (0 = CPython's own schedule, which stalls every stream for a full pass every few "
@@ -105,7 +107,13 @@ _CHOICES = {
     "log_level": ("debug", "info", "warning", "error"),
 }
 _URL_LISTS = ("engine_url", "prefill_engine_url")
-_ALIASES = {"tool_call_parser": ["--dyn-tool-call-parser"], "reasoning_parser": ["--dyn-reasoning-parser"]}
+#: Other spellings of a flag: Dynamo's (`python -m dynamo.frontend`) for those its users type.
+_ALIASES = {
+    "tool_call_parser": ["--dyn-tool-call-parser"],
+    "reasoning_parser": ["--dyn-reasoning-parser"],
+    "host": ["--http-host"],
+    "port": ["--http-port"],
+}
 
 
 def _parse_float(text: str) -> float:

@@ -61,23 +61,30 @@ class FrontendCollector(Collector):
         frontend = self.frontend()
         if frontend is None:
             return
-        health = GaugeMetricFamily("trio_direct_engine_healthy", "1 when the engine is routable", labels=["engine", "url", "role"])
-        for engine in frontend.fleet.engines:
-            health.add_metric([engine.id, engine.card.url, engine.card.role], 1.0 if engine.healthy else 0.0)
-        for pending in frontend.fleet.pending:  # not up since start-up: role unknown until it joins
-            health.add_metric([pending.id, pending.url, "unknown"], 0.0)
+        pools = frontend.pools()
+        health = GaugeMetricFamily(
+            "trio_direct_engine_healthy", "1 when the engine is routable", labels=["model", "engine", "url", "role"]
+        )
+        for pool in pools:
+            for engine in pool.fleet.engines:
+                health.add_metric([pool.name, engine.id, engine.card.url, engine.card.role], 1.0 if engine.healthy else 0.0)
+            for pending in pool.fleet.pending:  # not up since start-up: role unknown until it joins
+                health.add_metric([pool.name, pending.id, pending.url, "unknown"], 0.0)
         yield health
-        if frontend.kv_feeds is None:
+        feeds = [(pool.name, pool.kv_feeds.stats()) for pool in pools if pool.kv_feeds is not None]
+        if not feeds:
             return
-        stats = frontend.kv_feeds.stats()
-        index = stats.get("index") or {}
-        blocks = GaugeMetricFamily("trio_direct_kv_index_blocks", "Routing blocks in the KV index")
-        blocks.add_metric([], float(index.get("blocks", 0)))
+        blocks = GaugeMetricFamily("trio_direct_kv_index_blocks", "Routing blocks in the KV index", labels=["model"])
+        events = CounterMetricFamily(
+            "trio_direct_kv_events", "KV-event subscription counters", labels=["model", "engine", "kind"]
+        )
+        for model, stats in feeds:
+            index = stats.get("index") or {}
+            blocks.add_metric([model], float(index.get("blocks", 0)))
+            for engine, counters in stats.get("subscribers", {}).items():
+                for kind, value in counters.items():
+                    events.add_metric([model, engine, kind], float(value))
         yield blocks
-        events = CounterMetricFamily("trio_direct_kv_events", "KV-event subscription counters", labels=["engine", "kind"])
-        for engine, counters in stats.get("subscribers", {}).items():
-            for kind, value in counters.items():
-                events.add_metric([engine, kind], float(value))
         yield events
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from trio_direct.config import ServeConfig
 from trio_direct.fleet.fleet import Engine, Fleet, FleetError
-from trio_direct.frontend.runtime import Frontend, check_roles
+from trio_direct.frontend.runtime import ModelPool, check_roles
 from trio_direct.routing.policy import RoutingPolicy
 from trio_direct.routing.simple import NoWorkerAvailable
 
@@ -18,10 +18,10 @@ def engine(engine_id: str, role: str, url: str = "") -> Engine:
     return Engine(engine_id, card, client=SimpleNamespace(api="native", name=engine_id))
 
 
-def frontend(engines: list[Engine], **config) -> Frontend:
+def frontend(engines: list[Engine], **config) -> ModelPool:
     settings = ServeConfig(**config)
     routing = RoutingPolicy(settings.router_mode, enforce_disagg=settings.enforce_disagg)
-    return Frontend(settings, Fleet(engines, model=None), routing, tokenizer=None, chat_template_override=None)
+    return ModelPool(settings, Fleet(engines, model=None), routing, tokenizer=None, chat_template_override=None)
 
 
 def test_aggregated_engines_take_turns():

@@ -506,7 +506,7 @@ async def test_malformed_kv_messages_are_counted_and_routing_carries_on(aio_loop
         assert await goes_to(client, next_question, engines[index]), "the cached prefix still wins"
         assert (await client.get("/health")).status_code == 200
         metrics = (await client.get("/metrics")).text
-        counter = f'trio_direct_kv_events_total{{engine="{engine}",kind="bad_batches"}}'
+        counter = f'trio_direct_kv_events_total{{engine="{engine}",kind="bad_batches",model="{model}"}}'
         assert f'{counter} {float(after["bad_batches"])}' in metrics
 
 
@@ -616,20 +616,16 @@ async def test_after_lost_kv_history_new_prompts_are_indexed_again(aio_loop, nur
 async def test_a_client_gone_while_a_chunk_is_being_written_ends_the_request_quietly(
     aio_loop, nursery, mock_engine_factory
 ):
-    """The ASGI handler itself, with a socket write that hangs until the client's disconnect."""
+    """The ASGI app itself, with a socket write that hangs until the client's disconnect."""
     from trio_direct.config import parse_serve_args
-    from trio_direct.frontend.asgi_completions import with_completion_routes
     from trio_direct.frontend.runtime import run_frontend
+    from trio_direct.http.app import create_app
 
     running = await mock_engine_factory(incremental_streaming_output=True)
     config = parse_serve_args(["--engine-url", f"grpc://127.0.0.1:{running.port}"], environ={})
     frontend = await nursery.start(run_frontend, config)
-
-    async def no_other_routes(scope, receive, send) -> None:
-        raise AssertionError(scope["path"])
-
-    asgi = with_completion_routes(no_other_routes, lambda: frontend, max_body_bytes=1 << 20)
-    body = {"model": frontend.model_name, "prompt": "go", "max_tokens": 200, "stream": True}
+    asgi = create_app(lambda: frontend, config)
+    body = {"model": frontend.pools()[0].name, "prompt": "go", "max_tokens": 200, "stream": True}
     requested = [{"type": "http.request", "body": json.dumps(body).encode(), "more_body": False}]
     writing, gone = trio.Event(), trio.Event()
 

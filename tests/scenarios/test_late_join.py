@@ -58,7 +58,8 @@ async def test_an_engine_down_at_start_up_joins_when_it_comes_up(aio_loop, nurse
         assert [w["engine"] for w in state["workers"]] == ["e0"]
         assert (await client.get("/health")).status_code == 200
         metrics = (await client.get("/metrics")).text
-        assert f'trio_direct_engine_healthy{{engine="e1",role="unknown",url="127.0.0.1:{port}"}} 0.0' in metrics
+        expected = f'trio_direct_engine_healthy{{engine="e1",model="{model}",role="unknown",url="127.0.0.1:{port}"}} 0.0'
+        assert expected in metrics
         for i in range(4):  # served meanwhile, all by the engine that is up
             assert (await client.post("/v1/chat/completions", json=chat(model, f"q{i}"))).status_code == 200
         assert len(await served(first.url)) == 4

@@ -277,6 +277,8 @@ def _decode_object(body: bytes) -> dict[str, Any]:
         raise invalid_request(_MALFORMED_JSON) from None
     except RecursionError:
         raise invalid_request(_TOO_DEEP) from None
+    except UnicodeDecodeError as error:  # msgspec decodes strings as UTF-8 and lets this through
+        raise invalid_request(f"The request body is not valid UTF-8 (at byte {error.start}).") from None
     if not isinstance(raw, dict):
         raise invalid_request("The request body must be a JSON object.")
     return {key: value for key, value in raw.items() if value is not None}
