@@ -59,7 +59,7 @@ class UsageCounts(Protocol):
     reasoning_tokens: int
 
 
-def usage_body(usage: UsageCountsCounts) -> _UsageBody:
+def usage_body(usage: UsageCounts) -> _UsageBody:
     """The OpenAI `usage` object; `completion_tokens_details` only when there was reasoning."""
     return _UsageBody(
         prompt_tokens=usage.prompt_tokens,
@@ -72,7 +72,7 @@ def usage_body(usage: UsageCountsCounts) -> _UsageBody:
     )
 
 
-def _usage_body(usage: UsageCountsCounts | None) -> _UsageBody | None:
+def _usage_body(usage: UsageCounts | None) -> _UsageBody | None:
     return None if usage is None else usage_body(usage)
 
 
