@@ -123,7 +123,7 @@ class Exchange:
         if self.headers_sent:
             await self.end()
             return
-        head = [_JSON, *headers]
+        head = [_JSON, (b"content-length", b"%d" % len(payload)), *headers]
         if close:
             head.append((b"connection", b"close"))
         await self.start(status, head)

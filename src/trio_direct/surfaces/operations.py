@@ -36,8 +36,9 @@ async def health(exchange: Exchange) -> None:
 
 
 async def metrics(exchange: Exchange) -> None:
-    await exchange.start(200, [(b"content-type", CONTENT_TYPE_LATEST.encode())])
-    await exchange.end(exposition())
+    body = exposition()
+    await exchange.start(200, [(b"content-type", CONTENT_TYPE_LATEST.encode()), (b"content-length", b"%d" % len(body))])
+    await exchange.end(body)
 
 
 async def routing_state(exchange: Exchange) -> None:
