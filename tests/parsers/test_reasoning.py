@@ -16,7 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trio_direct.parsers.reasoning import (
+    INKLING_CONTROL_TOKENS,
     KNOWN_REASONING_PARSERS,
+    REASONING_FORMATS,
     ReasoningDelta,
     ReasoningParser,
     ThinkTagParser,
@@ -28,18 +30,18 @@ FUZZ = settings(max_examples=250, deadline=None, database=None)
 
 HARMONY = ("<|start|>", "<|channel|>", "<|message|>", "<|constrain|>", "<|end|>", "<|call|>",
            "<|return|>")
+INKLING = INKLING_CONTROL_TOKENS
 # Tags each format reacts to (for the hold-back property and for generating texts).
 TAGS: dict[str, tuple[str, ...]] = {
-    "basic": ("<think>", "</think>"),
-    "deepseek_r1": ("<think>", "</think>"),
-    "step3": ("<think>", "</think>"),
-    "qwen3": ("<think>", "</think>", "<tool_call>"),
-    "qwen3_thinking": ("<think>", "</think>", "<tool_call>"),
-    "glm45": ("<think>", "</think>", "<tool_call>"),
-    "kimi": ("◁think▷", "◁/think▷"),
+    **{name: tuple(dict.fromkeys((f.start, f.end, *f.extra_ends, *f.tool_starts, *f.content_drops)))
+       for name, f in REASONING_FORMATS.items()},
     "gpt_oss": HARMONY,
+    "inkling": INKLING,
+    "minimax_append_think": (),
     "passthrough": (),
 }
+# Formats a start tag, an end tag and tool starts describe (the independent reading below).
+SIMPLE_TAG_FORMATS = [name for name, f in REASONING_FORMATS.items() if not f.extra_ends and not f.content_drops]
 Config = tuple[str, dict[str, Any]]
 CONFIGS: list[Config] = [
     *((name, {}) for name in TAGS),
@@ -172,7 +174,9 @@ def test_golden_every_split(config: Config, text: str, reasoning: str, content: 
 # Fragments that make tags, partial tags, look-alikes, whitespace and multi-byte characters.
 FRAGMENTS = ["a", "b", " ", "\n", "<", ">", "/", "<t", "<thin", "think", "</", "</thi", "é",
              "思", "🤔", "◁", "▷", "◁th", "<|", "|>", "<think>", "</think>", "<tool_call>",
-             "◁think▷", "◁/think▷", *HARMONY, "analysis", "final", "commentary", " to=f"]
+             "◁think▷", "◁/think▷", *HARMONY, "analysis", "final", "commentary", " to=f",
+             *sorted({t for tags in TAGS.values() for t in tags} - set(HARMONY)), "<|open|>", "<|sep|>",
+             "[THINK", "<seed:", "<|START_"]
 texts = st.lists(st.sampled_from(FRAGMENTS), max_size=25).map("".join)
 
 
@@ -205,11 +209,10 @@ def _reference_tags(text: str, tags: Sequence[str], in_reasoning: bool) -> tuple
 @FUZZ
 @given(text=texts)
 def test_tag_formats_match_an_independent_reading(text: str) -> None:
-    forced = {"deepseek_r1", "step3", "qwen3_thinking"}
-    for name, tags in TAGS.items():
-        if name in ("gpt_oss", "passthrough"):
-            continue
-        assert whole((name, {}), text) == _reference_tags(text, tags, name in forced), name
+    for name in SIMPLE_TAG_FORMATS:
+        tags = TAGS[name]
+        forced = REASONING_FORMATS[name].starts_in_reasoning
+        assert whole((name, {}), text) == _reference_tags(text, tags, forced), name
     assert whole(("qwen3", {"enable_thinking": False}), text) == _reference_tags(
         text, TAGS["qwen3"], False)
 
