@@ -629,14 +629,16 @@ class InklingParser(JsonObjectCalls):
 
 
 class GraniteParser(JsonObjectCalls):
-    """IBM Granite 3.x: `<|tool_call|>[{"name": ..., "arguments": {...}}, ...]`; the array may
-    also open the output without the token.
+    """IBM Granite: `<|tool_call|>[{"name": ..., "arguments": {...}}, ...]` (3.0; 3.1 writes
+    `<tool_call>`); the array may also open the output without the token, and a single object
+    may stand for the array (an optional `</tool_call>` after it is markup).
 
-    Malformed: a `<|tool_call|>` not followed by call objects stays content.
+    Malformed: a token not followed by call objects stays content.
     """
 
     format = "granite"
-    MARKERS = ("<|tool_call|>",)
+    MARKERS = ("<|tool_call|>", "<tool_call>")
+    _END: Final = "</tool_call>"
 
     def _start(self) -> bool:
         buf = self._buf
@@ -651,7 +653,7 @@ class GraniteParser(JsonObjectCalls):
         if buf[first] == "[":
             self._begin_attempt(self._pos, first + 1, markup=False)
             self._pos = first
-            self._read_array(self._to_content)
+            self._read_array(self._to_after_calls)
         else:
             self._state = self._content
         return True
@@ -665,9 +667,24 @@ class GraniteParser(JsonObjectCalls):
             return self._starved()
         char = self._buf[self._pos]
         if char == "[":
-            self._read_array(self._to_content)
+            self._read_array(self._to_after_calls)
         elif char == "{":
-            self._read_object(self._close_then_content)
+            self._read_object(self._close_then_after_calls)
         else:
             return self._fail()
+        return True
+
+    def _to_after_calls(self) -> None:
+        self._state = self._after_calls
+
+    def _close_then_after_calls(self) -> None:
+        self._close_call()
+        self._state = self._after_calls
+
+    def _after_calls(self) -> bool:
+        if not self._skip_ws():
+            return self._starved()
+        if self._match(self._END) is None:
+            return self._starved()
+        self._state = self._content
         return True
