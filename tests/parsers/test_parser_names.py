@@ -189,3 +189,25 @@ def test_the_detokenizer_keeps_special_tokens_when_a_parser_needs_them() -> None
     assert skip_special_tokens(True, [NamedToolCallParser("f"), harmony]) is False  # gpt-oss reasoning alone
     assert skip_special_tokens(True, [NamedToolCallParser("f"), qwen]) is True
     assert skip_special_tokens(False, [None, None]) is False  # the client asked to keep them
+
+
+def test_the_docs_list_every_format_with_all_its_names_and_the_counts() -> None:
+    from pathlib import Path
+
+    doc = (Path(__file__).parents[2] / "docs" / "tools-and-reasoning.md").read_text()
+    rows = {line.split("|")[1].strip().strip("`"): line for line in doc.splitlines() if line.startswith("| `")}
+    for known in (KNOWN_TOOL_CALL_PARSERS, KNOWN_REASONING_PARSERS):
+        for name, canonical in known.items():
+            assert canonical in rows, canonical
+    tool_rows = doc.split("## Tool-call formats")[1].split("## Reasoning formats")[0]
+    reasoning_rows = doc.split("## Reasoning formats")[1].split("## Special tokens")[0]
+    for section, known in ((tool_rows, KNOWN_TOOL_CALL_PARSERS), (reasoning_rows, KNOWN_REASONING_PARSERS)):
+        table = {line.split("|")[1].strip().strip("`"): line.split("|")[2]
+                 for line in section.splitlines() if line.startswith("| `")}
+        assert set(table) == set(known.values())
+        for name, canonical in known.items():
+            assert name in table[canonical].replace("-", "_"), (name, canonical)
+    assert f"| tool-call formats | {len(TOOL_CALL_FORMATS)} |" in doc
+    assert f"| tool-call names accepted | {len(KNOWN_TOOL_CALL_PARSERS)} |" in doc
+    assert f"| reasoning formats | {len(set(KNOWN_REASONING_PARSERS.values()))} |" in doc
+    assert f"| reasoning names accepted | {len(KNOWN_REASONING_PARSERS)} |" in doc

@@ -12,6 +12,7 @@ from __future__ import annotations
 import html
 import math
 import re
+from collections.abc import Callable
 from typing import Any, ClassVar, Final
 
 from trio_direct.parsers.tools.stream import MALFORMED, Malformed
@@ -79,7 +80,7 @@ class InvokeCalls(XmlArgumentCalls):
         self._state = self._body
         return True
 
-    def _literal(self, literals: tuple[str, ...], state: Any) -> bool:
+    def _literal(self, literals: tuple[str, ...], state: Callable[[], bool]) -> bool:
         """Match `literals[self._step]` (after spaces), then stay in `state` for the next one."""
         if not self._skip_ws():
             return self._starved()

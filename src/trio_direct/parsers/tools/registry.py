@@ -91,7 +91,6 @@ KNOWN_TOOL_CALL_PARSERS: Final = MappingProxyType({
     "sarashina": "sarashina",  # smg
     "inkling": "inkling",  # SGLang, smg
     "minimax_m2": "minimax_m2",  # smg, Dynamo, vLLM; SGLang spells it minimax-m2
-    "minimax": "minimax_m2",  # vLLM
     "cohere": "cohere",  # smg
     "cohere_command4": "cohere",  # SGLang
     "gpt_oss": "gpt_oss",  # SGLang spells it gpt-oss
