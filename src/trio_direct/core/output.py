@@ -122,8 +122,8 @@ class ChoiceOutput:
         if self.reasoning_parser is not None:
             split = self.reasoning_parser.feed(event.text)
             if event.finish_reason is not None:
-                tail = self.reasoning_parser.finish()
-                split = ReasoningDelta(split.reasoning + tail.reasoning, split.content + tail.content)
+                rest = self.reasoning_parser.finish()
+                split = ReasoningDelta(split.reasoning + rest.reasoning, split.content + rest.content)
             event.reasoning, event.text = split.reasoning, split.content
         if self.tool_parser is not None:
             tools = self.tool_parser.feed(event.text)

@@ -246,11 +246,11 @@ class ChatRenderer:
             if event.reasoning:
                 out.append(responses.chat_chunk(cid, created, model, event.index, {"reasoning_content": event.reasoning}))
             if event.text or logprobs:
-                delta = {"content": event.text}
-                out.append(responses.chat_chunk(cid, created, model, event.index, delta, logprobs=logprobs))
+                content = {"content": event.text}
+                out.append(responses.chat_chunk(cid, created, model, event.index, content, logprobs=logprobs))
             if event.tool_calls:
-                delta = {"tool_calls": [tool_call_delta(call) for call in event.tool_calls]}
-                out.append(responses.chat_chunk(cid, created, model, event.index, delta))
+                calls = {"tool_calls": [tool_call_delta(call) for call in event.tool_calls]}
+                out.append(responses.chat_chunk(cid, created, model, event.index, calls))
             if event.finish_reason is not None:
                 out.append(responses.chat_chunk(cid, created, model, event.index, {}, event.finish_reason))
         return b"".join(out)
