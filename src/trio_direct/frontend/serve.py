@@ -9,32 +9,15 @@ from __future__ import annotations
 
 import logging
 
-import hypercorn
-import hypercorn.trio
 import trio
 
 from trio_direct.config import ServeConfig
 from trio_direct.engine.transport import open_asyncio_loop
 from trio_direct.frontend.app import create_app
 from trio_direct.frontend.runtime import run_frontend
+from trio_direct.http.server import serve_app
 
 log = logging.getLogger(__name__)
-
-
-def hypercorn_config(
-    host: str, port: int, log_level: str = "info", graceful_timeout: float = 30.0, *, listen_fd: int | None = None
-) -> hypercorn.Config:
-    """`listen_fd`: serve that already listening socket (a `--workers` child's) instead of binding."""
-    config = hypercorn.Config()
-    config.loglevel = log_level.upper()
-    if listen_fd is not None:
-        config.bind = [f"fd://{listen_fd}"]
-    else:
-        config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
-    config.accesslog = None
-    config.keep_alive_timeout = 75
-    config.graceful_timeout = graceful_timeout
-    return config
 
 
 async def serve(
@@ -59,13 +42,10 @@ async def serve(
             api_key=config.api_key,
             max_concurrent=config.max_concurrent_requests,
         )
-        http = hypercorn_config(
-            config.host, config.port, config.log_level, config.graceful_shutdown_timeout, listen_fd=listen_fd
-        )
         trigger = shutdown.wait if shutdown is not None else None
 
         async def http_server(*, task_status: trio.TaskStatus[list[str]]) -> None:
-            await hypercorn.trio.serve(app, http, shutdown_trigger=trigger, task_status=task_status)
+            await serve_app(app, config, listen_fd=listen_fd, shutdown_trigger=trigger, task_status=task_status)
             nursery.cancel_scope.cancel()  # drained: the frontend's own tasks stop too
 
         binds = await nursery.start(http_server)
