@@ -69,6 +69,21 @@ async def test_an_oversized_declared_body_is_answered_413_with_connection_close_
     assert dict(start["headers"])[b"content-length"] == str(len(body["body"])).encode()
 
 
+async def test_a_request_with_both_length_headers_has_its_chunks_read_before_the_400():
+    recorder = Recorder()
+    chunks = [{"type": "http.request", "body": b"x" * 600, "more_body": True}] * 5  # past the limit: stop
+    received = []
+
+    async def receive() -> dict:
+        received.append(chunks[len(received)])
+        return received[-1]
+
+    headers = [(b"content-length", b"10"), (b"transfer-encoding", b"chunked")]
+    await ProtocolGuard(recorder.app, max_body_bytes=LIMIT)(http_scope(headers), receive, recorder.send)
+    assert len(received) == 2 and recorder.seen == []
+    assert recorder.sent[0]["status"] == 400 and (b"connection", b"close") in recorder.sent[0]["headers"]
+
+
 async def test_over_http2_the_answer_has_no_connection_header():
     recorder = Recorder()
     guard = ProtocolGuard(recorder.app, max_body_bytes=LIMIT)

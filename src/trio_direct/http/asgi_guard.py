@@ -2,10 +2,10 @@
 
 - A declared ``Content-Length`` above ``--max-body-bytes``: 413 at once, before any of the body is
   read (otherwise the client uploads all of it only to be refused).
-- ``Content-Length`` together with ``Transfer-Encoding``: 400, and the connection closes. h11 frames
-  such a body by its chunks and ignores the length; a proxy in front may have done the opposite, so
-  what follows the body on this connection may be a request smuggled past the proxy. RFC 9112 §6.1:
-  close the connection after responding.
+- ``Content-Length`` together with ``Transfer-Encoding``: 400 once the body is read (as chunks, up to
+  the limit), and the connection closes. h11 frames such a body by its chunks and ignores the
+  length; a proxy in front may have done the opposite, so what follows the body on this connection
+  may be a request smuggled past the proxy. RFC 9112 §6.1: close the connection after responding.
 - A WebSocket handshake: 400. The app speaks HTTP only; unguarded, Quart answers 500 and logs a
   traceback for each attempt, so anyone could fill the log.
 
@@ -27,6 +27,8 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 #: Any ASGI 3 app (Quart's own type annotations are narrower than these dicts).
 ASGIApp = Callable[[Any, Any, Any], Awaitable[None]]
 
+CONFLICTING_FRAMING = "conflicting_framing"
+
 
 def refusal(headers: Iterable[tuple[bytes, bytes]], max_body_bytes: int) -> OpenAIError | None:
     """Why a request with these headers must be answered without reading its body, or None."""
@@ -41,7 +43,7 @@ def refusal(headers: Iterable[tuple[bytes, bytes]], max_body_bytes: int) -> Open
     if lengths and chunked:
         return errors.invalid_request(
             "The request has both Content-Length and Transfer-Encoding headers: send only one.",
-            code="conflicting_framing",
+            code=CONFLICTING_FRAMING,
         )
     if not lengths:
         return None
@@ -71,12 +73,27 @@ class ProtocolGuard:
             error = refusal(scope["headers"], self.max_body_bytes)
             if error is None:
                 await self.app(scope, receive, send)
-            else:
-                await _answer_http(scope, send, error)
+                return
+            if error.code == CONFLICTING_FRAMING:
+                # Read the (chunk-framed) body first, up to the limit: answering while it still arrives
+                # races hypercorn's own close on the bytes behind it, which can cut the answer short.
+                await _discard_body(receive, self.max_body_bytes)
+            await _answer_http(scope, send, error)
         elif kind == "websocket":
             await _refuse_websocket(scope, receive, send)
         else:  # lifespan: the app's start-up and shutdown
             await self.app(scope, receive, send)
+
+
+async def _discard_body(receive: Receive, limit: int) -> None:
+    received = 0
+    while received <= limit:
+        message = await receive()
+        if message["type"] != "http.request":
+            return  # the client left
+        received += len(message.get("body", b""))
+        if not message.get("more_body"):
+            return
 
 
 async def _answer_http(scope: Scope, send: Send, error: OpenAIError) -> None:
