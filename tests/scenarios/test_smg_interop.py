@@ -20,6 +20,7 @@ import pytest
 import trio
 
 from support import engine_accounting, start_mock_engine
+from trio_direct.mock import MOCK_MODEL_NAME
 from trio_direct.mock.tiny_model import default_tiny_model_dir, ensure_tiny_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.interop]
@@ -82,7 +83,7 @@ async def start_smg(nursery: trio.Nursery, smg: str, *worker_args: str) -> str:
 
 async def ask(base: str, *, stream: bool) -> str:
     body = {
-        "model": str(ensure_tiny_model(default_tiny_model_dir())),
+        "model": MOCK_MODEL_NAME,  # smg routes by the name its workers serve
         "messages": [{"role": "user", "content": "Hello world, what is the capital of France?"}],
         "max_tokens": 12,
         "ignore_eos": True,

@@ -31,11 +31,12 @@ from trio_direct.fleet.fleet import Engine, Fleet, FleetError, FleetOverrides, W
 from trio_direct.fleet.health import EngineHealth
 from trio_direct.frontend.gc_policy import run_gc_policy
 from trio_direct.frontend.loop_lag import monitor_loop_lag
+from trio_direct.kv_sync.feeds import KvFeeds
+from trio_direct.mock import MOCK_MODEL_NAME  # the built-in mocks' model name (light: no mock engine loaded)
 from trio_direct.openai import errors
 from trio_direct.openai.requests import warm_up_request_decoding
 from trio_direct.parsers.reasoning import KNOWN_REASONING_PARSERS
 from trio_direct.parsers.tools import KNOWN_TOOL_CALL_PARSERS
-from trio_direct.kv_sync.feeds import KvFeeds
 from trio_direct.routing.block_hash import RoutingKey
 from trio_direct.routing.kv_routing import KvRouting
 from trio_direct.routing.policy import Candidates, Route, RoutingPolicy
@@ -249,10 +250,6 @@ def check_role(engine: Engine, prefill_urls: list[str]) -> None:
             f"(disaggregation_mode), but was given with {flag}"
             + (" (expected a prefill engine)" if meant_prefill else "; give prefill engines with --prefill-engine-url")
         )
-
-
-#: The model name clients use with the built-in mock engines.
-MOCK_MODEL_NAME = "trio-direct-mock"
 
 
 async def start_mock_engines(count: int, speedup: float, nursery: trio.Nursery) -> list[str]:
