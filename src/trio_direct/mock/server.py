@@ -232,7 +232,7 @@ async def run_mock_engine(
             architectures=list(model.architectures),
             incremental_streaming_output=config.incremental_streaming_output,
             expose_accounting=config.expose_accounting,
-            default_seed=config.seed,
+            random_seed=config.seed,
             tokenizer=tokenizer,
             scripts=ScriptedOutputs.from_file(config.scripted_outputs, tokenizer) if config.scripted_outputs else None,
         )
