@@ -232,23 +232,19 @@ def check_parsers(frontend: ModelPool) -> None:
 
 
 def check_roles(fleet: Fleet, prefill_urls: list[str]) -> None:
-    """Roles come from the probe. When `--prefill-engine-url` is given, it must name prefill
-    engines, and `--engine-url` must then name none."""
+    """Roles come from the probe: every engine serves in the role it reports, whichever flag gave
+    it. `--prefill-engine-url` only adds an assertion: the engines it names must be prefill engines."""
     for engine in fleet.engines:
         check_role(engine, prefill_urls)
 
 
 def check_role(engine: Engine, prefill_urls: list[str]) -> None:
     """`check_roles` for one engine (also run when an engine joins after start-up)."""
-    if not prefill_urls:
-        return
-    meant_prefill = engine.card.url in prefill_urls
-    if meant_prefill != (engine.card.role == "prefill"):
-        flag = "--prefill-engine-url" if meant_prefill else "--engine-url"
+    if engine.card.url in prefill_urls and engine.card.role != "prefill":
         raise FleetError(
-            f"engine {engine.id} ({engine.card.url}) reports role {engine.card.role!r} "
-            f"(disaggregation_mode), but was given with {flag}"
-            + (" (expected a prefill engine)" if meant_prefill else "; give prefill engines with --prefill-engine-url")
+            f"engine {engine.id} ({engine.card.url}) was given with --prefill-engine-url, but reports role "
+            f"{engine.card.role!r} (disaggregation_mode), not 'prefill'; give it with --engine-url, where every "
+            "engine serves in the role it reports"
         )
 
 
