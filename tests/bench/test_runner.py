@@ -215,7 +215,7 @@ class Terminal:
         pass
 
 
-async def test_progress_is_one_rewritten_line_on_a_terminal_and_absent_otherwise(fleet):
+async def test_progress_is_one_rewritten_line_on_a_terminal_and_appended_lines_otherwise(fleet):
     requests = [TraceRequest(index=i, arrival_s=0.0, input_length=16, output_length=2, hash_ids=(i,)) for i in range(3)]
     terminal = Terminal()
     await bench(fleet, requests, progress=True, progress_stream=terminal)
@@ -223,5 +223,6 @@ async def test_progress_is_one_rewritten_line_on_a_terminal_and_absent_otherwise
     assert terminal.text.endswith("bench: 3/3 done, 0 in flight, 0 failed, " + terminal.text.rsplit(", ", 1)[1])
     terminal.isatty = lambda: False
     terminal.text = ""
-    await bench(fleet, requests, progress=True, progress_stream=terminal)
-    assert terminal.text == ""
+    await bench(fleet, requests, progress=True, progress_stream=terminal, progress_interval=600)
+    assert terminal.text.startswith("bench: 3/3 done, 0 in flight, 0 failed, ")  # no line before the first interval
+    assert terminal.text.count("\n") == 1 and "\r" not in terminal.text and "\x1b" not in terminal.text
