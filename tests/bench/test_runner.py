@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 
@@ -9,6 +10,7 @@ import h11
 import pytest
 import trio
 
+from trio_direct.bench import default_trace_path
 from trio_direct.bench.runner import (
     CAPPED_ERROR,
     FleetSpec,
@@ -21,7 +23,6 @@ from trio_direct.bench.runner import (
     open_embedded_fleet,
     run_bench,
 )
-from trio_direct.bench import default_trace_path
 from trio_direct.bench.trace import BLOCK_SIZE, PromptSynthesizer, TraceRequest, cap_lengths, load_trace
 
 
@@ -160,7 +161,7 @@ async def test_a_concurrency_limit_queues_requests(fleet):
     result = await bench(fleet, requests, concurrency_limit=1)
     records = sorted(result.records, key=lambda r: r.sent_at_s)
     assert all(r.ok for r in records)
-    for before, after in zip(records, records[1:]):
+    for before, after in itertools.pairwise(records):
         assert after.sent_at_s >= before.sent_at_s + before.e2e_s
     # one at a time, round-robin over two engines: the second visit to each engine finds the
     # shared first block in its prefix cache

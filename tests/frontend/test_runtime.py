@@ -140,8 +140,8 @@ def changed(card, **changes):
 
 async def test_kv_routing_follows_an_engine_back_on_new_kv_event_endpoints(nursery):
     import trio
-
     from support import wait_until
+
     from trio_direct.fleet.card import KvEventSource
     from trio_direct.kv_sync.feeds import KvFeeds
     from trio_direct.mock.kv_publisher import KvEventsConfig, open_kv_publishers

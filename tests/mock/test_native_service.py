@@ -6,9 +6,9 @@ import json
 
 import pytest
 import trio
+from support import wait_until
 from tokenizers import Tokenizer
 
-from support import wait_until
 from trio_direct._proto.native import sglang_pb2 as pb
 from trio_direct.engine.errors import EngineCancelled, EngineError, EngineInternal, EngineInvalidArgument
 from trio_direct.engine.transport import EngineChannel

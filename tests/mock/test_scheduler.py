@@ -199,9 +199,11 @@ def test_zero_max_new_tokens_prefills_and_returns_nothing() -> None:
         ),
         (
             MockRequest("a", prompt(40), 30),
-            "Requested token count exceeds the model's maximum context length of 64 tokens. "
-            "You requested a total of 70 tokens: 40 tokens from the input messages and 30 "
-            "tokens for the completion. Please reduce the number of tokens",
+            (
+                "Requested token count exceeds the model's maximum context length of 64 tokens. "
+                "You requested a total of 70 tokens: 40 tokens from the input messages and 30 "
+                "tokens for the completion. Please reduce the number of tokens"
+            ),
         ),
         (MockRequest("a", [], 1), "should not be empty"),
         (MockRequest("a", prompt(4), 2, min_new_tokens=3), "min_new_tokens"),

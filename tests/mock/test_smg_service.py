@@ -10,8 +10,8 @@ import zipfile
 import pytest
 import trio
 from grpclib.health.v1 import health_pb2
-
 from support import wait_until
+
 from trio_direct._proto.smg import common_pb2 as common
 from trio_direct._proto.smg import sglang_scheduler_pb2 as pb
 from trio_direct.engine.errors import EngineError, EngineInvalidArgument, EngineUnimplemented

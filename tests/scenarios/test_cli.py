@@ -12,7 +12,6 @@ from functools import partial
 import httpx
 import pytest
 import trio
-
 from support import start_mock_engine
 
 pytestmark = pytest.mark.slow

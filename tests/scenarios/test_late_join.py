@@ -9,7 +9,6 @@ import uuid
 import httpx
 import pytest
 import trio
-
 from support import engine_accounting, start_frontend, start_mock_engine
 
 pytestmark = pytest.mark.slow
