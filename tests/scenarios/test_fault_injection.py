@@ -330,7 +330,7 @@ async def land_prefix_on(client: httpx.AsyncClient, model: str, served, tag: str
         bodies = [chat_body(model, f"{tag} {attempt}.{i}. {SYSTEM}", "Hi") for i in range(4)]
         replies: list[dict] = [{}] * len(bodies)
 
-        async def ask(i: int) -> None:
+        async def ask(i: int, bodies: list[dict] = bodies, replies: list[dict] = replies) -> None:
             reply = await client.post("/v1/chat/completions", json=bodies[i])
             assert reply.status_code == 200, reply.text
             replies[i] = reply.json()
@@ -584,14 +584,9 @@ async def test_an_undecodable_kv_batch_does_not_take_the_frontend_down(aio_loop,
         nursery.cancel_scope.cancel()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="limitation: after a gap without replay (or any lost-history clear) the engine keeps its cache, "
-    "so every later BlockStored chains onto a parent page the cleared index forgot; KvIndex.apply_stored "
-    "drops those as orphan_stores, and the engine is never KV-routed again for prompts that share a "
-    "cached prefix (for chat: the template's first tokens) until it evicts them",
-)
 async def test_after_lost_kv_history_new_prompts_are_indexed_again(aio_loop, nursery, mock_engine_factory):
+    """After a clear, the engine's stores chain onto pages the index forgot (for chat: at least the
+    template's first tokens); the prompt routed there says what those pages hold."""
     running = await mock_engine_factory(incremental_streaming_output=True, kv_events_config=kv_config(replay=False))
     base = await start_frontend(nursery, "--router-mode", "kv", "--engine-url", f"grpc://127.0.0.1:{running.port}")
     async with httpx.AsyncClient(base_url=base, timeout=30) as client:

@@ -27,12 +27,13 @@ from trio_direct.fleet.fleet import Engine, Fleet, FleetError, FleetOverrides, W
 from trio_direct.fleet.health import EngineHealth
 from trio_direct.frontend.gc_policy import run_gc_policy
 from trio_direct.frontend.loop_lag import monitor_loop_lag
+from trio_direct.kv_sync.feeds import KvFeeds
 from trio_direct.openai.requests import warm_up_request_decoding
 from trio_direct.parsers.reasoning import KNOWN_REASONING_PARSERS
 from trio_direct.parsers.tools import KNOWN_TOOL_CALL_PARSERS
-from trio_direct.kv_sync.feeds import KvFeeds
+from trio_direct.routing.affinity import SessionAffinity
 from trio_direct.routing.block_hash import RoutingKey
-from trio_direct.routing.kv_routing import KvRouting
+from trio_direct.routing.kv_routing import LOAD_MODES, KvRouting
 from trio_direct.routing.policy import Candidates, Route, RoutingPolicy
 from trio_direct.text.chat_template import ChatTemplateError, load_chat_template, render_chat
 from trio_direct.text.tokenizer import ModelTokenizer
@@ -51,7 +52,8 @@ class Frontend:
     #: The `--chat-template` file's text; None = the model's own templates.
     chat_template_override: str | None
     created: int = field(default_factory=lambda: int(time.time()))
-    #: `--router-mode kv`: the KV-event subscriptions and load polling that feed `routing.kv`.
+    #: `--router-mode kv`, `least-load`, `power-of-two`: the KV-event subscriptions (kv) and the
+    #: load polling that feed `routing.kv`.
     kv_feeds: KvFeeds | None = None
     health: EngineHealth | None = None
     _token_texts: dict[int, str] = field(default_factory=dict)
@@ -101,10 +103,20 @@ class Frontend:
     def healthy(self) -> bool:
         return self.routing.can_route(self.candidates())
 
-    def choose_route(self, token_ids: Sequence[int] = (), request_id: str | None = None) -> Route[Worker]:
+    def choose_route(
+        self, token_ids: Sequence[int] = (), request_id: str | None = None, session_key: str | None = None
+    ) -> Route[Worker]:
         """Where a request goes (`RoutingPolicy.choose`); raises `NoWorkerAvailable` when nothing
-        healthy can serve it. A route chosen with a `request_id` counts as load until `release`."""
-        return self.routing.choose(self.candidates(), token_ids, request_id)
+        healthy can serve it. A route chosen with a `request_id` counts as load until `release`.
+
+        `session_key`: the request's ``X-Session-ID`` header, else (with
+        `--router-affinity-from-user`) its ``user`` field: see `session_key`."""
+        return self.routing.choose(self.candidates(), token_ids, request_id, session_key)
+
+    def session_key(self, header: str | None, user: object = None) -> str | None:
+        """The session key of a request, from its ``X-Session-ID`` header value and its body's
+        ``user`` field (used only with `--router-affinity-from-user`); ``None``: no affinity."""
+        return session_key(header, user, from_user=self.config.router_affinity_from_user)
 
     def explain_route(self, token_ids: Sequence[int] | None = None) -> dict:
         """What `GET/POST /debug/routing` shows: the mode, the workers, and in kv mode the index
@@ -168,6 +180,21 @@ class Frontend:
 
 def routing_key(worker: Worker) -> RoutingKey:
     return RoutingKey(worker.engine.id, worker.dp_rank)
+
+
+#: Longest session key kept; longer ones are used by their first characters only.
+MAX_SESSION_KEY = 256
+
+
+def session_key(header: str | None, user: object = None, *, from_user: bool = False) -> str | None:
+    """A request's session key: the header's value, else the ``user`` field when `from_user`.
+
+    Blank values are no key; keys are cut to `MAX_SESSION_KEY` characters so a client cannot
+    grow the affinity table's memory by its key's length."""
+    for value, wanted in ((header, True), (user, from_user)):
+        if wanted and isinstance(value, str) and value.strip():
+            return value.strip()[:MAX_SESSION_KEY]
+    return None
 
 
 def route_json(route: Route[Worker]) -> dict:
@@ -290,12 +317,13 @@ async def run_frontend(config: ServeConfig, *, task_status: trio.TaskStatus[Fron
             tokenizer = await trio.to_thread.run_sync(ModelTokenizer.from_directory, Path(fleet.model.tokenizer_path))
             template = load_chat_template(Path(config.chat_template)) if config.chat_template else None
             kv = None
-            if config.router_mode == "kv":
+            if config.router_mode in LOAD_MODES:
                 try:
                     kv = KvRouting([engine.card for engine in fleet.engines], config)
                 except ValueError as error:
                     raise FleetError(str(error)) from None
-            routing = RoutingPolicy(config.router_mode, enforce_disagg=config.enforce_disagg, kv=kv)
+            affinity = SessionAffinity(config.router_session_ttl) if config.router_session_ttl > 0 else None
+            routing = RoutingPolicy(config.router_mode, enforce_disagg=config.enforce_disagg, kv=kv, affinity=affinity)
             frontend = Frontend(config, fleet, routing, tokenizer, template)
             check_parsers(frontend)
             await trio.to_thread.run_sync(_warm_up_request_path, frontend)
@@ -304,7 +332,7 @@ async def run_frontend(config: ServeConfig, *, task_status: trio.TaskStatus[Fron
             if kv is not None:
                 frontend.kv_feeds = KvFeeds(kv, fleet, load_poll_interval=config.load_poll_interval)
                 await nursery.start(frontend.kv_feeds.run)
-                log.info("KV-aware routing: %s", frontend.kv_feeds.stats())
+                log.info("%s routing: %s", config.router_mode, frontend.kv_feeds.stats())
             if config.health_interval > 0:
                 frontend.health = EngineHealth(
                     fleet,
