@@ -40,14 +40,6 @@ def test_the_table_is_bounded_and_expired_sessions_leave_as_new_ones_come():
     assert len(table) == 1
 
 
-def test_a_removed_worker_unpins_its_sessions():
-    table = SessionAffinity(10)
-    table.remember("a", "e0")
-    table.remember("b", "e1")
-    table.forget_worker("e0")
-    assert table.get("a") is None and table.get("b") == "e1"
-
-
 @pytest.mark.parametrize("ttl", [0, -1, float("nan")])
 def test_a_ttl_must_be_positive(ttl):
     with pytest.raises(ValueError):

@@ -70,8 +70,3 @@ class SessionAffinity:
             if expiry > now:
                 break
             sessions.popitem(last=False)
-
-    def forget_worker(self, worker: Hashable) -> None:
-        """Unpin every session of ``worker`` (it left the fleet). O(sessions)."""
-        for session in [s for s, (w, _) in self._sessions.items() if w == worker]:
-            del self._sessions[session]
