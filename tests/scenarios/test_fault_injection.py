@@ -361,11 +361,13 @@ async def kill_and_restart_an_engine(nursery, *, new_kv_port: bool) -> None:
     )  # fmt: skip
     async with httpx.AsyncClient(base_url=base, timeout=30) as client:
         model = (await client.get("/v1/models")).json()["data"][0]["id"]
-        # Streams at real speed (~6 ms a token), spread by load over both engines.
+        # Streams at real speed (~6 ms a token), spread by load over both engines; none may end early
+        # (an EOS sampled a few tokens in), or which ones are still running at the kill would depend
+        # on which prompts routing happened to send to the engine that dies.
         streams: list[list] = [[] for _ in range(8)]
         async with trio.open_nursery() as reading:
             for i, events in enumerate(streams):
-                body = chat_body(model, "Be long.", f"Tell story {i}", max_tokens=400, stream=True)
+                body = chat_body(model, "Be long.", f"Tell story {i}", max_tokens=400, stream=True, ignore_eos=True)
                 reading.start_soon(read_stream, base, body, events)
             await wait_until(lambda: all(len(events) >= 3 for events in streams), timeout=20)
             on_flaky = set((await engine_accounting(flaky.url))["first_output_at"])
