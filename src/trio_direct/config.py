@@ -34,12 +34,16 @@ class ServeConfig:
     kv_cache_block_size: int | None = None
     chat_template: str | None = None
     router_mode: str = "round-robin"
-    router_kv_overlap_score_credit: float = 1.0
-    router_prefill_load_scale: float = 1.0
-    router_temperature: float = 0.0
+    router_preset: str = "ttft"
+    router_kv_overlap_score_credit: float | None = None
+    router_prefill_load_scale: float | None = None
+    router_temperature: float | None = None
     router_kv_events: bool = True
     router_ttl_secs: float = 120.0
-    load_poll_interval: float = 0.0
+    router_session_ttl: float = 300.0
+    router_affinity_from_user: bool = False
+    engine_busy_threshold: float = 0.95
+    load_poll_interval: float = 1.0
     health_interval: float = 5.0
     health_timeout: float = 2.0
     tool_call_parser: str | None = None
@@ -79,15 +83,26 @@ _HELP = {
     "served_model_name": "model name clients use (default: the engines' served name)",
     "kv_cache_block_size": "KV block size (default: the engines' page size)",
     "chat_template": "a Jinja chat template file overriding the model's",
-    "router_mode": "how requests are spread over engines: round-robin, random, or kv (prefix overlap and load)",
-    "router_kv_overlap_score_credit": "kv: weight of cached prefix blocks against prefill work (0 = load only)",
-    "router_prefill_load_scale": "kv: weight of prefill blocks against decode blocks in the cost",
-    "router_temperature": "kv: 0 picks the cheapest engine; > 0 samples, softer the higher",
+    "router_mode": "how requests are spread over engines: round-robin, random, kv (prefix overlap and load), "
+    "least-load (fewest requests in flight) or power-of-two (the less loaded of two drawn at random)",
+    "router_preset": "kv: the cost's defaults: ttft (prefill work weighs 10x decode blocks) or dynamo (Dynamo's 1:1); "
+    "the three flags below override it",
+    "router_kv_overlap_score_credit": "kv: weight of cached prefix blocks against prefill work (0 = load only; "
+    "default: the preset's, 1)",
+    "router_prefill_load_scale": "kv: weight of prefill blocks against decode blocks in the cost (default: the "
+    "preset's, 10 for ttft, 1 for dynamo)",
+    "router_temperature": "kv: 0 picks the cheapest engine; > 0 samples, softer the higher (default: the preset's, 0)",
     "router_kv_events": "kv: index the engines' KV events; --no-router-kv-events learns from routing decisions instead",
     "router_ttl_secs": "kv without events: how long a routed prefix is assumed cached",
+    "router_session_ttl": "seconds a session (X-Session-ID header) sticks to its engine after its last request, "
+    "unless that engine is down or busy (0 = no session affinity)",
+    "router_affinity_from_user": "also take the OpenAI `user` field as the session key",
+    "engine_busy_threshold": "an engine whose polled KV cache use is at or above this fraction is busy: sessions "
+    "pinned to it go elsewhere",
     "health_interval": "seconds between HealthCheck calls per engine (0 = no health checks)",
     "health_timeout": "seconds a HealthCheck may take before it counts as failed",
-    "load_poll_interval": "kv: seconds between GetLoad polls that correct load from other frontends (0 = off)",
+    "load_poll_interval": "kv, least-load, power-of-two: seconds between GetLoad polls, the engines' load as every "
+    "frontend sees it, corrected by this one's own requests since (0 = off: own requests only)",
     "tool_call_parser": "tool-call parser name (default: the engines'); alias --dyn-tool-call-parser",
     "reasoning_parser": "reasoning parser name (default: the engines'); alias --dyn-reasoning-parser",
     "graceful_shutdown_timeout": "on SIGTERM/SIGINT: seconds in-flight requests may take to finish before they are aborted",
@@ -115,10 +130,18 @@ _HELP = {
 }
 _CHOICES = {
     "engine_api": ("auto", "native", "smg"),
-    "router_mode": ("round-robin", "random", "kv"),
+    "router_mode": ("round-robin", "random", "kv", "least-load", "power-of-two"),
+    "router_preset": ("ttft", "dynamo"),
     "log_level": ("debug", "info", "warning", "error"),
 }
 _URL_LISTS = ("engine_url", "prefill_engine_url")
+#: Settings whose default is None ("not given"), and the type of a given value.
+_OPTIONAL_TYPES = {
+    "kv_cache_block_size": int,
+    "router_kv_overlap_score_credit": float,
+    "router_prefill_load_scale": float,
+    "router_temperature": float,
+}
 #: Other spellings of a flag: Dynamo's (`python -m dynamo.frontend`) for those its users type.
 _ALIASES = {
     "tool_call_parser": ["--dyn-tool-call-parser"],
@@ -167,7 +190,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, s
                 help=f"{_HELP[spec.name]} [{env_name}]",
             )
             continue
-        convert = _converter(default) if default is not None else (int if spec.name == "kv_cache_block_size" else str)
+        convert = _converter(default if default is not None else _OPTIONAL_TYPES.get(spec.name, str)())
         value = environ.get(env_name)
         parser.add_argument(
             flag,

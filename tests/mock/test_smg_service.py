@@ -307,7 +307,7 @@ async def test_subscribe_kv_events_relays_batches_one_block_per_hash(mock_engine
             await collect(channel, gen("kv", prompt=prompt, max_new_tokens=1))
 
     [batch] = batches
-    assert batch.sequence_number == 0 and batch.dp_rank == 0
+    assert batch.sequence_number == 1 and batch.dp_rank == 0  # SGLang numbers its first batch 1
     stored = batch.events[0].stored
     expected, _ = block_hash_chain(prompt, 4)
     assert [block.block_hash for block in stored.blocks] == expected

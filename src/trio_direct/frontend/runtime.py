@@ -36,8 +36,9 @@ from trio_direct.mock import MOCK_MODEL_NAME  # the built-in mocks' model name (
 from trio_direct.openai import errors
 from trio_direct.openai.requests import warm_up_request_decoding
 from trio_direct.parsers.selection import ParserSelection, select_parsers
+from trio_direct.routing.affinity import SessionAffinity
 from trio_direct.routing.block_hash import RoutingKey
-from trio_direct.routing.kv_routing import KvRouting
+from trio_direct.routing.kv_routing import LOAD_MODES, KvRouting
 from trio_direct.routing.policy import Candidates, Route, RoutingPolicy
 from trio_direct.text.chat_template import ChatTemplateError, load_chat_template, render_chat
 from trio_direct.text.harmony import harmony_encoding, is_harmony_model
@@ -86,7 +87,8 @@ class ModelPool:
     parsers: ParserSelection = field(default_factory=lambda: ParserSelection(None, None))
     #: A gpt-oss model: prompts are written in harmony by openai-harmony's encoder.
     harmony: bool = False
-    #: `--router-mode kv`: the KV-event subscriptions and load polling that feed `routing.kv`.
+    #: `--router-mode kv`, `least-load`, `power-of-two`: the KV-event subscriptions (kv) and the
+    #: load polling that feed `routing.kv`.
     kv_feeds: KvFeeds | None = None
     health: EngineHealth | None = None
     _token_texts: dict[int, str] = field(default_factory=dict)
@@ -141,8 +143,15 @@ class ModelPool:
     ) -> Route[Worker]:
         """Where a request goes (`RoutingPolicy.choose`); raises `NoWorkerAvailable` when nothing
         healthy can serve it. A route chosen with a `request_id` counts as load until `release`.
-        `session_key` is the request's affinity key (`X-Session-ID`), for affinity routing."""
-        return self.routing.choose(self.candidates(), token_ids, request_id)
+
+        `session_key`: the request's ``X-Session-ID`` header, else (with
+        `--router-affinity-from-user`) its ``user`` field: see `session_key`."""
+        return self.routing.choose(self.candidates(), token_ids, request_id, session_key)
+
+    def session_key(self, header: str | None, user: object = None) -> str | None:
+        """The session key of a request, from its ``X-Session-ID`` header value and its body's
+        ``user`` field (used only with `--router-affinity-from-user`); ``None``: no affinity."""
+        return session_key(header, user, from_user=self.config.router_affinity_from_user)
 
     def explain_route(self, token_ids: Sequence[int] | None = None) -> dict:
         """What `GET/POST /debug/routing` shows: the mode, the workers, and in kv mode the index
@@ -206,6 +215,21 @@ class ModelPool:
 
 def routing_key(worker: Worker) -> RoutingKey:
     return RoutingKey(worker.engine.id, worker.dp_rank)
+
+
+#: Longest session key kept; longer ones are used by their first characters only.
+MAX_SESSION_KEY = 256
+
+
+def session_key(header: str | None, user: object = None, *, from_user: bool = False) -> str | None:
+    """A request's session key: the header's value, else the ``user`` field when `from_user`.
+
+    Blank values are no key; keys are cut to `MAX_SESSION_KEY` characters so a client cannot
+    grow the affinity table's memory by its key's length."""
+    for value, wanted in ((header, True), (user, from_user)):
+        if wanted and isinstance(value, str) and value.strip():
+            return value.strip()[:MAX_SESSION_KEY]
+    return None
 
 
 def route_json(route: Route[Worker]) -> dict:
@@ -336,12 +360,13 @@ async def run_frontend(config: ServeConfig, *, task_status: trio.TaskStatus[Fron
             tokenizer = await trio.to_thread.run_sync(ModelTokenizer.from_directory, Path(fleet.model.tokenizer_path))
             template = load_chat_template(Path(config.chat_template)) if config.chat_template else None
             kv = None
-            if config.router_mode == "kv":
+            if config.router_mode in LOAD_MODES:
                 try:
                     kv = KvRouting([engine.card for engine in fleet.engines], config)
                 except ValueError as error:
                     raise FleetError(str(error)) from None
-            routing = RoutingPolicy(config.router_mode, enforce_disagg=config.enforce_disagg, kv=kv)
+            affinity = SessionAffinity(config.router_session_ttl) if config.router_session_ttl > 0 else None
+            routing = RoutingPolicy(config.router_mode, enforce_disagg=config.enforce_disagg, kv=kv, affinity=affinity)
             harmony = is_harmony_model(fleet.model.model_path, fleet.model.served_model_name)
             pool = ModelPool(
                 config, fleet, routing, tokenizer, template, select_model_parsers(config, fleet.model), harmony
@@ -352,7 +377,7 @@ async def run_frontend(config: ServeConfig, *, task_status: trio.TaskStatus[Fron
             if kv is not None:
                 pool.kv_feeds = KvFeeds(kv, fleet, load_poll_interval=config.load_poll_interval)
                 await nursery.start(pool.kv_feeds.run)
-                log.info("KV-aware routing: %s", pool.kv_feeds.stats())
+                log.info("%s routing: %s", config.router_mode, pool.kv_feeds.stats())
             if config.health_interval > 0:
                 pool.health = EngineHealth(
                     fleet,
