@@ -1,8 +1,9 @@
 """An engine's HTTP/2 connections and the calls trio code makes on them.
 
 Each engine gets several connections: one for control (unary) calls, so a health check or an
-`Abort` never waits behind generations, and as many for streams as the peer's
-SETTINGS_MAX_CONCURRENT_STREAMS needs (past it grpclib queues a new stream until another closes).
+`Abort` never waits behind generations, and as many for request work (generation streams, `Embed`
+calls) as the peer's SETTINGS_MAX_CONCURRENT_STREAMS needs (past it grpclib queues a new stream
+until another closes).
 A stream's whole call is one asyncio task; its messages reach trio through a memory channel.
 """
 
@@ -234,9 +235,9 @@ class _Connection(Channel):
 class EngineChannel:
     """One engine's HTTP/2 connections, connected on first use and reconnected after a loss.
 
-    Control calls (every unary call: health, abort, load, info) have a connection of their own, so
-    they never queue behind generation streams. Streams fill a connection up to the limit its peer
-    advertised (grpclib would queue the next one until a stream closes) and then open another.
+    Control calls (health, abort, load, info) have a connection of their own, so they never queue
+    behind request work. Streams and unary work calls (`Embed`) fill a connection up to the limit its
+    peer advertised (grpclib would queue the next one until a stream closes) and then open another.
 
     Must be used inside `open_asyncio_loop()`. `close()` it before that loop ends.
     """
@@ -252,8 +253,14 @@ class EngineChannel:
     # --- trio side -------------------------------------------------------------------------------
 
     async def unary(self, path: str, request: Any, response_type: type, *, timeout: float | None) -> Any:
-        """One unary call; raises a typed `EngineError` on failure."""
+        """One unary control call; raises a typed `EngineError` on failure."""
         return await aio(self._unary_aio)(path, request, response_type, timeout)
+
+    async def unary_work(self, path: str, request: Any, response_type: type, *, timeout: float | None) -> Any:
+        """A unary call that is request work (`Embed`): it rides the connections for streams, so a
+        batch of them never queues health checks and Aborts behind it. Cancelling it resets its
+        HTTP/2 stream, which the engine observes as a client cancel."""
+        return await aio(self._unary_work_aio)(path, request, response_type, timeout)
 
     @asynccontextmanager
     async def open_stream(
@@ -382,6 +389,22 @@ class EngineChannel:
             ) as stream:
                 await stream.send_message(request, end=True)
                 return await stream.recv_message()
+        except Exception as error:  # noqa: BLE001 - everything becomes a typed engine error
+            raise self._typed(error) from None
+
+    async def _unary_work_aio(self, path, request, response_type, timeout):
+        try:
+            connection = await self._stream_connection()
+            try:
+                channel = await self._connected(connection)
+                async with channel.request(
+                    path, Cardinality.UNARY_UNARY, type(request), response_type, timeout=timeout
+                ) as stream:
+                    await stream.send_message(request, end=True)
+                    channel.flush()  # the request goes now, not a scheduling round later
+                    return await stream.recv_message()
+            finally:
+                connection.open_streams -= 1
         except Exception as error:  # noqa: BLE001 - everything becomes a typed engine error
             raise self._typed(error) from None
 
