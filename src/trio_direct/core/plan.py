@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from trio_direct.core.pool import ServingPool
 from trio_direct.core.output import ChoiceOutput, ReasoningSplitter, ToolCallExtractor
@@ -37,10 +37,12 @@ __all__ = [
 
 @dataclass(slots=True)
 class Prompt:
-    """One prompt as the engine gets it, and as `echo` returns it."""
+    """One prompt as the engine gets it, and as `echo` returns it; `image_data` are its images
+    (URLs or data URLs), one per image placeholder the text holds."""
 
     token_ids: list[int]
     text: str
+    image_data: list[str] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -83,7 +85,10 @@ class RequestPlan:
     def usage(self) -> Usage:
         outputs = [choice.output for choice in self.choices]
         return Usage(
-            prompt_tokens=sum(len(p.token_ids) for p in self.prompts),
+            # the engine's count where it gave one: it includes what images expand to
+            prompt_tokens=sum(
+                max(len(p.token_ids), o.prompt_tokens) for p, o in zip(self.prompts, outputs[:: self.n])
+            ),
             completion_tokens=sum(o.completion_tokens for o in outputs),
             # the choices of one prompt share its cache hit: count it once per prompt
             cached_tokens=sum(o.usage_cached_tokens for o in outputs[:: self.n]),
@@ -130,6 +135,8 @@ def plan_request(
     created: int | None = None,
 ) -> RequestPlan:
     """One `ChoicePlan` per prompt and sample; raises `OpenAIError` for what no engine could serve."""
+    if pool.is_embedding:
+        raise errors.embedding_model_cannot_generate(pool.name)
     if n > pool.config.max_n:
         raise errors.invalid_request(f"n must be at most {pool.config.max_n}.", param="n")
     limit = pool.context_length
@@ -160,6 +167,7 @@ def plan_request(
                 return_logprob=return_logprob,
                 top_logprobs_num=top_logprobs,
                 original_text=prompt.text,
+                image_data=prompt.image_data,
             )
             decoder = IncrementalDetokenizer(
                 pool.tokenizer,
