@@ -409,7 +409,7 @@ async def test_rpcs_the_mock_does_not_serve_are_unimplemented(channel):
     from trio_direct.engine.errors import EngineUnimplemented
 
     with pytest.raises(EngineUnimplemented):
-        await channel.unary(P + "Embed", pb.EmbedRequest(input_ids=[1]), pb.EmbedResponse, timeout=5)
+        await channel.unary(P + "TextEmbed", pb.TextEmbedRequest(text="hi"), pb.TextEmbedResponse, timeout=5)
 
 
 async def test_scripted_outputs_answer_matching_prompts_with_their_text(mock_engine_factory, dial, tmp_path, tiny_model):
