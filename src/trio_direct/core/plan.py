@@ -15,10 +15,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from trio_direct.core.pool import ServingPool
-from trio_direct.core.output import ChoiceOutput, ReasoningSplitter, ToolCallExtractor
+from trio_direct.core.output import ChoiceOutput, ReasoningSplitter
 from trio_direct.engine.types import GenerateInput, SamplingOptions
 from trio_direct.logs import REQUEST_ID
 from trio_direct.openai import errors
+from trio_direct.parsers.selection import skip_special_tokens
+from trio_direct.parsers.tools import ToolParser
 from trio_direct.text.detokenizer import IncrementalDetokenizer
 from trio_direct.text.stop_strings import StopStringMatcher
 
@@ -42,6 +44,9 @@ class Prompt:
 
     token_ids: list[int]
     text: str
+    #: Tokens that end the turn for this prompt's format, beyond the tokenizer's EOS (harmony's
+    #: `<|return|>` and `<|call|>`).
+    stop_token_ids: tuple[int, ...] = ()
     image_data: list[str] = field(default_factory=list)
 
 
@@ -106,11 +111,10 @@ class OutputOptions:
     include_stop_str: bool = False
     #: A fresh reasoning parser for a choice of this prompt, or None.
     reasoning_parser: Callable[[Prompt], ReasoningSplitter | None] | None = None
-    #: A fresh tool-call parser for a choice, or None.
-    tool_parser: Callable[[], ToolCallExtractor | None] | None = None
-    #: Whether the tool parser reads the model's own markup, which is often special tokens
-    #: (`<|python_tag|>`, DeepSeek's): then the detokenizer keeps them, as SGLang does.
-    tool_parser_needs_special_tokens: bool = False
+    #: A fresh tool-call parser for a choice, or None. A parser that reads the model's own markup
+    #: (often special tokens: `<|python_tag|>`, DeepSeek's) makes the detokenizer keep them, as
+    #: SGLang does.
+    tool_parser: Callable[[], ToolParser | None] | None = None
 
 
 def new_request_key() -> str:
@@ -147,9 +151,6 @@ def plan_request(
             raise errors.context_length_exceeded(len(prompt.token_ids), limit, sampling.max_new_tokens, param=prompt_param)
     key = new_request_key()
     REQUEST_ID.set(id_prefix + key)
-    skip_special = output.skip_special_tokens
-    if output.tool_parser is not None and output.tool_parser_needs_special_tokens:
-        skip_special = False
     choices = []
     for prompt_index, prompt in enumerate(prompts):
         options = sampling
@@ -157,6 +158,9 @@ def plan_request(
             room = limit - len(prompt.token_ids)
             if options.max_new_tokens > room:  # SGLang clips too; say so rather than fail the request
                 options = replace(options, max_new_tokens=room)
+        if prompt.stop_token_ids and not options.ignore_eos:
+            extra = [t for t in prompt.stop_token_ids if t not in options.stop_token_ids]
+            options = replace(options, stop_token_ids=(*options.stop_token_ids, *extra))
         for sample in range(n):
             index = prompt_index * n + sample
             request = GenerateInput(
@@ -169,17 +173,17 @@ def plan_request(
                 original_text=prompt.text,
                 image_data=prompt.image_data,
             )
+            reasoning = output.reasoning_parser(prompt) if output.reasoning_parser is not None else None
+            tools = output.tool_parser() if output.tool_parser is not None else None
             decoder = IncrementalDetokenizer(
                 pool.tokenizer,
-                skip_special_tokens=skip_special,
+                skip_special_tokens=skip_special_tokens(output.skip_special_tokens, (tools, reasoning)),
                 spaces_between_special_tokens=output.spaces_between_special_tokens,
                 prompt_ids=prompt.token_ids,
             )
             stops = (
                 StopStringMatcher(output.stop_strings, output.include_stop_str) if output.stop_strings else None
             )
-            reasoning = output.reasoning_parser(prompt) if output.reasoning_parser is not None else None
-            tools = output.tool_parser() if output.tool_parser is not None else None
             choices.append(ChoicePlan(request, ChoiceOutput(index, decoder, stops, reasoning, tools), prompt_index))
     return RequestPlan(
         id=id_prefix + key,

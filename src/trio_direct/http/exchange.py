@@ -10,7 +10,7 @@ own envelope.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -115,7 +115,7 @@ class Exchange:
         await _shielded_last(self._send, {"type": "http.response.body", "body": data, "more_body": False})
 
     async def json(
-        self, status: int, payload: bytes, *, headers: list[tuple[bytes, bytes]] = (), close: bool = False
+        self, status: int, payload: bytes, *, headers: Sequence[tuple[bytes, bytes]] = (), close: bool = False
     ) -> None:
         """A whole JSON response. After a stream's headers went out, only ends the stream."""
         if self.ended:
