@@ -129,7 +129,7 @@ def _worker_link(args: argparse.Namespace) -> WorkerLink | None:
     return WorkerLink(args.worker_index, args.listen_fd, args.control_fd)
 
 
-async def _serve_until_signalled(serve, config, worker: WorkerLink | None = None) -> None:  # noqa: ANN001
+async def _serve_until_signalled(serve, config, worker: WorkerLink | None = None) -> None:
     """SIGTERM or SIGINT: drain gracefully; a second one: end every open response now, each with an
     error event, then stop; one before serving began: stop at once.
 
@@ -368,11 +368,10 @@ async def _serve_mock_engine(config: MockEngineConfig) -> None:
     from trio_direct.engine.transport import open_asyncio_loop
     from trio_direct.mock.server import run_mock_engine
 
-    async with open_asyncio_loop():
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(_stop_on_sigterm, nursery.cancel_scope)
-            running = await nursery.start(run_mock_engine, config)
-            print(json.dumps(running.ready_event()), flush=True)
+    async with open_asyncio_loop(), trio.open_nursery() as nursery:
+        nursery.start_soon(_stop_on_sigterm, nursery.cancel_scope)
+        running = await nursery.start(run_mock_engine, config)
+        print(json.dumps(running.ready_event()), flush=True)
 
 
 async def _stop_on_sigterm(scope: trio.CancelScope) -> None:

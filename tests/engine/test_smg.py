@@ -60,14 +60,14 @@ async def collect(engine, request=None):
 async def test_final_chunk_then_complete_is_not_double_counted(engine):
     engine.handlers[smg.GENERATE] = replies(chunk([5], 1), chunk([6, 7], 3), complete([6, 7], 3, matched_token_id=7))
     chunks = await collect(engine)
-    assert sum((c.token_ids for c in chunks), []) == [5, 6, 7]
+    assert [t for c in chunks for t in c.token_ids] == [5, 6, 7]
     assert (chunks[-1].finish_reason, chunks[-1].matched_stop, chunks[-1].completion_tokens) == ("stop", 7, 3)
 
 
 async def test_legacy_complete_carrying_the_last_delta_is_appended(engine):
     engine.handlers[smg.GENERATE] = replies(chunk([5], 1), complete([6, 7], 3, matched_stop_str="END"))
     chunks = await collect(engine)
-    assert sum((c.token_ids for c in chunks), []) == [5, 6, 7]
+    assert [t for c in chunks for t in c.token_ids] == [5, 6, 7]
     assert chunks[-1].matched_stop == "END"
 
 

@@ -179,7 +179,7 @@ def probed(engine_url: str, **changes) -> ProbedEngine:
 @pytest.fixture
 def engines_up_at(monkeypatch):
     """Replace probing: each URL answers from its time on (None: never; an exception: raised then)."""
-    schedule: dict[str, float | None | tuple[float, Exception]] = {}
+    schedule: dict[str, float | tuple[float, Exception] | None] = {}
 
     async def fake_probe(engine_url, pool, *, api="auto", timeout=10.0):
         at = schedule[engine_url]

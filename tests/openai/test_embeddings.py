@@ -80,7 +80,9 @@ def test_a_matryoshka_cut_is_normalised_again():
 
 
 def sdk_reading(body_bytes: bytes) -> openai.OpenAI:
-    handler = lambda request: httpx.Response(200, content=body_bytes, headers={"content-type": "application/json"})
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=body_bytes, headers={"content-type": "application/json"})
+
     return openai.OpenAI(
         api_key="k", base_url="http://frontend.test/v1", http_client=httpx.Client(transport=httpx.MockTransport(handler))
     )

@@ -105,7 +105,9 @@ async def run_embeddings(pool: ServingPool, plan: EmbeddingPlan) -> list[EmbedOu
             nursery.start_soon(embed_one, index, request, nursery.cancel_scope)
     if failure:
         raise failure[0]
-    return results  # type: ignore[return-value] - every slot is filled when nothing failed
+    outputs = [output for output in results if output is not None]
+    assert len(outputs) == len(results), "every input has its vector when nothing failed"
+    return outputs
 
 
 async def _routed_embed(pool: ServingPool, plan: EmbeddingPlan, request: EmbedInput) -> EmbedOutput:

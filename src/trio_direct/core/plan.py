@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from trio_direct.core.pool import ServingPool
 from trio_direct.core.output import ChoiceOutput, ReasoningSplitter
+from trio_direct.core.pool import ServingPool
 from trio_direct.engine.types import GenerateInput, SamplingOptions
 from trio_direct.logs import REQUEST_ID
 from trio_direct.openai import errors
@@ -23,7 +23,6 @@ from trio_direct.parsers.selection import skip_special_tokens
 from trio_direct.parsers.tools import ToolParser
 from trio_direct.text.detokenizer import IncrementalDetokenizer
 from trio_direct.text.stop_strings import StopStringMatcher
-
 
 __all__ = [
     "ChoicePlan",
@@ -92,7 +91,7 @@ class RequestPlan:
         return Usage(
             # the engine's count where it gave one: it includes what images expand to
             prompt_tokens=sum(
-                max(len(p.token_ids), o.prompt_tokens) for p, o in zip(self.prompts, outputs[:: self.n])
+                max(len(p.token_ids), o.prompt_tokens) for p, o in zip(self.prompts, outputs[:: self.n], strict=True)
             ),
             completion_tokens=sum(o.completion_tokens for o in outputs),
             # the choices of one prompt share its cache hit: count it once per prompt

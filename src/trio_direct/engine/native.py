@@ -160,7 +160,7 @@ def _logprob_rows(raw_tokens: str, raw_top: str | None) -> list[TokenLogprob]:
     tokens = _lenient_json(raw_tokens) or []
     tops = (_lenient_json(raw_top) if raw_top else None) or [None] * len(tokens)
     rows = []
-    for (logprob, token_id, *_), top in zip(tokens, tops):
+    for (logprob, token_id, *_), top in zip(tokens, tops, strict=False):
         alternatives = tuple((entry[1], entry[0]) for entry in top or ())
         rows.append(TokenLogprob(token_id, logprob, alternatives))
     return rows

@@ -172,8 +172,8 @@ class _ChunkDecoder:
 def _logprobs(rows: pb.OutputLogProbs) -> list[TokenLogprob]:
     tops = list(rows.top_logprobs)
     return [
-        TokenLogprob(token_id, logprob, tuple(zip(tops[i].token_ids, tops[i].values)) if i < len(tops) else ())
-        for i, (logprob, token_id) in enumerate(zip(rows.token_logprobs, rows.token_ids))
+        TokenLogprob(token_id, logprob, tuple(zip(tops[i].token_ids, tops[i].values, strict=False)) if i < len(tops) else ())
+        for i, (logprob, token_id) in enumerate(zip(rows.token_logprobs, rows.token_ids, strict=False))
     ]
 
 

@@ -33,10 +33,10 @@ from trio_direct.fleet.fleet import Engine, Fleet, FleetError, FleetModel, Fleet
 from trio_direct.fleet.health import EngineHealth
 from trio_direct.frontend.gc_policy import run_gc_policy
 from trio_direct.frontend.loop_lag import monitor_loop_lag
+from trio_direct.kv_sync.feeds import KvFeeds
 from trio_direct.openai import errors
 from trio_direct.openai.requests import warm_up_request_decoding
 from trio_direct.parsers.selection import ParserSelection, select_parsers
-from trio_direct.kv_sync.feeds import KvFeeds
 from trio_direct.routing.block_hash import RoutingKey
 from trio_direct.routing.kv_routing import KvRouting
 from trio_direct.routing.policy import Candidates, Route, RoutingPolicy

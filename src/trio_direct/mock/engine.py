@@ -334,10 +334,10 @@ class MockEngine:
         """
         if self._nursery is None:
             raise RuntimeError("the engine is not running")
-        if routed_dp_rank is not None and not (self.dp_size == 1 and routed_dp_rank == 0):
-            if not 0 <= routed_dp_rank < self.dp_size:
-                self.accounting.rejected += len(requests)
-                raise ValueError(f"routed_dp_rank={routed_dp_rank} out of range [0, {self.dp_size})")
+        single_rank_zero = self.dp_size == 1 and routed_dp_rank == 0
+        if routed_dp_rank is not None and not single_rank_zero and not 0 <= routed_dp_rank < self.dp_size:
+            self.accounting.rejected += len(requests)
+            raise ValueError(f"routed_dp_rank={routed_dp_rank} out of range [0, {self.dp_size})")
         role_pd = "none" if self.role == "aggregated" else self.role
         pd = role_pd if bootstrap is not None else "none"
         added: list[tuple[int, MockRequest]] = []

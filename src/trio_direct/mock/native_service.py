@@ -188,7 +188,7 @@ class NativeService:
                 temperature=sp.temperature if sp.HasField("temperature") else 1.0,
                 script=script,
             )
-            for rid, seed in zip(rids, seeds)
+            for rid, seed in zip(rids, seeds, strict=True)
         ]
 
     # --- Embed ---------------------------------------------------------------------------------

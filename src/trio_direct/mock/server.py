@@ -23,8 +23,8 @@ from trio_direct.engine.transport.server import RpcMethod, serve_grpc
 from trio_direct.mock.bootstrap import BootstrapServer, open_bootstrap_server
 from trio_direct.mock.engine import EngineInfo, MockEngine, Role
 from trio_direct.mock.kv_publisher import KvEventPublishers, KvEventsConfig, describe, open_kv_publishers
-from trio_direct.mock.native_service import NativeService
 from trio_direct.mock.native_service import SERVICE as NATIVE_SERVICE
+from trio_direct.mock.native_service import NativeService
 from trio_direct.mock.pooling import DEFAULT_EMBEDDING_DIM
 from trio_direct.mock.scheduler import SchedulerConfig
 from trio_direct.mock.scripted import ScriptedOutputs

@@ -15,7 +15,7 @@ import io
 import time
 import zipfile
 from collections.abc import Callable, Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -165,7 +165,7 @@ class SmgService:
                 temperature=sp.temperature,
                 script=self.info.scripts.tokens_for(list(req.tokenized.input_ids)) if self.info.scripts else None,
             )
-            for sample, seed in zip(rids, self.info.sample_seeds(None, n))
+            for sample, seed in zip(rids, self.info.sample_seeds(None, n), strict=True)
         ]
 
     # --- Embed ---------------------------------------------------------------------------------
@@ -337,7 +337,7 @@ class SmgService:
         _reply(
             call,
             pb.GetLoadsResponse(
-                timestamp=datetime.now(timezone.utc).isoformat(),
+                timestamp=datetime.now(UTC).isoformat(),
                 version=SGLANG_VERSION,
                 dp_rank_count=self.engine.dp_size,
                 loads=loads,

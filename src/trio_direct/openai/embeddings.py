@@ -91,15 +91,15 @@ def _check_input(given: str | list[str | int | list[int]]) -> None:
         param = f"input[{i}]"
         if type(item) is not kind:
             raise invalid_request(f"Invalid type for '{param}': the input must be {_SHAPES}.", param=param)
-        if kind is int:
-            _check_token_id(item, param)  # type: ignore[arg-type]
-        elif kind is str:
-            if not item.strip():  # type: ignore[union-attr]
+        if isinstance(item, int):
+            _check_token_id(item, param)
+        elif isinstance(item, str):
+            if not item.strip():
                 raise invalid_request(f"Invalid value for '{param}': the input must not be empty.", param=param)
         elif not item:
             raise invalid_request(f"Invalid value for '{param}': the input must not be empty.", param=param)
-        elif not _token_ids_ok(item):  # type: ignore[arg-type]
-            for j, token_id in enumerate(item):  # type: ignore[arg-type]
+        elif not _token_ids_ok(item):
+            for j, token_id in enumerate(item):
                 _check_token_id(token_id, f"{param}[{j}]")
 
 

@@ -78,17 +78,16 @@ def decode_detokenize_request(body: bytes) -> DetokenizeRequest:
     """Parse and validate a detokenize body; raises `OpenAIError` (400) on any problem."""
     request = decode_body(body, DetokenizeRequest)
     tokens = request.tokens
-    if tokens and isinstance(tokens[0], list):
-        for i, item in enumerate(tokens):
-            if not isinstance(item, list):
-                raise invalid_request(f"Invalid type for 'tokens[{i}]': expected a list of token ids.", f"tokens[{i}]")
-            for j, token in enumerate(item):
-                _check_token(token, f"tokens[{i}][{j}]")
-    else:
-        for i, token in enumerate(tokens):
-            if not isinstance(token, int):
-                raise invalid_request(f"Invalid type for 'tokens[{i}]': expected a token id.", f"tokens[{i}]")
-            _check_token(token, f"tokens[{i}]")
+    nested = bool(tokens) and isinstance(tokens[0], list)
+    for i, item in enumerate(tokens):
+        if isinstance(item, list) != nested:
+            expected = "a list of token ids" if nested else "a token id"
+            raise invalid_request(f"Invalid type for 'tokens[{i}]': expected {expected}.", f"tokens[{i}]")
+        if isinstance(item, list):
+            for j, token_id in enumerate(item):
+                _check_token(token_id, f"tokens[{i}][{j}]")
+        else:
+            _check_token(item, f"tokens[{i}]")
     return request
 
 
@@ -112,16 +111,11 @@ class _Text(msgspec.Struct):
 _encoder = msgspec.json.Encoder()
 
 
-def tokenize_body(
-    tokens: list[int] | list[list[int]],
-    max_model_len: int,
-    token_strs: list[str | None] | list[list[str | None]] | None = None,
-) -> bytes:
-    """One prompt's ids (`count` an int), or a list of prompts' (`count` a list)."""
+def tokenize_body(tokens: list[Any], max_model_len: int, token_strs: list[Any] | None = None) -> bytes:
+    """One prompt's ids (`count` an int), or a list of prompts' id lists (`count` a list)."""
+    count: int | list[int] = len(tokens)
     if tokens and isinstance(tokens[0], list):
-        count: int | list[int] = [len(ids) for ids in tokens]  # type: ignore[arg-type]
-    else:
-        count = len(tokens)
+        count = [len(ids) for ids in tokens]
     return _encoder.encode(_Tokens(count, max_model_len, tokens, token_strs))
 
 

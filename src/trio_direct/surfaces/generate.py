@@ -14,6 +14,7 @@ could be a prefix of another request's, and SGLang aborts by prefix.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -83,7 +84,7 @@ async def plan_generate(pool: ModelPool, request: GenerateRequest, *, session_ke
     images = image_list(request)
     if images:
         params = ["image_data" if isinstance(request.image_data, str) else f"image_data[{i}]" for i in range(len(images))]
-        for url, where in zip(images, params):
+        for url, where in zip(images, params, strict=True):
             check_image_url(url, where)
         prompts[0].image_data = await image_data_for(pool, images, params)
     sp = request.sampling_params
@@ -217,7 +218,7 @@ class GenerateRenderer:
         index: int,
         text: str,
         ids: list[int],
-        rows: Any,
+        rows: Sequence[TokenLogprob],
         finish: str | None,
         matched: int | str | None,
     ) -> dict[str, Any]:

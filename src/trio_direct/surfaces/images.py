@@ -165,9 +165,10 @@ def anthropic_image_part(source: Mapping[str, Any], param: str = "source") -> di
             )
         url = f"data:{media_type};base64,{data}"
     elif kind == "url":
-        url = source.get("url")
-        if not isinstance(url, str):
+        given = source.get("url")
+        if not isinstance(given, str):
             raise errors.invalid_request(f"Missing required parameter: '{param}.url'.", param=f"{param}.url")
+        url = given
     else:
         raise errors.invalid_request(
             f"Invalid value for '{param}.type': image sources of type {kind!r} are not supported (base64, url).",

@@ -8,7 +8,7 @@ prompt a chat request would send. `max_model_len` is the longest prompt the engi
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -47,20 +47,21 @@ async def tokenize(exchange: Exchange) -> None:
         tokens = prompt.token_ids
         if request.add_special_tokens:
             tokens = pool.tokenizer.encode(prompt.text, add_special_tokens=True)
-        result: list[int] | list[list[int]] = tokens
+        encoded, single = [tokens], True
     else:
         add_special = request.add_special_tokens is not False
+        single = isinstance(request.prompt, str)
         prompts = [request.prompt] if isinstance(request.prompt, str) else list(request.prompt or ())
         size = sum(len(text) for text in prompts)
         encoded = await in_thread_if_long(size, _encode_all, pool, prompts, add_special)
-        result = encoded[0] if isinstance(request.prompt, str) else encoded
-    strs = None
+    strs: list[Any] | None = None
     if request.return_token_strs:
-        if result and isinstance(result[0], list):
-            strs = [[pool.tokenizer.id_to_token(t) for t in ids] for ids in result]  # type: ignore[union-attr]
-        else:
-            strs = [pool.tokenizer.id_to_token(t) for t in result]  # type: ignore[arg-type]
-    await exchange.json(200, tokenize_body(result, max_model_len(pool), strs))
+        strs = [[pool.tokenizer.id_to_token(t) for t in ids] for ids in encoded]
+    if single:
+        body = tokenize_body(encoded[0], max_model_len(pool), strs[0] if strs is not None else None)
+    else:
+        body = tokenize_body(list(encoded), max_model_len(pool), strs)
+    await exchange.json(200, body)
 
 
 def _encode_all(pool: ModelPool, prompts: list[str], add_special_tokens: bool) -> list[list[int]]:
@@ -71,16 +72,17 @@ async def detokenize(exchange: Exchange) -> None:
     request = decode_detokenize_request(exchange.body)
     pool = exchange.frontend.pool(request.model)
     skip = request.skip_special_tokens
-    tokens = request.tokens
-    if tokens and isinstance(tokens[0], list):
+    lists = [item for item in request.tokens if isinstance(item, list)]
+    if lists:  # SGLang's batch: one text per id list (mixed shapes were refused)
         texts = []
-        for i, ids in enumerate(tokens):
-            check_vocab(pool, ids, param=f"tokens[{i}]")  # type: ignore[arg-type]
-            texts.append(pool.tokenizer.decode(ids, skip_special_tokens=skip))  # type: ignore[arg-type]
+        for i, ids in enumerate(lists):
+            check_vocab(pool, ids, param=f"tokens[{i}]")
+            texts.append(pool.tokenizer.decode(ids, skip_special_tokens=skip))
         await exchange.json(200, detokenize_body(texts))
         return
-    check_vocab(pool, tokens, param="tokens")  # type: ignore[arg-type]
-    await exchange.json(200, detokenize_body(pool.tokenizer.decode(tokens, skip_special_tokens=skip)))  # type: ignore[arg-type]
+    ids = [item for item in request.tokens if isinstance(item, int)]
+    check_vocab(pool, ids, param="tokens")
+    await exchange.json(200, detokenize_body(pool.tokenizer.decode(ids, skip_special_tokens=skip)))
 
 
 def max_model_len(pool: ModelPool) -> int:

@@ -111,11 +111,11 @@ class _ClientProtocol(H2Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.writer = _CoalescingTransport(transport)
         super().connection_made(self.writer)  # type: ignore[arg-type]
-        h2_connection = self.connection._connection  # noqa: SLF001 - grpclib's h2 connection
+        h2_connection = self.connection._connection  # grpclib's h2 connection
         # h2 remembers how each closed stream ended, 65,536 per connection, so that a frame arriving
         # after a reset is ignored rather than answered; at thousands of requests a minute that record
         # grows the heap by ~8 MB per connection before it levels off. The recent ones are enough.
-        h2_connection._closed_streams = SizeLimitDict(size_limit=_CLOSED_STREAMS_REMEMBERED)  # noqa: SLF001
+        h2_connection._closed_streams = SizeLimitDict(size_limit=_CLOSED_STREAMS_REMEMBERED)
         processors = self.processor.processors
         process = processors[RemoteSettingsChanged]
         peer_settings = h2_connection.remote_settings
@@ -226,7 +226,7 @@ class _Connection(Channel):
         if self.stream_limit is None:
             try:
                 await asyncio.wait_for(self._settled.wait(), timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             if self.stream_limit is None:
                 self.stream_limit = _DEFAULT_STREAM_LIMIT
@@ -295,7 +295,7 @@ class EngineChannel:
     @property
     def stream_connections(self) -> int:
         """Connections for streams that are open now (the control connection aside)."""
-        return sum(1 for connection in self._streaming if connection._connected)  # noqa: SLF001
+        return sum(1 for connection in self._streaming if connection._connected)
 
     def close(self) -> None:
         """Drop every connection; in-flight calls fail as unavailable."""
@@ -309,7 +309,7 @@ class EngineChannel:
     # --- asyncio side ----------------------------------------------------------------------------
 
     async def _connected(self, connection: _Connection) -> _Connection:
-        if connection._connected:  # noqa: SLF001 - the hot path: no task for an open connection
+        if connection._connected:  # the hot path: no task for an open connection
             return connection
         attempt = connection.connect_attempt(self.connect_timeout)
         await asyncio.wait((attempt,))  # leaving early (cancelled) leaves the attempt running
@@ -317,7 +317,7 @@ class EngineChannel:
             raise EngineUnavailable("connection closed while connecting", engine=self.name)
         try:
             attempt.result()
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise EngineUnavailable(
                 f"connect timed out after {self.connect_timeout:g}s", engine=self.name
             ) from None
@@ -376,7 +376,7 @@ class EngineChannel:
 
     def _least_loaded(self) -> _Connection | None:
         """The open connection with the fewest streams (grpclib queues past its limit), if any."""
-        open_ = [c for c in self._streaming if c._connected and c.stream_limit is not None]  # noqa: SLF001
+        open_ = [c for c in self._streaming if c._connected and c.stream_limit is not None]
         return min(open_, key=lambda c: c.open_streams) if open_ else None
 
     async def _unary_aio(self, path, request, response_type, timeout):
