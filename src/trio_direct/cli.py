@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from trio_direct import __version__
+from trio_direct.mock import MOCK_MODEL_NAME
 
 if TYPE_CHECKING:
     from trio_direct.frontend.supervisor import WorkerLink
@@ -283,10 +284,17 @@ def _add_mock_engine(subcommands: argparse._SubParsersAction) -> None:
         "--model-path", default=None,
         help="local tokenizer/model directory (default: the built-in tiny ChatML model)",
     )
-    p.add_argument("--served-model-name", default=None, help="model id to report (default: the model path)")
+    p.add_argument(
+        "--served-model-name", default=MOCK_MODEL_NAME,
+        help="model id to report (default: %(default)s, the name `serve` gives its built-in mocks)",
+    )
     p.add_argument("--tool-call-parser", default=None, help="parser name to advertise in server info")
     p.add_argument("--reasoning-parser", default=None, help="parser name to advertise in server info")
-    p.add_argument("--seed", type=int, default=None, help="sampling seed of requests that bring none")
+    p.add_argument(
+        "--seed", type=int, default=None,
+        help="seed of the engine's sampling RNG, as SGLang's --random-seed: requests without a seed draw theirs "
+        "from it, so a fresh engine answers the same requests in the same order alike (default: fresh entropy)",
+    )
     p.add_argument(
         "--scripted-outputs", default=None, metavar="FILE",
         help='JSON [{"match": "prompt substring" | null, "text": "..."}]: fixed answers (then EOS) for matching prompts',

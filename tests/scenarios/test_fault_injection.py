@@ -19,7 +19,6 @@ import httpx
 import msgspec
 import pytest
 import trio
-
 from support import RawSseClient, engine_accounting, start_frontend, start_mock_engine, wait_until
 
 pytestmark = pytest.mark.slow
@@ -330,7 +329,7 @@ async def land_prefix_on(client: httpx.AsyncClient, model: str, served, tag: str
         bodies = [chat_body(model, f"{tag} {attempt}.{i}. {SYSTEM}", "Hi") for i in range(4)]
         replies: list[dict] = [{}] * len(bodies)
 
-        async def ask(i: int) -> None:
+        async def ask(i: int, bodies: list[dict] = bodies, replies: list[dict] = replies) -> None:
             reply = await client.post("/v1/chat/completions", json=bodies[i])
             assert reply.status_code == 200, reply.text
             replies[i] = reply.json()
@@ -364,7 +363,8 @@ async def kill_and_restart_an_engine(nursery, *, new_kv_port: bool) -> None:
         streams: list[list] = [[] for _ in range(8)]
         async with trio.open_nursery() as reading:
             for i, events in enumerate(streams):
-                body = chat_body(model, "Be long.", f"Tell story {i}", max_tokens=400, stream=True)
+                # ignore_eos: every stream is still running at the kill (an early EOS would end one first)
+                body = chat_body(model, "Be long.", f"Tell story {i}", max_tokens=400, stream=True, ignore_eos=True)
                 reading.start_soon(read_stream, base, body, events)
             await wait_until(lambda: all(len(events) >= 3 for events in streams), timeout=20)
             on_flaky = set((await engine_accounting(flaky.url))["first_output_at"])

@@ -34,6 +34,7 @@ from trio_direct.fleet.health import EngineHealth
 from trio_direct.frontend.gc_policy import run_gc_policy
 from trio_direct.frontend.loop_lag import monitor_loop_lag
 from trio_direct.kv_sync.feeds import KvFeeds
+from trio_direct.mock import MOCK_MODEL_NAME  # the built-in mocks' model name (light: no mock engine loaded)
 from trio_direct.openai import errors
 from trio_direct.openai.requests import warm_up_request_decoding
 from trio_direct.parsers.selection import ParserSelection, select_parsers
@@ -270,28 +271,20 @@ def select_model_parsers(config: ServeConfig, model: FleetModel) -> ParserSelect
 
 
 def check_roles(fleet: Fleet, prefill_urls: list[str]) -> None:
-    """Roles come from the probe. When `--prefill-engine-url` is given, it must name prefill
-    engines, and `--engine-url` must then name none."""
+    """Roles come from the probe: every engine serves in the role it reports, whichever flag gave
+    it. `--prefill-engine-url` only adds an assertion: the engines it names must be prefill engines."""
     for engine in fleet.engines:
         check_role(engine, prefill_urls)
 
 
 def check_role(engine: Engine, prefill_urls: list[str]) -> None:
     """`check_roles` for one engine (also run when an engine joins after start-up)."""
-    if not prefill_urls:
-        return
-    meant_prefill = engine.card.url in prefill_urls
-    if meant_prefill != (engine.card.role == "prefill"):
-        flag = "--prefill-engine-url" if meant_prefill else "--engine-url"
+    if engine.card.url in prefill_urls and engine.card.role != "prefill":
         raise FleetError(
-            f"engine {engine.id} ({engine.card.url}) reports role {engine.card.role!r} "
-            f"(disaggregation_mode), but was given with {flag}"
-            + (" (expected a prefill engine)" if meant_prefill else "; give prefill engines with --prefill-engine-url")
+            f"engine {engine.id} ({engine.card.url}) was given with --prefill-engine-url, but reports role "
+            f"{engine.card.role!r} (disaggregation_mode), not 'prefill'; give it with --engine-url, where every "
+            "engine serves in the role it reports"
         )
-
-
-#: The model name clients use with the built-in mock engines.
-MOCK_MODEL_NAME = "trio-direct-mock"
 
 
 async def start_mock_engines(count: int, speedup: float, nursery: trio.Nursery) -> list[str]:

@@ -20,6 +20,7 @@ import trio
 from tokenizers import Tokenizer
 
 from trio_direct.engine.transport.server import RpcMethod, serve_grpc
+from trio_direct.mock import MOCK_MODEL_NAME
 from trio_direct.mock.bootstrap import BootstrapServer, open_bootstrap_server
 from trio_direct.mock.engine import EngineInfo, MockEngine, Role
 from trio_direct.mock.kv_publisher import KvEventPublishers, KvEventsConfig, describe, open_kv_publishers
@@ -63,6 +64,7 @@ class MockEngineConfig:
     bootstrap_timeout: float = 30.0
     #: A local tokenizer directory; None uses the tiny ChatML model (written on first use).
     model_path: str | None = None
+    #: None serves `MOCK_MODEL_NAME`, the name `trio-direct serve`'s built-in mocks use.
     served_model_name: str | None = None
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
@@ -230,7 +232,7 @@ async def run_mock_engine(
         )
         info = EngineInfo(
             model_path=str(model_path),
-            served_model_name=config.served_model_name or str(model_path),
+            served_model_name=config.served_model_name or MOCK_MODEL_NAME,
             tokenizer_path=str(model_path),
             context_length=context_length,
             max_total_num_tokens=max_total,
@@ -244,7 +246,7 @@ async def run_mock_engine(
             is_embedding=config.is_embedding,
             multimodal=config.multimodal,
             embedding_dim=model.hidden_size,
-            default_seed=config.seed,
+            random_seed=config.seed,
             tokenizer=tokenizer,
             scripts=ScriptedOutputs.from_file(config.scripted_outputs, tokenizer) if config.scripted_outputs else None,
         )
