@@ -300,6 +300,14 @@ def _add_mock_engine(subcommands: argparse._SubParsersAction) -> None:
         help='JSON [{"match": "prompt substring" | null, "text": "..."}]: fixed answers (then EOS) for matching prompts',
     )
     p.add_argument(
+        "--is-embedding", action="store_true",
+        help="serve an embedding model: Embed answers deterministic unit vectors of the config's hidden_size",
+    )
+    p.add_argument(
+        "--multimodal", action="store_true",
+        help="take image input (native image_data), each image counting a fixed number of prompt tokens",
+    )
+    p.add_argument(
         "--expose-accounting", action=argparse.BooleanOptionalAction, default=True,
         help="add a mock_accounting key to the native GetServerInfo json_info (default on)",
     )
@@ -337,6 +345,8 @@ def _run_mock_engine(args: argparse.Namespace) -> int:
         reasoning_parser=args.reasoning_parser,
         seed=args.seed,
         scripted_outputs=args.scripted_outputs,
+        is_embedding=args.is_embedding,
+        multimodal=args.multimodal,
         expose_accounting=args.expose_accounting,
         log_level=args.log_level,
         launch_command=shlex.join(sys.argv),

@@ -60,6 +60,9 @@ class ServeConfig:
     max_concurrent_requests: int = 0
     cors_allow_origins: str = ""
     max_n: int = 128
+    allow_image_fetch: bool = False
+    image_fetch_timeout: float = 10.0
+    image_fetch_max_bytes: int = 20 * 1024 * 1024
     gc_full_collection_growth: float = 1.0
     mock_engines: int = 2
     mock_speedup: float = 1.0
@@ -121,6 +124,10 @@ _HELP = {
     "(0 = the open-file limit less a reserve of max(64, 10%%))",
     "cors_allow_origins": "browser origins allowed to call the API (comma-separated, * for any; default: no CORS)",
     "max_n": "largest `n` accepted",
+    "allow_image_fetch": "fetch http(s) image URLs in the frontend and send the engines their bytes (off: URLs go to the "
+    "engines as given). The frontend then reaches any host a client names: enable it only where that is safe (SSRF)",
+    "image_fetch_timeout": "with --allow-image-fetch: seconds one image may take to fetch",
+    "image_fetch_max_bytes": "with --allow-image-fetch: largest image fetched",
     "gc_full_collection_growth": "run a full garbage-collector pass when the heap grew by this fraction since the last "
     "one, like Go's GOGC/100 (0 = CPython's own schedule, which stalls every stream for a full pass every few "
     "seconds under load; see docs/operations.md)",

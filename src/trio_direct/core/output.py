@@ -168,11 +168,13 @@ class ChoiceResult:
     reasoning_parts: list[str] = field(default_factory=list)
     call_deltas: list[ToolCallDelta] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     matched_stop: int | str | None = None
 
     def add(self, event: ChoiceEvent) -> None:
         self.text_parts.append(event.text)
+        self.token_ids += event.token_ids
         self.reasoning_parts.append(event.reasoning)
         self.call_deltas += event.tool_calls
         self.logprobs += event.logprobs or ()

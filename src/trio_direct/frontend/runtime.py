@@ -13,11 +13,13 @@ hypercorn beside it) and `hypercorn trio_direct.app:app` (whose lifespan starts 
 from __future__ import annotations
 
 import gc
+import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -91,6 +93,8 @@ class ModelPool:
     #: load polling that feed `routing.kv`.
     kv_feeds: KvFeeds | None = None
     health: EngineHealth | None = None
+    #: The model directory's `config.json` (`hidden_size`, Matryoshka dimensions of an embedding model).
+    model_config: Mapping[str, Any] = field(default_factory=dict)
     _token_texts: dict[int, str] = field(default_factory=dict)
 
     @property
@@ -110,6 +114,16 @@ class ModelPool:
     @property
     def context_length(self) -> int | None:
         return self.fleet.model.context_length
+
+    @property
+    def is_embedding(self) -> bool:
+        """The engines serve an embedding model: `/v1/embeddings` only, no generation."""
+        return self.fleet.model.is_embedding
+
+    @property
+    def supports_images(self) -> bool:
+        """Every engine takes image input (`image_data`)."""
+        return self.fleet.model.supports_images
 
     @property
     def tool_call_parser(self) -> str | None:
@@ -211,6 +225,15 @@ class ModelPool:
     def release(self, request_id: str) -> None:
         """The request ended (completion, abort or error): its load leaves its engines."""
         self.routing.release(request_id)
+
+
+def read_model_config(directory: Path) -> dict[str, Any]:
+    """The model directory's `config.json`; {} when it has none (a tokenizer-only directory)."""
+    try:
+        value = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def routing_key(worker: Worker) -> RoutingKey:
@@ -371,6 +394,7 @@ async def run_frontend(config: ServeConfig, *, task_status: trio.TaskStatus[Fron
             pool = ModelPool(
                 config, fleet, routing, tokenizer, template, select_model_parsers(config, fleet.model), harmony
             )
+            pool.model_config = await trio.to_thread.run_sync(read_model_config, Path(fleet.model.tokenizer_path))
             await trio.to_thread.run_sync(_warm_up_request_path, pool)
             await _connect_for_generation(fleet.engines)
             # KV routing first: an engine that joins (through health checking) is indexed at once.

@@ -4,7 +4,7 @@ apply to it, in one place. Adding an API surface adds a row here."""
 from __future__ import annotations
 
 from trio_direct.http.routing_table import Route, RouteTable
-from trio_direct.surfaces import chat, completions, models, operations
+from trio_direct.surfaces import chat, completions, embeddings, generate, models, operations, tokenization
 
 __all__ = ["ROUTES"]
 
@@ -16,6 +16,13 @@ ROUTES = RouteTable([
     Route("GET", "/v1/models/{model:path}", models.retrieve_model),
     Route("POST", "/v1/chat/completions", chat.handle, endpoint="chat"),
     Route("POST", "/v1/completions", completions.handle, endpoint="completions"),
+    Route("POST", "/v1/embeddings", embeddings.handle, endpoint="embeddings"),
+    Route("POST", "/generate", generate.handle, endpoint="generate"),
+    Route("PUT", "/generate", generate.handle, endpoint="generate"),  # SGLang's server takes both
+    Route("POST", "/v1/tokenize", tokenization.tokenize),
+    Route("POST", "/tokenize", tokenization.tokenize),
+    Route("POST", "/v1/detokenize", tokenization.detokenize),
+    Route("POST", "/detokenize", tokenization.detokenize),
     Route("GET", "/debug/routing", operations.routing_state),
     Route("POST", "/debug/routing", operations.routing_for_prompt),
 ])  # fmt: skip

@@ -105,6 +105,11 @@ class EngineInfo:
     kv_event_sources: list[dict[str, Any]] = field(default_factory=list)
     incremental_streaming_output: bool = False
     expose_accounting: bool = False
+    #: ``--is-embedding``: `Embed` vectors of `embedding_dim` floats, no generation.
+    is_embedding: bool = False
+    #: ``--multimodal``: requests may carry images (`mock.pooling`).
+    multimodal: bool = False
+    embedding_dim: int = 1024
     #: Seed of the engine's sampling RNG (``--seed``, as SGLang's ``--random-seed``); None: fresh entropy.
     random_seed: int | None = None
     #: ``--scripted-outputs``: fixed answers for chosen prompts.

@@ -29,6 +29,8 @@ from trio_direct.engine.transport.server import RpcMethod, ServerCall
 from trio_direct.mock.engine import FAKE_BOOTSTRAP_HOST, Bootstrap, EngineInfo, MockEngine
 from trio_direct.mock.kv_types import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
 from trio_direct.mock.logprobs import TokenRow, token_rows
+from trio_direct.mock.native_service import NOT_A_GENERATION_MODEL, NOT_AN_EMBEDDING_MODEL
+from trio_direct.mock.pooling import EmbedSink
 from trio_direct.mock.scheduler import Finish, MockRequest, RequestOutput
 
 __all__ = ["HEALTH_SERVICE", "SERVICE", "SGLANG_VERSION", "SmgService", "health_methods"]
@@ -84,6 +86,7 @@ class SmgService:
     def methods(self) -> list[RpcMethod]:
         handlers: dict[str, Callable[[ServerCall], None]] = {
             "Generate": self._generate,
+            "Embed": self._embed,
             "Abort": self._abort,
             "HealthCheck": self._health_check,
             "GetModelInfo": self._get_model_info,
@@ -111,6 +114,9 @@ class SmgService:
     def _generate(self, call: ServerCall) -> None:
         req: pb.GenerateRequest = call.request
         self._last_receive = time.time()
+        if self.info.is_embedding:
+            call.fail("INVALID_ARGUMENT", NOT_A_GENERATION_MODEL)
+            return
         try:
             requests = self._mock_requests(req)
         except _Invalid as exc:
@@ -159,8 +165,36 @@ class SmgService:
                 temperature=sp.temperature,
                 script=self.info.scripts.tokens_for(list(req.tokenized.input_ids)) if self.info.scripts else None,
             )
-            for sample, variation in zip(rids, self.info.sample_variations(None, n))
+            for sample, variation in zip(rids, self.info.sample_variations(None, n), strict=True)
         ]
+
+    # --- Embed ---------------------------------------------------------------------------------
+
+    def _embed(self, call: ServerCall) -> None:
+        """A prefill-only scheduler request whose end answers the flat `EmbedResponse` (0.4.6+)."""
+        req: pb.EmbedRequest = call.request
+        self._last_receive = time.time()
+        if not req.HasField("tokenized"):
+            call.fail("INVALID_ARGUMENT", "Tokenized input must be provided")
+            return
+        if not self.info.is_embedding:
+            call.fail("INVALID_ARGUMENT", NOT_AN_EMBEDDING_MODEL)
+            return
+        rid = req.request_id
+        input_ids = list(req.tokenized.input_ids)
+
+        def reply(vector: list[float], prompt_tokens: int) -> None:
+            _reply(call, pb.EmbedResponse(embedding=vector, embedding_dim=len(vector), prompt_tokens=prompt_tokens))
+
+        sink = EmbedSink(input_ids, self.info.embedding_dim, reply, call.fail)
+        request = MockRequest(rid=rid, input_ids=input_ids, max_new_tokens=0, temperature=0.0)
+        try:
+            self.engine.submit([request], sink, api="smg")
+        except ValueError as exc:
+            call.fail("INVALID_ARGUMENT", str(exc))
+            return
+        if not call.done:
+            call.on_cancel = lambda: self.engine.cancel([rid])
 
     def _forget(self, sink: _GenerateCall) -> None:
         calls = self._calls.get(sink.request_id)
@@ -190,7 +224,9 @@ class SmgService:
         rid = f"HEALTH_CHECK_{time.time():.6f}_{self._probes}"
         probe = _HealthProbe(self.engine, call, rid)
         bootstrap = Bootstrap(FAKE_BOOTSTRAP_HOST, 0, 0) if self.engine.role != "aggregated" else None
-        request = MockRequest(rid=rid, input_ids=[0], max_new_tokens=1, temperature=0.0)
+        # An embedding model's probe is an embedding (prefill only), as the servicer's is.
+        probe_tokens = 0 if self.info.is_embedding else 1
+        request = MockRequest(rid=rid, input_ids=[0], max_new_tokens=probe_tokens, temperature=0.0)
         try:
             self.engine.submit([request], probe, api="smg", bootstrap=bootstrap)
         except ValueError as exc:
@@ -216,7 +252,7 @@ class SmgService:
             pb.GetModelInfoResponse(
                 model_path=info.model_path,
                 tokenizer_path=info.tokenizer_path,
-                is_generation=True,
+                is_generation=not info.is_embedding,
                 preferred_sampling_params="",
                 weight_version="default",
                 served_model_name=info.served_model_name,

@@ -3,7 +3,8 @@
 `chat_prompt` and `chat_output` are the chat-shaped planning every conversational surface shares
 (Responses and Messages build OpenAI-style messages and tools, then plan through them): the chat
 template rendered and tokenized (on a worker thread when long), and the reasoning and tool-call
-parsers set up per choice.
+parsers set up per choice. Image parts go through `surfaces.images.prepare_chat_images` first: the
+template gets `{"type": "image"}` placeholders, the prompt the images as `image_data`.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from trio_direct.openai.tool_choice import forced_tool_name, tool_choice_schema
 from trio_direct.parsers.reasoning import reasoning_parser
 from trio_direct.parsers.tools import ToolCall, ToolCallDelta, ToolParser, tool_call_parser
 from trio_direct.parsers.tools.forced import NamedToolCallParser, RequiredToolCallsParser
+from trio_direct.surfaces.images import prepare_chat_images
 from trio_direct.surfaces.prompting import in_thread_if_long
 from trio_direct.text.chat_template import ChatTemplateError, render_chat
 from trio_direct.text.harmony import HarmonyRenderError, render_harmony_chat
@@ -46,8 +48,9 @@ async def handle(exchange: Exchange) -> None:
 
 async def plan_chat(pool: ModelPool, request: ChatCompletionRequest, *, session_key: str | None = None) -> RequestPlan:
     messages = msgspec.to_builtins(request.messages)
-    _check_text_only(messages)
+    _check_parts(messages)
     tools = msgspec.to_builtins(request.tools) if request.tools else None
+    messages, image_data = await prepare_chat_images(pool, messages, tools)
     prompt = await chat_prompt(
         pool,
         messages,
@@ -56,6 +59,7 @@ async def plan_chat(pool: ModelPool, request: ChatCompletionRequest, *, session_
         chat_template_kwargs=request.chat_template_kwargs,
         reasoning_effort=request.reasoning_effort,
     )
+    prompt.image_data = image_data
     sampling = sampling_options(request, eos_token_ids=pool.tokenizer.eos_token_ids)
     if (schema := tool_choice_schema(request)) is not None:
         sampling = replace(sampling, json_schema=schema)
@@ -89,14 +93,16 @@ async def plan_chat(pool: ModelPool, request: ChatCompletionRequest, *, session_
     )
 
 
-def _check_text_only(messages: list[dict[str, Any]]) -> None:
+def _check_parts(messages: list[dict[str, Any]]) -> None:
+    """Text and images (`surfaces.images`); video and audio parts are not supported."""
     for i, message in enumerate(messages):
         content = message.get("content")
         if isinstance(content, list):
             for j, part in enumerate(content):
-                if part.get("type") != "text":
+                if part.get("type") not in ("text", "image_url"):
                     raise errors.invalid_request(
-                        f"Content parts of type '{part.get('type')}' are not supported: this model takes text only.",
+                        f"Content parts of type '{part.get('type')}' are not supported: this server takes text "
+                        "and images.",
                         param=f"messages[{i}].content[{j}].type",
                         code="unsupported_parameter",
                     )
@@ -110,17 +116,28 @@ async def chat_prompt(
     continue_final_message: bool = False,
     chat_template_kwargs: Mapping[str, Any] | None = None,
     reasoning_effort: str | None = None,
+    add_generation_prompt: bool | None = None,
 ) -> Prompt:
     """The chat template rendered over `messages` and tokenized (on a thread when long).
 
     A gpt-oss model's prompt is written in harmony by openai-harmony's own encoder, as upstream
-    gateways do, rather than through its Jinja template.
+    gateways do, rather than through its Jinja template. `add_generation_prompt` defaults to
+    opening the assistant's turn unless the final message is continued.
     """
     size = sum(len(str(m.get("content") or "")) for m in messages)
     if pool.harmony:
         return await in_thread_if_long(size, _render_harmony, messages, tools, reasoning_effort)
+    if add_generation_prompt is None:
+        add_generation_prompt = not continue_final_message
     return await in_thread_if_long(
-        size, _render_and_tokenize, pool, messages, tools, continue_final_message, chat_template_kwargs
+        size,
+        _render_and_tokenize,
+        pool,
+        messages,
+        tools,
+        continue_final_message,
+        chat_template_kwargs,
+        add_generation_prompt,
     )
 
 
@@ -140,13 +157,14 @@ def _render_and_tokenize(
     tools: list[dict[str, Any]] | None,
     continue_final_message: bool,
     chat_template_kwargs: Mapping[str, Any] | None,
+    add_generation_prompt: bool = True,
 ) -> Prompt:
     try:
         text = render_chat(
             pool.tokenizer,
             messages,
             tools=tools,
-            add_generation_prompt=not continue_final_message,
+            add_generation_prompt=add_generation_prompt,
             continue_final_message=continue_final_message,
             chat_template_kwargs=chat_template_kwargs,
             chat_template=pool.chat_template_override,
