@@ -324,7 +324,6 @@ async def test_a_replica_started_late_finds_the_warm_engine_after_one_request(ai
 # ---- sessions ------------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=False, reason="the session key is wired into routing by the request core")
 async def test_a_session_sticks_to_one_engine_in_round_robin_mode(aio_loop, nursery):
     engines = [await start_mock_engine(nursery, *FAST) for _ in range(3)]
     base = await start_frontend(nursery, "--router-mode", "round-robin", *engine_args(engines))
