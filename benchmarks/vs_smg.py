@@ -15,6 +15,10 @@ in alternated rounds on the same engines holds (the machine's speed and noise mo
 
     python benchmarks/vs_smg.py --trace PATH [--parts throughput,multiturn,latency,workers,idle]
         [--aiperf PATH] [--rounds 3] [--seconds 8] [--smg PATH] [--workers 2] [--json OUT]
+        [--baseline OTHER/src]
+
+`--baseline` adds a third target, the trio_direct package under another `src/` directory (say, a
+checkout of the previous commit), measured in the same rounds: before and after, same run.
 
 Each point alternates trio-direct and smg in `--rounds` rounds (the order flips every round) and
 reports the median of the per-round values and, for ratios, the per-round spread (min-max). CPU is
@@ -56,7 +60,7 @@ from trio_direct.text.chat_template import render_chat
 from trio_direct.text.tokenizer import ModelTokenizer
 
 PARTS = ("throughput", "multiturn", "latency", "workers", "idle")
-TRIO, SMG = "trio-direct", "smg 1.13"
+TRIO, SMG, BASELINE = "trio-direct", "smg 1.13", "trio-direct baseline"
 PROMPT_WORDS = 256
 OUTPUT_TOKENS = 64
 
@@ -97,16 +101,29 @@ def tree_cpu_seconds(pid: int) -> float:
     return total
 
 
-def start_trio_direct(children: Children, engines: list[int], *extra: str) -> Target:
+def start_trio_direct(
+    children: Children, engines: list[int], *extra: str, src: Path | None = None, name: str = TRIO
+) -> Target:
+    """`trio-direct serve` on the engines; `src`: run the trio_direct package found there instead."""
     port = free_port()
     urls = [arg for p in engines for arg in ("--engine-url", f"grpc://127.0.0.1:{p}")]
+    env = None if src is None else {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")])}
     process = children.start(
         [sys.executable, "-m", "trio_direct", "serve", "--port", str(port), "--log-level", "warning", *urls, *extra],
         stdout=subprocess.DEVNULL,
+        env=env,
     )
     wait_http(port)
     wait_http(port, "/v1/models")
-    return Target(TRIO if not extra else f"{TRIO} {' '.join(extra)}", port, process.pid)
+    return Target(name if not extra else f"{name} {' '.join(extra)}", port, process.pid)
+
+
+def frontends(children: Children, args, engines: list[int], smg: str, model_dir: Path) -> list[Target]:
+    """trio-direct, the `--baseline` trio-direct when given, and smg: all on the same engines."""
+    targets = [start_trio_direct(children, engines)]
+    if args.baseline is not None:
+        targets.append(start_trio_direct(children, engines, src=args.baseline, name=BASELINE))
+    return [*targets, start_smg(children, smg, engines, model_dir)]
 
 
 def start_smg(children: Children, smg: str, engines: list[int], model_dir: Path) -> Target:
@@ -278,33 +295,64 @@ async def replay_chats(port: int, model: str, chats: list[list[list[dict]]], con
 
 
 class Report:
-    """Rows of (measure, trio-direct, smg, ratio, spread), printed as they come and kept for --json."""
+    """Rows of (measure, target, value, smg's value, ratio, per-round spread), printed as they come
+    and kept for --json. Every trio-direct target is compared with smg."""
 
     def __init__(self) -> None:
         self.rows: list[dict[str, Any]] = []
 
-    def ratio(self, measure: str, unit: str, trio_values: list[float], smg_values: list[float], scale: float = 1.0) -> None:
-        ratios = [a / b for a, b in zip(trio_values, smg_values) if b]
-        row = {
-            "measure": measure,
-            "unit": unit,
-            TRIO: statistics.median(trio_values) * scale,
-            SMG: statistics.median(smg_values) * scale,
-            "ratio": statistics.median(ratios) if ratios else float("nan"),
-            "spread": [min(ratios), max(ratios)] if ratios else [],
-            "rounds": [round(r, 3) for r in ratios],
-        }
-        self.rows.append(row)
-        print(
-            f"{measure:<44} {row[TRIO]:10.2f} {row[SMG]:10.2f} {unit:<10} ratio {row['ratio']:5.2f} "
-            f"(rounds {', '.join(f'{r:.2f}' for r in ratios)})",
-            flush=True,
-        )
+    def ratio(self, measure: str, unit: str, values: dict[str, list[float]], scale: float = 1.0) -> None:
+        base = values[SMG]
+        for name, own in values.items():
+            if name == SMG:
+                continue
+            ratios = [a / b for a, b in zip(own, base) if b]
+            row = {
+                "measure": measure,
+                "target": name,
+                "unit": unit,
+                "value": statistics.median(own) * scale,
+                SMG: statistics.median(base) * scale,
+                "ratio": statistics.median(ratios) if ratios else float("nan"),
+                "spread": [min(ratios), max(ratios)] if ratios else [],
+                "rounds": [round(r, 3) for r in ratios],
+            }
+            self.rows.append(row)
+            print(
+                f"{measure:<42} {name:<20} {row['value']:9.2f} vs {row[SMG]:9.2f} {unit:<6} ratio {row['ratio']:5.2f} "
+                f"(rounds {', '.join(f'{r:.2f}' for r in ratios)})",
+                flush=True,
+            )
+
+    def added(self, measure: str, unit: str, values: dict[str, list[float]], scale: float = 1.0) -> None:
+        """A figure where the difference from smg, not the ratio, is the measure (added latency)."""
+        base = values[SMG]
+        for name, own in values.items():
+            if name == SMG:
+                continue
+            differences = [a - b for a, b in zip(own, base)]
+            row = {
+                "measure": measure,
+                "target": name,
+                "unit": unit,
+                "value": statistics.median(own) * scale,
+                SMG: statistics.median(base) * scale,
+                "minus smg": statistics.median(differences) * scale,
+                "rounds": [round(v * scale, 3) for v in own],
+                "smg rounds": [round(v * scale, 3) for v in base],
+            }
+            self.rows.append(row)
+            print(
+                f"{measure:<42} {name:<20} {row['value']:9.2f} vs {row[SMG]:9.2f} {unit:<6} "
+                f"difference {row['minus smg']:+.2f} (rounds {', '.join(f'{v * scale:+.2f}' for v in own)}; "
+                f"smg {', '.join(f'{v * scale:+.2f}' for v in base)})",
+                flush=True,
+            )
 
     def value(self, measure: str, unit: str, values: dict[str, float], note: str = "") -> None:
         self.rows.append({"measure": measure, "unit": unit, **values, "note": note})
         shown = "  ".join(f"{name} {value:.3f}" for name, value in values.items())
-        print(f"{measure:<44} {shown} {unit} {note}", flush=True)
+        print(f"{measure:<42} {shown} {unit} {note}", flush=True)
 
 
 # --- parts ----------------------------------------------------------------------------------------
@@ -314,7 +362,7 @@ def part_throughput(args, report: Report, smg: str, model_dir: Path, prompts: Pr
     print("\n== streamed chats, mock --speedup inf, 256-word prompts, 64 tokens ==", flush=True)
     with Children() as children:
         engines = mocks(children, "inf")
-        targets = [start_trio_direct(children, engines), start_smg(children, smg, engines, model_dir)]
+        targets = frontends(children, args, engines, smg, model_dir)
         for concurrency in (32, 64):
             for target in targets:  # warm-up
                 trio.run(closed_loop, target.port, prompts.body, concurrency, 2.0)
@@ -323,8 +371,8 @@ def part_throughput(args, report: Report, smg: str, model_dir: Path, prompts: Pr
             )
             cpu = {name: [w.cpu / max(w.tokens, 1) for w in ws] for name, ws in windows.items()}
             rate = {name: [w.tokens / w.wall for w in ws] for name, ws in windows.items()}
-            report.ratio(f"CPU per streamed token, c={concurrency}", "us", cpu[TRIO], cpu[SMG], 1e6)
-            report.ratio(f"tokens/s, c={concurrency}", "tok/s", rate[TRIO], rate[SMG])
+            report.ratio(f"CPU per streamed token, c={concurrency}", "us", cpu, 1e6)
+            report.ratio(f"tokens/s, c={concurrency}", "tok/s", rate)
 
 
 def part_multiturn(args, report: Report, smg: str, model_dir: Path, words: TextPrompts) -> None:
@@ -343,7 +391,7 @@ def part_multiturn(args, report: Report, smg: str, model_dir: Path, words: TextP
     model = str(model_dir)
     with Children() as children:
         engines = mocks(children, "inf")
-        targets = [start_trio_direct(children, engines), start_smg(children, smg, engines, model_dir)]
+        targets = frontends(children, args, engines, smg, model_dir)
         warm = chats[needed : needed + 2] or chats[:1]
         for target in targets:
             trio.run(replay_chats, target.port, model, warm, 2)
@@ -353,7 +401,7 @@ def part_multiturn(args, report: Report, smg: str, model_dir: Path, words: TextP
             for target in targets if i % 2 == 0 else list(reversed(targets)):
                 windows[target.name].append(measured(target, lambda: trio.run(replay_chats, target.port, model, batch, 4)))  # noqa: B023
         cpu = {name: [w.cpu / max(w.requests, 1) for w in ws] for name, ws in windows.items()}
-        report.ratio("CPU per request, multi-turn trace chats", "ms", cpu[TRIO], cpu[SMG], 1e3)
+        report.ratio("CPU per request, multi-turn trace chats", "ms", cpu, 1e3)
 
 
 def part_latency(args, report: Report, smg: str, model_dir: Path, tokenizer: ModelTokenizer) -> None:
@@ -361,7 +409,7 @@ def part_latency(args, report: Report, smg: str, model_dir: Path, tokenizer: Mod
     prompt_ids = tokenizer.encode(render_chat(tokenizer, PROMPT), add_special_tokens=False)
     with Children() as children:
         engines = mocks(children, "1")
-        targets = [start_trio_direct(children, engines), start_smg(children, smg, engines, model_dir)]
+        targets = frontends(children, args, engines, smg, model_dir)
         added: dict[str, list[float]] = {t.name: [] for t in targets}
         per_round = args.latency_requests
         for i in range(args.rounds):
@@ -371,15 +419,7 @@ def part_latency(args, report: Report, smg: str, model_dir: Path, tokenizer: Mod
                 body = chat_body(str(model_dir), 32)
                 samples, _ = trio.run(lambda: run_load("127.0.0.1", target.port, body, concurrency=1, requests=per_round))  # noqa: B023
                 added[target.name].append(percentile([s.ttft for s in samples if s.ttft is not None], 0.5) - base)
-        difference = [a - b for a, b in zip(added[TRIO], added[SMG])]
-        report.value(
-            "added TTFT p50 over direct gRPC, c=1",
-            "ms",
-            {TRIO: statistics.median(added[TRIO]) * 1e3, SMG: statistics.median(added[SMG]) * 1e3,
-             "trio-direct minus smg": statistics.median(difference) * 1e3},
-            f"(rounds: trio-direct {', '.join(f'{a * 1e3:+.2f}' for a in added[TRIO])}; "
-            f"smg {', '.join(f'{a * 1e3:+.2f}' for a in added[SMG])})",
-        )
+        report.added("added TTFT p50 over direct gRPC, c=1", "ms", added, 1e3)
 
 
 def part_workers(args, report: Report, prompts: Prompts) -> None:
@@ -407,7 +447,7 @@ def part_idle(args, report: Report, smg: str, model_dir: Path) -> None:
     print(f"\n== idle: two mocks, health checks on, nothing sent, {args.idle_seconds:g} s ==", flush=True)
     with Children() as children:
         engines = mocks(children, "1")
-        targets = [start_trio_direct(children, engines), start_smg(children, smg, engines, model_dir)]
+        targets = frontends(children, args, engines, smg, model_dir)
         time.sleep(5)  # start-up work done (first health checks, connections)
         before = {t.name: t.cpu() for t in targets}
         start = time.monotonic()
@@ -444,7 +484,7 @@ def part_aiperf(args, report: Report, smg: str, model_dir: Path) -> None:
             print(f"\n== aiperf 0.13: c={concurrency}, mock --speedup {speedup}, 256-token prompts, 64 tokens ==", flush=True)
             with Children() as children:
                 engines = mocks(children, speedup)
-                targets = [start_trio_direct(children, engines), start_smg(children, smg, engines, model_dir)]
+                targets = frontends(children, args, engines, smg, model_dir)
                 results: dict[str, list[tuple[float, dict]]] = {t.name: [] for t in targets}
                 for i in range(args.rounds):
                     for target in targets if i % 2 == 0 else list(reversed(targets)):
@@ -454,18 +494,11 @@ def part_aiperf(args, report: Report, smg: str, model_dir: Path) -> None:
             if concurrency > 1:
                 cpu = {n: [c / r["total_output_tokens"]["avg"] for c, r in rs] for n, rs in results.items()}
                 rate = {n: [r["output_token_throughput"]["avg"] for _, r in rs] for n, rs in results.items()}
-                report.ratio(f"aiperf: CPU per token, c={concurrency} (whole run)", "us", cpu[TRIO], cpu[SMG], 1e6)
-                report.ratio(f"aiperf: tokens/s, c={concurrency}", "tok/s", rate[TRIO], rate[SMG])
+                report.ratio(f"aiperf: CPU per token, c={concurrency} (whole run)", "us", cpu, 1e6)
+                report.ratio(f"aiperf: tokens/s, c={concurrency}", "tok/s", rate)
             else:
                 ttft = {n: [r["time_to_first_token"]["p50"] for _, r in rs] for n, rs in results.items()}
-                difference = [a - b for a, b in zip(ttft[TRIO], ttft[SMG])]
-                report.value(
-                    "aiperf: TTFT p50, c=1",
-                    "ms",
-                    {TRIO: statistics.median(ttft[TRIO]), SMG: statistics.median(ttft[SMG]),
-                     "trio-direct minus smg": statistics.median(difference)},
-                    f"(rounds {', '.join(f'{d:+.2f}' for d in difference)})",
-                )
+                report.added("aiperf: TTFT p50, c=1", "ms", ttft)
 
 
 def main() -> None:
@@ -484,6 +517,9 @@ def main() -> None:
     parser.add_argument("--idle-seconds", type=float, default=30.0)
     parser.add_argument("--aiperf-requests", type=int, default=640, help="requests per aiperf c=32 round")
     parser.add_argument("--aiperf-latency-requests", type=int, default=40, help="requests per aiperf c=1 round")
+    parser.add_argument(
+        "--baseline", type=Path, help="a src/ directory of another trio-direct version: measured too (before/after)"
+    )
     parser.add_argument("--json", type=Path, help="write the rows here")
     args = parser.parse_args()
     parts = [p for p in args.parts.split(",") if p]
@@ -506,7 +542,6 @@ def main() -> None:
     words = TextPrompts(tokenizer)
     prompts = Prompts(words, str(model_dir))
     report = Report()
-    print(f"{'':<44} {TRIO:>10} {SMG:>10}")
     started = time.monotonic()
     for part in parts:
         if part == "throughput":
