@@ -157,7 +157,7 @@ class _Node:
     __slots__ = ("alive", "children", "ids", "key", "parent", "size")
 
     def __init__(self, key: str, ids: array, parent: _Node | None) -> None:
-        self.children: dict[str, _Node] = {}
+        self.children: dict[str, _Node] | None = None  # most nodes are leaves: no dict for them
         self.key = key
         self.ids = ids
         self.parent = parent
@@ -216,7 +216,7 @@ class PromptPrefixCache:
 
     def encode(self, text: str) -> list[int]:
         """Token ids of `text` (no special tokens added), reusing and then extending the cache."""
-        cuts = self._cuts(text)
+        occurrences, cuts = self._scan(text)
         stats = self.stats
         if not cuts:
             ids = self._encode(text)
@@ -230,16 +230,22 @@ class PromptPrefixCache:
         with self._lock:
             node = self._root
             for end in cuts:
-                child = node.children.get(text[start:end])
+                children = node.children
+                child = None if children is None else children.get(text[start:end])
                 if child is None:
                     break
                 ids.extend(child.ids)
                 path.append(child)
                 node, start = child, end
             self._touch(path)
-        rest = text[start:] if start else text
+        if start:
+            rest = text[start:]
+            occurrences = [(end - start, token_id) for end, token_id in occurrences if end > start]
+            cuts = [end - start for end in cuts if end > start]
+        else:
+            rest = text
         rest_ids = self._encode(rest)
-        segments = self._segments(rest, rest_ids, [end - start for end in cuts if end > start])
+        segments = self._segments(rest, rest_ids, occurrences, cuts)
         with self._lock:
             stats.prompts += 1
             stats.hits += start > 0
@@ -259,30 +265,36 @@ class PromptPrefixCache:
             for node in self._lru:
                 node.alive = False
             self._lru.clear()
-            self._root.children.clear()
+            self._root.children = None
             self.stats.nodes = self.stats.bytes = 0
 
     # --- internals (the lock held where noted) --------------------------------------------------------
 
-    def _cuts(self, text: str) -> list[int]:
-        """End offsets of the chosen cuts: each the first cut token ending `min_segment_chars` or more
-        past the previous cut. Depends only on the text before each cut."""
+    def _scan(self, text: str) -> tuple[list[tuple[int, int]], list[int]]:
+        """Every cut token in `text` as (end offset, id), and the chosen cuts: each the first cut token
+        ending `min_segment_chars` or more past the previous cut (a choice that depends only on the
+        text before the cut)."""
+        occurrences: list[tuple[int, int]] = []
         cuts: list[int] = []
+        ids = self._ids
         last = 0
         gap = self.min_segment_chars
         for match in self._pattern.finditer(text):
             end = match.end()
+            occurrences.append((end, ids[match.group()]))
             if end - last >= gap:
                 cuts.append(end)
                 last = end
-        return cuts
+        return occurrences, cuts
 
-    def _segments(self, text: str, ids: list[int], cuts: list[int]) -> list[tuple[str, array]] | None:
-        """`text` split at `cuts` (offsets in it) with the ids of each piece before the last cut; None
-        when `ids` do not hold every cut token's id where the token's text is."""
+    @staticmethod
+    def _segments(
+        text: str, ids: list[int], occurrences: list[tuple[int, int]], cuts: list[int]
+    ) -> list[tuple[str, array]] | None:
+        """`text` split at `cuts` with the ids of each piece before the last cut; None when `ids` do
+        not hold each cut token's id where its text is (`occurrences`, offsets in `text`)."""
         if not cuts:
             return []
-        occurrences = [(match.end(), self._ids[match.group()]) for match in self._pattern.finditer(text)]
         expected: dict[int, int] = {}
         for _, token_id in occurrences:
             expected[token_id] = expected.get(token_id, 0) + 1
@@ -315,9 +327,12 @@ class PromptPrefixCache:
         stats = self.stats
         added: list[_Node] = []
         for key, ids in segments:
-            child = node.children.get(key)
+            children = node.children
+            if children is None:
+                children = node.children = {}
+            child = children.get(key)
             if child is None:  # another thread may have added it meanwhile
-                child = node.children[key] = _Node(key, ids, node)
+                child = children[key] = _Node(key, ids, node)
                 self._lru[child] = None
                 stats.nodes += 1
                 stats.bytes += child.size
@@ -334,7 +349,8 @@ class PromptPrefixCache:
         todo = [node]
         while todo:
             current = todo.pop()
-            todo.extend(current.children.values())
+            if current.children:
+                todo.extend(current.children.values())
             if current is not node:
                 self._lru.pop(current, None)
             current.alive = False
@@ -342,5 +358,5 @@ class PromptPrefixCache:
             stats.bytes -= current.size
             stats.evicted += 1
         parent = node.parent
-        if parent is not None:
+        if parent is not None and parent.children is not None:
             parent.children.pop(node.key, None)
