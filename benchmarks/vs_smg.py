@@ -20,7 +20,7 @@ in alternated rounds on the same engines holds (the machine's speed and noise mo
 `--baseline` adds a third target, the trio_direct package under another `src/` directory (say, a
 checkout of the previous commit), measured in the same rounds: before and after, same run.
 
-Each point alternates trio-direct and smg in `--rounds` rounds (the order flips every round) and
+Each point alternates trio-direct and smg in `--rounds` rounds (the order rotates every round) and
 reports the median of the per-round values and, for ratios, the per-round spread (min-max). CPU is
 utime+stime from /proc (the whole process tree for --workers), read before and after each round.
 smg runs with its defaults (round_robin here; its tokenizer caches are off by default), trio-direct
@@ -200,11 +200,18 @@ def measured(target: Target, run: Callable[[], Window]) -> Window:
     return window
 
 
+def in_turn(targets: Sequence[Target], round_index: int) -> list[Target]:
+    """The targets in the order of round `round_index`: rotated one place per round, so that over
+    as many rounds as targets each runs once in every position (first after another's load, last)."""
+    shift = round_index % len(targets)
+    return [*targets[shift:], *targets[:shift]]
+
+
 def alternate(targets: Sequence[Target], rounds: int, run: Callable[[Target], Window]) -> dict[str, list[Window]]:
-    """`rounds` rounds of every target, the order flipped each round; windows per target."""
+    """`rounds` rounds of every target, the order rotated each round (`in_turn`); windows per target."""
     windows: dict[str, list[Window]] = {t.name: [] for t in targets}
     for i in range(rounds):
-        for target in targets if i % 2 == 0 else list(reversed(targets)):
+        for target in in_turn(targets, i):
             windows[target.name].append(measured(target, lambda: run(target)))  # noqa: B023
     return windows
 
@@ -398,7 +405,7 @@ def part_multiturn(args, report: Report, smg: str, model_dir: Path, words: TextP
         windows: dict[str, list[Window]] = {t.name: [] for t in targets}
         for i in range(args.rounds):  # every target gets round i's conversations, none twice
             batch = chats[i * per_round : (i + 1) * per_round]
-            for target in targets if i % 2 == 0 else list(reversed(targets)):
+            for target in in_turn(targets, i):
                 windows[target.name].append(measured(target, lambda: trio.run(replay_chats, target.port, model, batch, 4)))  # noqa: B023
         cpu = {name: [w.cpu / max(w.requests, 1) for w in ws] for name, ws in windows.items()}
         report.ratio("CPU per request, multi-turn trace chats", "ms", cpu, 1e3)
@@ -415,7 +422,7 @@ def part_latency(args, report: Report, smg: str, model_dir: Path, tokenizer: Mod
         for i in range(args.rounds):
             direct = trio.run(direct_latency, engines[0], prompt_ids, per_round, 32)[0]
             base = percentile(direct, 0.5)
-            for target in targets if i % 2 == 0 else list(reversed(targets)):
+            for target in in_turn(targets, i):
                 body = chat_body(str(model_dir), 32)
                 samples, _ = trio.run(lambda: run_load("127.0.0.1", target.port, body, concurrency=1, requests=per_round))  # noqa: B023
                 added[target.name].append(percentile([s.ttft for s in samples if s.ttft is not None], 0.5) - base)
@@ -487,7 +494,7 @@ def part_aiperf(args, report: Report, smg: str, model_dir: Path) -> None:
                 targets = frontends(children, args, engines, smg, model_dir)
                 results: dict[str, list[tuple[float, dict]]] = {t.name: [] for t in targets}
                 for i in range(args.rounds):
-                    for target in targets if i % 2 == 0 else list(reversed(targets)):
+                    for target in in_turn(targets, i):
                         before = target.cpu()
                         export = profile(target, concurrency, requests, Path(scratch) / str(next(counter)))
                         results[target.name].append((target.cpu() - before, export))
