@@ -10,7 +10,10 @@ Part 2, throughput: two mock engines at --speedup inf (as fast as the mock can s
 `trio-direct serve` and by smg 1.13 (SMG API, round robin) in the same run; streamed tokens/s at
 c=1, 16, 64 and the ratio trio-direct / smg.
 
-    python benchmarks/frontend_bench.py [--smg PATH] [--requests-per-slot 8] [--latency-only]
+    python benchmarks/frontend_bench.py [--smg PATH] [--requests-per-slot 8] [--latency-only] [--baseline PYTHON]
+
+`--baseline` adds a third frontend, another checkout's (`git worktree add ../before REV`, a venv
+there with it installed), alternated with this one: before/after figures from one run.
 
 Each latency request streams 32 tokens at the mock's real-time pace (~0.25 s), so
 `--latency-requests 300` takes about four minutes.
@@ -43,11 +46,11 @@ MODEL_NAME = "tiny"
 PROMPT = [{"role": "user", "content": "Tell me a long story about routers."}]
 
 
-def start_frontend(children: Children, engine_ports: list[int]) -> tuple[int, int]:
+def start_frontend(children: Children, engine_ports: list[int], python: str = sys.executable) -> tuple[int, int]:
     port = free_port()
     urls = [arg for p in engine_ports for arg in ("--engine-url", f"grpc://127.0.0.1:{p}")]
     process = children.start(
-        [sys.executable, "-m", "trio_direct", "serve", "--port", str(port), "--log-level", "warning", *urls],
+        [python, "-m", "trio_direct", "serve", "--port", str(port), "--log-level", "warning", *urls],
         stdout=subprocess.DEVNULL,
     )
     wait_http(port)
@@ -105,6 +108,12 @@ def main() -> None:
     parser.add_argument("--latency-requests", type=int, default=60)
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per measurement")
     parser.add_argument("--latency-only", action="store_true", help="measure the latency added, not throughput")
+    parser.add_argument(
+        "--baseline",
+        metavar="PYTHON",
+        help="also run the frontend of another checkout, through this interpreter of a venv it is installed in "
+        "(before/after figures in one run)",
+    )
     args = parser.parse_args()
     model_dir = ensure_tiny_model(default_tiny_model_dir())
     tokenizer = ModelTokenizer.from_directory(model_dir)
@@ -116,6 +125,8 @@ def main() -> None:
         print("== latency added by the frontend (c=1, mock --speedup 1, 32 tokens) ==")
         realtime = [children.mock_engine("--incremental-streaming-output") for _ in range(2)]
         frontends = {"trio-direct": start_frontend(children, realtime)[0]}
+        if args.baseline:
+            frontends["baseline"] = start_frontend(children, realtime, args.baseline)[0]
         if smg:  # the same hop through a gateway in Rust: what this machine charges any frontend
             frontends["smg 1.13"] = start_smg(children, smg, realtime, model_dir)[0]
         ttft: dict[str, list[float]] = {"direct gRPC": [], **{name: [] for name in frontends}}
@@ -142,6 +153,8 @@ def main() -> None:
         print("\n== streamed tokens/s (mock --speedup inf, 2 engines, 64 tokens per request) ==")
         fast = [children.mock_engine("--speedup", "inf", "--incremental-streaming-output") for _ in range(2)]
         targets = {"trio-direct": start_frontend(children, fast)}
+        if args.baseline:
+            targets["baseline"] = start_frontend(children, fast, args.baseline)
         if smg:
             targets["smg 1.13"] = start_smg(children, smg, fast, model_dir)
         else:
@@ -173,9 +186,10 @@ def main() -> None:
                     f"{', '.join(f'{r:.0f}' for r in runs)})  CPU {median(cpu[name, concurrency]) * 1e6:5.1f} us/token  "
                     f"TTFT {summary_ms(ttfts[name])}"
                 )
-            if smg:
-                ratio = median(rates["trio-direct", concurrency]) / median(rates["smg 1.13", concurrency])
-                print(f"c={concurrency:<3} ratio trio-direct/smg: {ratio:.2f}")
+            for other in ("baseline", "smg 1.13"):
+                if other in targets:
+                    ratio = median(rates["trio-direct", concurrency]) / median(rates[other, concurrency])
+                    print(f"c={concurrency:<3} ratio trio-direct/{other}: {ratio:.2f}")
 
 if __name__ == "__main__":
     main()

@@ -4,7 +4,7 @@ One mock engine process at `--speedup 1` (a real-time prefill, so the frontend s
 caches go cold between requests, as in `frontend_bench.py`'s latency part) and `trio-direct serve`
 in this process, its steps timestamped by wrapping the functions that mark them. Sequential
 streamed chats with `max_tokens` 1; prints the median time of each step after the ASGI handler was
-entered, and the step's own share. The wrappers add a little time to every step: compare steps, not
+entered (the HTTP layer's request runner), and the step's own share. The wrappers add a little time to every step: compare steps, not
 absolutes with `frontend_bench.py`.
 
     python benchmarks/ttft_breakdown.py [--requests 80]
@@ -28,8 +28,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from support import start_mock_engine  # noqa: E402
 from trio_direct.config import ServeConfig  # noqa: E402
 from trio_direct.engine.transport import client as transport  # noqa: E402
-from trio_direct.frontend import asgi_completions, choices, engine_call  # noqa: E402
+from trio_direct.core import dispatch, engine_call  # noqa: E402
 from trio_direct.frontend import serve as serve_module  # noqa: E402
+from trio_direct.http import app as http_app  # noqa: E402
+from trio_direct.surfaces import chat  # noqa: E402
 
 STEPS = {
     "body": "request body read",
@@ -69,23 +71,16 @@ def instrument() -> None:
 
         setattr(owner, attribute, wrapper)
 
-    serve = asgi_completions._serve
+    run = http_app._run
 
-    async def serve_marked(*args, **kwargs):
+    async def run_marked(*args, **kwargs):
         marks.clear()
         marks["asgi"] = time.perf_counter()
-        return await serve(*args, **kwargs)
+        return await run(*args, **kwargs)
 
-    asgi_completions._serve = serve_marked
-    wrap_async(asgi_completions, "_read_body", after="body")
-    plan = asgi_completions._PLANS["/v1/chat/completions"]
-
-    async def plan_marked(*args, **kwargs):
-        result = await plan(*args, **kwargs)
-        mark("planned")
-        return result
-
-    asgi_completions._PLANS["/v1/chat/completions"] = plan_marked
+    http_app._run = run_marked
+    wrap_async(http_app, "_read_body", after="body")
+    wrap_async(chat, "plan_chat", after="planned")
     open_stream = transport.EngineChannel.open_stream
 
     def open_stream_marked(self, *args, **kwargs):
@@ -116,8 +111,8 @@ def instrument() -> None:
     wrap_async(grpclib.client.Stream, "recv_message", after="recv_message", needs="engine_data")
     wrap_async(transport.MessageStream, "__anext__", after="trio_message", needs="engine_data")
     wrap_async(engine_call.EngineCall, "next_batch", after="batch", needs="engine_data")
-    wrap_async(choices.ChoiceEvents, "__anext__", after="events", needs="engine_data")  # n > 1, PD
-    wrap_async(choices._OneChoiceEvents, "__anext__", after="events", needs="engine_data")
+    wrap_async(dispatch.ChoiceEvents, "__anext__", after="events", needs="engine_data")  # n > 1, PD
+    wrap_async(dispatch._OneChoiceEvents, "__anext__", after="events", needs="engine_data")
     send_all = trio.SocketStream.send_all
 
     async def send_all_marked(self, data):

@@ -1,3 +1,8 @@
-"""trio-direct: an OpenAI-compatible frontend that serves stock SGLang engines over gRPC."""
+"""trio-direct: an OpenAI-compatible frontend on trio for stock SGLang engines."""
 
-__version__ = "0.1.0"
+from importlib.metadata import PackageNotFoundError, version
+
+try:
+    __version__ = version("trio-direct")
+except PackageNotFoundError:  # run from a source tree that was never installed
+    __version__ = "0+unknown"

@@ -1,17 +1,21 @@
 """`hypercorn -k trio trio_direct.app:app`: the frontend as a plain ASGI app, configured from the
-``TRIO_DIRECT_*`` environment (see `trio_direct.config`).
+``TRIO_DIRECT_*`` environment (see `trio_direct.config`), logging as `trio-direct serve` does.
 
-The frontend's tasks (engine fleet, built-in mocks) run in quart-trio's lifespan nursery, started
-before the first request is served; requests that arrive earlier get 503 with an OpenAI error.
+The frontend's tasks (engine fleet, built-in mocks) run in the ASGI lifespan, started before the
+first request is served; requests that arrive earlier get 503 with an OpenAI error.
 """
 
 from __future__ import annotations
 
+import trio
+
 from trio_direct.config import config_from_env
-from trio_direct.frontend.app import create_app
 from trio_direct.frontend.runtime import Frontend, run_frontend
+from trio_direct.http.app import create_app
+from trio_direct.logs import configure_logging
 
 config = config_from_env()
+configure_logging(config.log_level)
 _frontend: Frontend | None = None
 
 
@@ -19,15 +23,12 @@ def _current() -> Frontend | None:
     return _frontend
 
 
-app = create_app(
-    _current,
-    max_body_bytes=config.max_body_bytes,
-    api_key=config.api_key,
-    max_concurrent=config.max_concurrent_requests,
-)
-
-
-@app.before_serving
-async def _start_frontend() -> None:
+async def _start_frontend(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
     global _frontend
-    _frontend = await app.nursery.start(run_frontend, config)
+
+    async with trio.open_nursery() as nursery:
+        _frontend = await nursery.start(run_frontend, config)
+        task_status.started()
+
+
+app = create_app(_current, config, start=_start_frontend)

@@ -18,6 +18,9 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from trio_direct import __version__
+from trio_direct.mock import MOCK_MODEL_NAME
+
 if TYPE_CHECKING:
     from trio_direct.frontend.supervisor import WorkerLink
     from trio_direct.mock.server import MockEngineConfig
@@ -31,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="trio-direct", description="trio-direct: an OpenAI-compatible frontend for stock SGLang engines."
     )
+    parser.add_argument("--version", action="version", version=f"trio-direct {__version__}")
     subcommands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_serve(subcommands)
     _add_probe(subcommands)
@@ -65,6 +69,7 @@ def _add_serve(subcommands: argparse._SubParsersAction) -> None:
         "Every flag can also be set with the TRIO_DIRECT_<FLAG> environment variable.",
     )
     add_serve_arguments(p)
+    p.add_argument("--version", action="version", version=f"trio-direct {__version__}")
     # Internal: how a `--workers` supervisor starts its children (frontend/supervisor.py).
     for flag in ("--worker-index", "--listen-fd", "--control-fd"):
         p.add_argument(flag, type=int, default=None, help=argparse.SUPPRESS)
@@ -125,25 +130,33 @@ def _worker_link(args: argparse.Namespace) -> WorkerLink | None:
     return WorkerLink(args.worker_index, args.listen_fd, args.control_fd)
 
 
-async def _serve_until_signalled(serve, config, worker: WorkerLink | None = None) -> None:  # noqa: ANN001
-    """SIGTERM or SIGINT: drain gracefully; a second one, or one before serving began: stop at once.
+async def _serve_until_signalled(serve, config, worker: WorkerLink | None = None) -> None:
+    """SIGTERM or SIGINT: drain gracefully; a second one: end every open response now, each with an
+    error event, then stop; one before serving began: stop at once.
 
     A `--workers` child also drains when its supervisor asks (or is gone): that is no second signal.
     """
-    shutdown = trio.Event()
+    from trio_direct.frontend.serve import CUT_GRACE, Shutdown
+
+    shutdown = Shutdown()
     serving = False
     async with trio.open_nursery() as nursery:
+
+        async def stop_after_cut() -> None:
+            await trio.sleep(config.abort_timeout + CUT_GRACE)  # the cut responses wrote their errors
+            nursery.cancel_scope.cancel()
 
         def stop(reason: str, *, escalate: bool) -> None:
             if not serving:
                 log.warning("%s during start-up: stopping now", reason)
                 nursery.cancel_scope.cancel()
-            elif not shutdown.is_set():
+            elif not shutdown.drain.is_set():
                 log.info("%s: draining in-flight requests", reason)
-                shutdown.set()
-            elif escalate:
-                log.warning("%s again: stopping now", reason)
-                nursery.cancel_scope.cancel()
+                shutdown.drain.set()
+            elif escalate and not shutdown.cut.is_set():
+                log.warning("%s again: ending open responses now", reason)
+                shutdown.cut.set()
+                nursery.start_soon(stop_after_cut)
 
         async def watch_signals() -> None:
             with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
@@ -271,10 +284,17 @@ def _add_mock_engine(subcommands: argparse._SubParsersAction) -> None:
         "--model-path", default=None,
         help="local tokenizer/model directory (default: the built-in tiny ChatML model)",
     )
-    p.add_argument("--served-model-name", default=None, help="model id to report (default: the model path)")
+    p.add_argument(
+        "--served-model-name", default=MOCK_MODEL_NAME,
+        help="model id to report (default: %(default)s, the name `serve` gives its built-in mocks)",
+    )
     p.add_argument("--tool-call-parser", default=None, help="parser name to advertise in server info")
     p.add_argument("--reasoning-parser", default=None, help="parser name to advertise in server info")
-    p.add_argument("--seed", type=int, default=None, help="sampling seed of requests that bring none")
+    p.add_argument(
+        "--seed", type=int, default=None,
+        help="seed of the engine's sampling RNG, as SGLang's --random-seed: requests without a seed draw theirs "
+        "from it, so a fresh engine answers the same requests in the same order alike (default: fresh entropy)",
+    )
     p.add_argument(
         "--scripted-outputs", default=None, metavar="FILE",
         help='JSON [{"match": "prompt substring" | null, "text": "..."}]: fixed answers (then EOS) for matching prompts',
@@ -346,11 +366,10 @@ async def _serve_mock_engine(config: MockEngineConfig) -> None:
     from trio_direct.engine.transport import open_asyncio_loop
     from trio_direct.mock.server import run_mock_engine
 
-    async with open_asyncio_loop():
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(_stop_on_sigterm, nursery.cancel_scope)
-            running = await nursery.start(run_mock_engine, config)
-            print(json.dumps(running.ready_event()), flush=True)
+    async with open_asyncio_loop(), trio.open_nursery() as nursery:
+        nursery.start_soon(_stop_on_sigterm, nursery.cancel_scope)
+        running = await nursery.start(run_mock_engine, config)
+        print(json.dumps(running.ready_event()), flush=True)
 
 
 async def _stop_on_sigterm(scope: trio.CancelScope) -> None:

@@ -48,8 +48,13 @@ class ServeConfig:
     max_retries: int = 1
     graceful_shutdown_timeout: float = 30.0
     max_body_bytes: int = 32 * 1024 * 1024
+    header_read_timeout: float = 10.0
+    body_read_timeout: float = 30.0
+    keep_alive_timeout: float = 75.0
+    max_connections: int = 0
     api_key: str | None = None
     max_concurrent_requests: int = 0
+    cors_allow_origins: str = ""
     max_n: int = 128
     gc_full_collection_growth: float = 1.0
     mock_engines: int = 2
@@ -90,7 +95,16 @@ _HELP = {
     "abort_timeout": "seconds an Abort to an engine may take before it is given up",
     "api_key": "require this Bearer token on /v1/* and /debug/* (/health, /live, /metrics stay open)",
     "max_concurrent_requests": "completion requests served at once; more get 429 with Retry-After (0 = no limit)",
-    "max_body_bytes": "largest request body accepted (413 above)",
+    "max_body_bytes": "largest request body accepted (413 above; a larger Content-Length is refused before the body "
+    "is read)",
+    "header_read_timeout": "seconds a request head may take to arrive, from the connection's accept or the head's "
+    "first byte; then 408 and the connection closes (0 = no limit)",
+    "body_read_timeout": "seconds a request body may pause between bytes; then 408 and the connection closes "
+    "(0 = no limit)",
+    "keep_alive_timeout": "seconds an idle kept-alive connection stays open between requests (0 = no limit)",
+    "max_connections": "open client connections per process; more are answered 503 and closed at once "
+    "(0 = the open-file limit less a reserve of max(64, 10%%))",
+    "cors_allow_origins": "browser origins allowed to call the API (comma-separated, * for any; default: no CORS)",
     "max_n": "largest `n` accepted",
     "gc_full_collection_growth": "run a full garbage-collector pass when the heap grew by this fraction since the last "
     "one, like Go's GOGC/100 (0 = CPython's own schedule, which stalls every stream for a full pass every few "
@@ -105,7 +119,13 @@ _CHOICES = {
     "log_level": ("debug", "info", "warning", "error"),
 }
 _URL_LISTS = ("engine_url", "prefill_engine_url")
-_ALIASES = {"tool_call_parser": ["--dyn-tool-call-parser"], "reasoning_parser": ["--dyn-reasoning-parser"]}
+#: Other spellings of a flag: Dynamo's (`python -m dynamo.frontend`) for those its users type.
+_ALIASES = {
+    "tool_call_parser": ["--dyn-tool-call-parser"],
+    "reasoning_parser": ["--dyn-reasoning-parser"],
+    "host": ["--http-host"],
+    "port": ["--http-port"],
+}
 
 
 def _parse_float(text: str) -> float:

@@ -53,6 +53,18 @@ LOOP_LAG = Histogram(
     buckets=_LOOP_LAG_BUCKETS, registry=REGISTRY,
 )  # fmt: skip
 LOOP_LAG_MAX = Gauge("trio_direct_event_loop_lag_max_seconds", "Worst event-loop lag since start", registry=REGISTRY)
+HTTP_CONNECTIONS = Gauge("trio_direct_http_connections", "Client connections open", registry=REGISTRY)
+HTTP_CONNECTIONS_REFUSED = Counter(
+    "trio_direct_http_connections_refused", "Client connections refused at --max-connections", registry=REGISTRY
+)
+HTTP_ACCEPT_ERRORS = Counter(
+    "trio_direct_http_accept_errors", "Failed accepts for lack of resources (EMFILE, ENFILE, ...)", ["errno"],
+    registry=REGISTRY,
+)  # fmt: skip
+HTTP_TIMEOUTS = Counter(
+    "trio_direct_http_read_timeouts", "Connections closed for a stalled request head or body", ["phase"],
+    registry=REGISTRY,
+)  # fmt: skip
 GC_FULL_COLLECTIONS = Counter(
     "trio_direct_gc_full_collections", "Full garbage-collector passes run on heap growth (frontend/gc_policy.py)",
     registry=REGISTRY,
@@ -69,23 +81,30 @@ class FrontendCollector(Collector):
         frontend = self.frontend()
         if frontend is None:
             return
-        health = GaugeMetricFamily("trio_direct_engine_healthy", "1 when the engine is routable", labels=["engine", "url", "role"])
-        for engine in frontend.fleet.engines:
-            health.add_metric([engine.id, engine.card.url, engine.card.role], 1.0 if engine.healthy else 0.0)
-        for pending in frontend.fleet.pending:  # not up since start-up: role unknown until it joins
-            health.add_metric([pending.id, pending.url, "unknown"], 0.0)
+        pools = frontend.pools()
+        health = GaugeMetricFamily(
+            "trio_direct_engine_healthy", "1 when the engine is routable", labels=["model", "engine", "url", "role"]
+        )
+        for pool in pools:
+            for engine in pool.fleet.engines:
+                health.add_metric([pool.name, engine.id, engine.card.url, engine.card.role], 1.0 if engine.healthy else 0.0)
+            for pending in pool.fleet.pending:  # not up since start-up: role unknown until it joins
+                health.add_metric([pool.name, pending.id, pending.url, "unknown"], 0.0)
         yield health
-        if frontend.kv_feeds is None:
+        feeds = [(pool.name, pool.kv_feeds.stats()) for pool in pools if pool.kv_feeds is not None]
+        if not feeds:
             return
-        stats = frontend.kv_feeds.stats()
-        index = stats.get("index") or {}
-        blocks = GaugeMetricFamily("trio_direct_kv_index_blocks", "Routing blocks in the KV index")
-        blocks.add_metric([], float(index.get("blocks", 0)))
+        blocks = GaugeMetricFamily("trio_direct_kv_index_blocks", "Routing blocks in the KV index", labels=["model"])
+        events = CounterMetricFamily(
+            "trio_direct_kv_events", "KV-event subscription counters", labels=["model", "engine", "kind"]
+        )
+        for model, stats in feeds:
+            index = stats.get("index") or {}
+            blocks.add_metric([model], float(index.get("blocks", 0)))
+            for engine, counters in stats.get("subscribers", {}).items():
+                for kind, value in counters.items():
+                    events.add_metric([model, engine, kind], float(value))
         yield blocks
-        events = CounterMetricFamily("trio_direct_kv_events", "KV-event subscription counters", labels=["engine", "kind"])
-        for engine, counters in stats.get("subscribers", {}).items():
-            for kind, value in counters.items():
-                events.add_metric([engine, kind], float(value))
         yield events
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from trio_direct.config import ServeConfig
 from trio_direct.fleet.fleet import Engine, Fleet, FleetError
-from trio_direct.frontend.runtime import Frontend, check_roles
+from trio_direct.frontend.runtime import ModelPool, check_roles
 from trio_direct.routing.policy import RoutingPolicy
 from trio_direct.routing.simple import NoWorkerAvailable
 
@@ -18,10 +18,10 @@ def engine(engine_id: str, role: str, url: str = "") -> Engine:
     return Engine(engine_id, card, client=SimpleNamespace(api="native", name=engine_id))
 
 
-def frontend(engines: list[Engine], **config) -> Frontend:
+def frontend(engines: list[Engine], **config) -> ModelPool:
     settings = ServeConfig(**config)
     routing = RoutingPolicy(settings.router_mode, enforce_disagg=settings.enforce_disagg)
-    return Frontend(settings, Fleet(engines, model=None), routing, tokenizer=None, chat_template_override=None)
+    return ModelPool(settings, Fleet(engines, model=None), routing, tokenizer=None, chat_template_override=None)
 
 
 def test_aggregated_engines_take_turns():
@@ -58,29 +58,39 @@ def test_a_decode_engine_never_serves_alone():
         frontend([prefill, decode]).choose_route()
 
 
-def test_roles_must_match_the_flags_they_were_given_with():
+WRONG_PREFILL = r"e1 \(grpc://b:1\) was given with --prefill-engine-url, but reports role 'decode'.*--engine-url"
+
+
+def test_roles_come_from_the_probe_and_prefill_engine_url_asserts_prefill():
     fleet = Fleet(
         [engine("e0", "prefill", "grpc://a:1"), engine("e1", "decode", "grpc://b:1"), engine("e2", "prefill", "grpc://c:1")],
         model=None,
     )
     check_roles(fleet, [])  # without --prefill-engine-url the probe alone decides
     check_roles(fleet, ["grpc://a:1", "grpc://c:1"])
-    with pytest.raises(FleetError, match=r"e2 \(grpc://c:1\) reports role 'prefill'.*--engine-url"):
-        check_roles(fleet, ["grpc://a:1"])
-    with pytest.raises(FleetError, match=r"e1 \(grpc://b:1\) reports role 'decode'.*--prefill-engine-url"):
+    check_roles(fleet, ["grpc://a:1"])  # e2, a prefill engine given with --engine-url, serves as prefill
+    with pytest.raises(FleetError, match=WRONG_PREFILL):
         check_roles(fleet, ["grpc://a:1", "grpc://b:1", "grpc://c:1"])
+
+
+def test_a_prefill_engine_given_with_engine_url_serves_as_prefill():
+    pool = frontend(
+        [engine("p0", "prefill", "grpc://a:1"), engine("d0", "decode", "grpc://b:1")], prefill_engine_url=[]
+    )
+    check_roles(pool.fleet, pool.config.prefill_engine_url)
+    route = pool.choose_route()
+    assert (route.prefill.engine.id, route.decode.engine.id) == ("p0", "d0")
 
 
 # --- engines that join after start-up --------------------------------------------------------------
 
 
-def test_a_joining_engine_is_checked_against_the_flag_it_was_given_with():
+def test_a_joining_engine_given_with_prefill_engine_url_must_be_prefill():
     front = frontend([engine("e0", "prefill", "grpc://a:1")], prefill_engine_url=["grpc://a:1", "grpc://b:1"])
     front.check_join(engine("e1", "prefill", "grpc://b:1"))
-    with pytest.raises(FleetError, match=r"e1 \(grpc://b:1\) reports role 'decode'.*--prefill-engine-url"):
+    with pytest.raises(FleetError, match=WRONG_PREFILL):
         front.check_join(engine("e1", "decode", "grpc://b:1"))
-    with pytest.raises(FleetError, match=r"e2 \(grpc://c:1\) reports role 'prefill'.*--engine-url"):
-        front.check_join(engine("e2", "prefill", "grpc://c:1"))
+    front.check_join(engine("e2", "prefill", "grpc://c:1"))  # given with --engine-url: used as it reports
     frontend([engine("e0", "aggregated")]).check_join(engine("e1", "prefill"))  # no flag: the probe decides
 
 
@@ -130,8 +140,8 @@ def changed(card, **changes):
 
 async def test_kv_routing_follows_an_engine_back_on_new_kv_event_endpoints(nursery):
     import trio
-
     from support import wait_until
+
     from trio_direct.fleet.card import KvEventSource
     from trio_direct.kv_sync.feeds import KvFeeds
     from trio_direct.mock.kv_publisher import KvEventsConfig, open_kv_publishers

@@ -6,9 +6,9 @@ import json
 
 import pytest
 import trio
+from support import wait_until
 from tokenizers import Tokenizer
 
-from support import wait_until
 from trio_direct._proto.native import sglang_pb2 as pb
 from trio_direct.engine.errors import EngineCancelled, EngineError, EngineInternal, EngineInvalidArgument
 from trio_direct.engine.transport import EngineChannel
@@ -134,6 +134,21 @@ async def test_same_seed_same_tokens_other_seed_other_tokens(channel):
 
     assert a[0].output_ids == b[0].output_ids
     assert a[0].output_ids != c[0].output_ids
+
+
+async def test_identical_requests_without_a_seed_differ_as_on_a_real_engine(channel):
+    a = await collect(channel, gen("free-a", max_new_tokens=12, ignore_eos=True))
+    b = await collect(channel, gen("free-b", max_new_tokens=12, ignore_eos=True))
+    assert a[0].output_ids != b[0].output_ids
+
+
+async def test_engines_with_the_same_seed_flag_answer_the_same_requests_alike(mock_engine_factory, dial):
+    answers = []
+    for _ in range(2):
+        channel = dial((await mock_engine_factory(seed=42)).port)
+        answers.append([(await collect(channel, gen(f"r{i}", max_new_tokens=8)))[0].output_ids for i in range(3)])
+    assert answers[0] == answers[1]
+    assert len({tuple(ids) for ids in answers[0]}) == 3
 
 
 async def test_n_samples_get_their_own_rids(channel):

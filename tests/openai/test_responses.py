@@ -15,16 +15,18 @@ from trio_direct.openai.responses import (
     ChatChoice,
     CompletionChoice,
     ResponseMessage,
-    Usage,
     chat_chunk,
     chat_completion,
     chat_role_chunk,
     completion,
     completion_chunk,
     error_chunk,
+    model_body,
+    model_card,
     models_list,
     usage_chunk,
 )
+from trio_direct.core.plan import Usage
 
 ID, CREATED, MODEL = "chatcmpl-1", 1_700_000_000, "tiny"
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -155,16 +157,23 @@ def test_sdk_raises_on_a_mid_stream_error_event(answering):
 
 
 def test_models_list_through_the_sdk(answering):
-    client = answering(200, models_list(["tiny", "big"], CREATED, max_model_len=4096))
+    cards = [model_card(name, CREATED, max_model_len=4096) for name in ("tiny", "big")]
+    client = answering(200, models_list(cards))
     models = list(client.models.list())
     assert [(m.id, m.object, m.owned_by, m.created) for m in models] == [
         ("tiny", "model", "trio-direct", CREATED),
         ("big", "model", "trio-direct", CREATED),
     ]
     assert models[0].model_extra["max_model_len"] == 4096
-    raw = json.loads(models_list(["tiny"], CREATED))
+    raw = json.loads(models_list([model_card("tiny", CREATED)]))
     assert raw["object"] == "list" and "max_model_len" not in raw["data"][0]
     Model.model_validate(raw["data"][0])
+
+
+def test_one_model_through_the_sdk(answering):
+    client = answering(200, model_body(model_card("org/tiny", CREATED)))
+    model = client.models.retrieve("org/tiny")
+    assert (model.id, model.object, model.created) == ("org/tiny", "model", CREATED)
 
 
 def test_done_sentinel():

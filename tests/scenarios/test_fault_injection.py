@@ -19,7 +19,6 @@ import httpx
 import msgspec
 import pytest
 import trio
-
 from support import RawSseClient, engine_accounting, start_frontend, start_mock_engine, wait_until
 
 pytestmark = pytest.mark.slow
@@ -330,7 +329,7 @@ async def land_prefix_on(client: httpx.AsyncClient, model: str, served, tag: str
         bodies = [chat_body(model, f"{tag} {attempt}.{i}. {SYSTEM}", "Hi") for i in range(4)]
         replies: list[dict] = [{}] * len(bodies)
 
-        async def ask(i: int) -> None:
+        async def ask(i: int, bodies: list[dict] = bodies, replies: list[dict] = replies) -> None:
             reply = await client.post("/v1/chat/completions", json=bodies[i])
             assert reply.status_code == 200, reply.text
             replies[i] = reply.json()
@@ -364,7 +363,8 @@ async def kill_and_restart_an_engine(nursery, *, new_kv_port: bool) -> None:
         streams: list[list] = [[] for _ in range(8)]
         async with trio.open_nursery() as reading:
             for i, events in enumerate(streams):
-                body = chat_body(model, "Be long.", f"Tell story {i}", max_tokens=400, stream=True)
+                # ignore_eos: every stream is still running at the kill (an early EOS would end one first)
+                body = chat_body(model, "Be long.", f"Tell story {i}", max_tokens=400, stream=True, ignore_eos=True)
                 reading.start_soon(read_stream, base, body, events)
             await wait_until(lambda: all(len(events) >= 3 for events in streams), timeout=20)
             on_flaky = set((await engine_accounting(flaky.url))["first_output_at"])
@@ -506,7 +506,7 @@ async def test_malformed_kv_messages_are_counted_and_routing_carries_on(aio_loop
         assert await goes_to(client, next_question, engines[index]), "the cached prefix still wins"
         assert (await client.get("/health")).status_code == 200
         metrics = (await client.get("/metrics")).text
-        counter = f'trio_direct_kv_events_total{{engine="{engine}",kind="bad_batches"}}'
+        counter = f'trio_direct_kv_events_total{{engine="{engine}",kind="bad_batches",model="{model}"}}'
         assert f'{counter} {float(after["bad_batches"])}' in metrics
 
 
@@ -616,20 +616,16 @@ async def test_after_lost_kv_history_new_prompts_are_indexed_again(aio_loop, nur
 async def test_a_client_gone_while_a_chunk_is_being_written_ends_the_request_quietly(
     aio_loop, nursery, mock_engine_factory
 ):
-    """The ASGI handler itself, with a socket write that hangs until the client's disconnect."""
+    """The ASGI app itself, with a socket write that hangs until the client's disconnect."""
     from trio_direct.config import parse_serve_args
-    from trio_direct.frontend.asgi_completions import with_completion_routes
     from trio_direct.frontend.runtime import run_frontend
+    from trio_direct.http.app import create_app
 
     running = await mock_engine_factory(incremental_streaming_output=True)
     config = parse_serve_args(["--engine-url", f"grpc://127.0.0.1:{running.port}"], environ={})
     frontend = await nursery.start(run_frontend, config)
-
-    async def no_other_routes(scope, receive, send) -> None:
-        raise AssertionError(scope["path"])
-
-    asgi = with_completion_routes(no_other_routes, lambda: frontend, max_body_bytes=1 << 20)
-    body = {"model": frontend.model_name, "prompt": "go", "max_tokens": 200, "stream": True}
+    asgi = create_app(lambda: frontend, config)
+    body = {"model": frontend.pools()[0].name, "prompt": "go", "max_tokens": 200, "stream": True}
     requested = [{"type": "http.request", "body": json.dumps(body).encode(), "more_body": False}]
     writing, gone = trio.Event(), trio.Event()
 

@@ -110,7 +110,7 @@ async def test_start_up_connects_to_every_engine_for_generation(aio_loop, nurser
     argv = [arg for engine in engines for arg in ("--engine-url", engine.url)]
     frontend = await nursery.start(run_frontend, parse_serve_args(argv, environ={}))
     # The first request to each engine finds its connection open (it would wait 5-10 ms otherwise).
-    assert [engine.client.channel.stream_connections for engine in frontend.fleet.engines] == [1, 1]
+    assert [engine.client.channel.stream_connections for engine in frontend.pools()[0].fleet.engines] == [1, 1]
 
 
 async def test_a_repeated_prompt_reports_cached_tokens(aio_loop, nursery):

@@ -9,7 +9,6 @@ import uuid
 import httpx
 import pytest
 import trio
-
 from support import engine_accounting, start_frontend, start_mock_engine
 
 pytestmark = pytest.mark.slow
@@ -58,7 +57,8 @@ async def test_an_engine_down_at_start_up_joins_when_it_comes_up(aio_loop, nurse
         assert [w["engine"] for w in state["workers"]] == ["e0"]
         assert (await client.get("/health")).status_code == 200
         metrics = (await client.get("/metrics")).text
-        assert f'trio_direct_engine_healthy{{engine="e1",role="unknown",url="127.0.0.1:{port}"}} 0.0' in metrics
+        expected = f'trio_direct_engine_healthy{{engine="e1",model="{model}",role="unknown",url="127.0.0.1:{port}"}} 0.0'
+        assert expected in metrics
         for i in range(4):  # served meanwhile, all by the engine that is up
             assert (await client.post("/v1/chat/completions", json=chat(model, f"q{i}"))).status_code == 200
         assert len(await served(first.url)) == 4
@@ -147,7 +147,7 @@ async def test_a_late_prefill_engine_joins_only_in_the_role_its_flag_says(aio_lo
 
         wrong = await start_mock_engine(nursery, *FAST, "--port", str(port))  # aggregated, not prefill
         with trio.fail_after(10):
-            while "expected a prefill engine" not in (await routing(client))["pending"][0]["reason"]:
+            while "not 'prefill'" not in (await routing(client))["pending"][0]["reason"]:
                 await trio.sleep(0.05)
         assert (await client.get("/health")).status_code == 503
         wrong.process.kill()

@@ -25,8 +25,10 @@ import pytest
 from trio_direct.config import ServeConfig
 from trio_direct.fleet.fleet import Engine, Fleet, FleetModel
 from trio_direct.engine.types import GenerateChunk
-from trio_direct.frontend.completions import Completion, plan_chat
-from trio_direct.frontend.runtime import Frontend
+from trio_direct.core.plan import RequestPlan
+from trio_direct.openai.requests import decode_chat_request
+from trio_direct.surfaces.chat import plan_chat
+from trio_direct.frontend.runtime import ModelPool, select_model_parsers
 from trio_direct.parsers.tools import ToolCall, ToolDelta, assemble, tool_call_parser
 from trio_direct.routing.policy import RoutingPolicy
 from trio_direct.text.chat_template import render_chat
@@ -305,23 +307,23 @@ def model(fmt: Format, tmp_path_factory: pytest.TempPathFactory) -> ModelTokeniz
     return ModelTokenizer.from_directory(directory)
 
 
-def _frontend(model: ModelTokenizer, fmt: Format) -> Frontend:
-    """A frontend over one idle stand-in engine: enough to plan (not run) a chat request."""
+def _pool(model: ModelTokenizer, fmt: Format) -> ModelPool:
+    """A model pool over one idle stand-in engine: enough to plan (not run) a chat request."""
     card = SimpleNamespace(role="aggregated", dp_size=1, url="grpc://e0:1")
     engine = Engine("e0", card, client=SimpleNamespace(api="native", name="e0"))  # type: ignore[arg-type]
     served = FleetModel(
         served_model_name="m", model_path="m", tokenizer_path="m", block_size=None,
         context_length=None, tool_call_parser=fmt.parser, reasoning_parser=None,
     )
-    return Frontend(ServeConfig(), Fleet([engine], served), RoutingPolicy(), tokenizer=model,
-                    chat_template_override=None)
+    return ModelPool(ServeConfig(), Fleet([engine], served), RoutingPolicy(), tokenizer=model,
+                     chat_template_override=None, parsers=select_model_parsers(ServeConfig(), served))
 
 
 async def _plan(model: ModelTokenizer, fmt: Format, messages: list[dict[str, Any]],
-                **fields: Any) -> Completion:
+                **fields: Any) -> RequestPlan:
     """How `/v1/chat/completions` plans `messages` with TOOLS and `fields` added."""
     body = json.dumps({"model": "m", "messages": messages, "tools": TOOLS, **fields})
-    return await plan_chat(_frontend(model, fmt), body.encode())
+    return await plan_chat(_pool(model, fmt), decode_chat_request(body.encode()))
 
 
 async def _served_prompt(model: ModelTokenizer, fmt: Format, **fields: Any) -> tuple[str, list[int]]:
@@ -413,7 +415,7 @@ async def test_served_choice_turns_a_tool_call_turn_into_tool_calls(fmt: Format,
     """The model's tool-call turn, token by token through a planned choice, comes out as
     `tool_calls` with `finish_reason: "tool_calls"` and only the text as content."""
     completion = await _plan(model, fmt, CONVERSATION[:2])
-    output = completion.plans[0].output
+    output = completion.choices[0].output
     ids = model.encode(_model_output(model, fmt, TWO_CALLS_TURN), add_special_tokens=False)
     events = [output.push([GenerateChunk([i])]) for i in ids[:-1]]
     events.append(output.push([GenerateChunk(ids[-1:], finish_reason="stop")]))

@@ -1,4 +1,8 @@
-"""What the HTTP handlers serve from, and the task that sets it up and keeps it alive.
+"""What requests are served from, and the task that sets it up and keeps it alive.
+
+A `Frontend` is the process's view: its settings, the `ModelPool` of each served model, and the
+shutdown state every open response watches (`cutter`). A `ModelPool` is one model's engines, routing
+and text pipeline (tokenizer, chat template, parsers).
 
 `run_frontend` opens the asyncio loop the engine transport needs, starts built-in mock engines when
 no engine URL is given, probes and checks the fleet, loads the tokenizer, then reports a `Frontend`
@@ -10,7 +14,6 @@ from __future__ import annotations
 
 import gc
 import logging
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -19,30 +22,59 @@ from pathlib import Path
 import trio
 
 from trio_direct.config import ServeConfig
+from trio_direct.core.render import StreamCutter
 from trio_direct.engine.errors import EngineError
 from trio_direct.engine.transport import ChannelPool, open_asyncio_loop
 from trio_direct.engine.types import EngineClient
 from trio_direct.fleet.card import EngineCard
-from trio_direct.fleet.fleet import Engine, Fleet, FleetError, FleetOverrides, Worker
+from trio_direct.fleet.fleet import Engine, Fleet, FleetError, FleetModel, FleetOverrides, Worker
 from trio_direct.fleet.health import EngineHealth
 from trio_direct.frontend.gc_policy import run_gc_policy
 from trio_direct.frontend.loop_lag import monitor_loop_lag
-from trio_direct.openai.requests import warm_up_request_decoding
-from trio_direct.parsers.reasoning import KNOWN_REASONING_PARSERS
-from trio_direct.parsers.tools import KNOWN_TOOL_CALL_PARSERS
 from trio_direct.kv_sync.feeds import KvFeeds
+from trio_direct.mock import MOCK_MODEL_NAME  # the built-in mocks' model name (light: no mock engine loaded)
+from trio_direct.openai import errors
+from trio_direct.openai.requests import warm_up_request_decoding
+from trio_direct.parsers.selection import ParserSelection, select_parsers
 from trio_direct.routing.block_hash import RoutingKey
 from trio_direct.routing.kv_routing import KvRouting
 from trio_direct.routing.policy import Candidates, Route, RoutingPolicy
 from trio_direct.text.chat_template import ChatTemplateError, load_chat_template, render_chat
+from trio_direct.text.harmony import harmony_encoding, is_harmony_model
 from trio_direct.text.tokenizer import ModelTokenizer
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(slots=True, eq=False)
 class Frontend:
-    """The fleet, its routing and the model's text pipeline, shared by every request."""
+    """The process's serving state: settings, the served models' pools, and shutdown."""
+
+    def __init__(self, config: ServeConfig, pools: Sequence[ModelPool]) -> None:
+        self.config = config
+        self._pools = {pool.name: pool for pool in pools}
+        #: Ends every open response at the drain deadline, each with its surface's error event.
+        self.cutter = StreamCutter()
+        #: Set once a shutdown began: readiness (`/health`) answers 503 so load balancers move on.
+        self.draining = False
+
+    def pools(self) -> list[ModelPool]:
+        return list(self._pools.values())
+
+    def pool(self, model: str) -> ModelPool:
+        """The pool serving `model`; an OpenAI 404 for a model nobody serves."""
+        pool = self._pools.get(model)
+        if pool is None:
+            raise errors.model_not_found(model)
+        return pool
+
+    def healthy(self) -> bool:
+        """Ready: not draining, and some model has an engine that can take requests."""
+        return not self.draining and any(pool.healthy() for pool in self._pools.values())
+
+
+@dataclass(slots=True, eq=False)
+class ModelPool:
+    """One served model: its engines (fleet), routing, and text pipeline."""
 
     config: ServeConfig
     fleet: Fleet
@@ -50,14 +82,18 @@ class Frontend:
     tokenizer: ModelTokenizer
     #: The `--chat-template` file's text; None = the model's own templates.
     chat_template_override: str | None
-    created: int = field(default_factory=lambda: int(time.time()))
+    #: The tool-call and reasoning parsers this model's output is read with (`select_model_parsers`).
+    parsers: ParserSelection = field(default_factory=lambda: ParserSelection(None, None))
+    #: A gpt-oss model: prompts are written in harmony by openai-harmony's encoder.
+    harmony: bool = False
     #: `--router-mode kv`: the KV-event subscriptions and load polling that feed `routing.kv`.
     kv_feeds: KvFeeds | None = None
     health: EngineHealth | None = None
     _token_texts: dict[int, str] = field(default_factory=dict)
 
     @property
-    def model_name(self) -> str:
+    def name(self) -> str:
+        """The model name clients send (`--served-model-name`, else the engines')."""
         return self.fleet.model.served_model_name
 
     def token_text(self, token_id: int) -> str:
@@ -75,12 +111,11 @@ class Frontend:
 
     @property
     def tool_call_parser(self) -> str | None:
-        """The flag wins over what the engines report."""
-        return self.config.tool_call_parser or self.fleet.model.tool_call_parser
+        return self.parsers.tool_call_parser
 
     @property
     def reasoning_parser(self) -> str | None:
-        return self.config.reasoning_parser or self.fleet.model.reasoning_parser
+        return self.parsers.reasoning_parser
 
     @property
     def disaggregated(self) -> bool:
@@ -101,9 +136,12 @@ class Frontend:
     def healthy(self) -> bool:
         return self.routing.can_route(self.candidates())
 
-    def choose_route(self, token_ids: Sequence[int] = (), request_id: str | None = None) -> Route[Worker]:
+    def choose_route(
+        self, token_ids: Sequence[int] = (), request_id: str | None = None, session_key: str | None = None
+    ) -> Route[Worker]:
         """Where a request goes (`RoutingPolicy.choose`); raises `NoWorkerAvailable` when nothing
-        healthy can serve it. A route chosen with a `request_id` counts as load until `release`."""
+        healthy can serve it. A route chosen with a `request_id` counts as load until `release`.
+        `session_key` is the request's affinity key (`X-Session-ID`), for affinity routing."""
         return self.routing.choose(self.candidates(), token_ids, request_id)
 
     def explain_route(self, token_ids: Sequence[int] | None = None) -> dict:
@@ -184,41 +222,46 @@ def route_json(route: Route[Worker]) -> dict:
     }
 
 
-def check_parsers(frontend: Frontend) -> None:
-    """An unknown parser name stops start-up, listing the known ones."""
-    name = frontend.reasoning_parser
-    if name is not None and name.lower().replace("-", "_") not in KNOWN_REASONING_PARSERS:
-        known = ", ".join(sorted(KNOWN_REASONING_PARSERS))
-        raise FleetError(f"unknown reasoning parser {name!r} (known: {known})")
-    name = frontend.tool_call_parser
-    if name is not None and name.lower().replace("-", "_") not in KNOWN_TOOL_CALL_PARSERS:
-        known = ", ".join(sorted(KNOWN_TOOL_CALL_PARSERS))
-        raise FleetError(f"unknown tool-call parser {name!r} (known: {known})")
+def select_model_parsers(config: ServeConfig, model: FleetModel) -> ParserSelection:
+    """The parsers of a served model: the flag, else what the engines report, else the model's name
+    as smg's factory maps it. An unknown flag value stops start-up, listing every known name."""
+    try:
+        selection = select_parsers(
+            tool_call_flag=config.tool_call_parser,
+            reasoning_flag=config.reasoning_parser,
+            engine_tool_call_parser=model.tool_call_parser,
+            engine_reasoning_parser=model.reasoning_parser,
+            model_path=model.model_path,
+            served_model_name=model.served_model_name,
+        )
+    except ValueError as error:  # UnknownToolCallParser, UnknownReasoningParser
+        raise FleetError(str(error)) from None
+    for warning in selection.warnings:
+        log.warning("model %r: %s", model.served_model_name, warning)
+    for kind, name, source in (
+        ("tool-call", selection.tool_call_parser, selection.tool_call_source),
+        ("reasoning", selection.reasoning_parser, selection.reasoning_source),
+    ):
+        if name is not None:
+            log.info("model %r: %s parser %s (%s)", model.served_model_name, kind, name, source)
+    return selection
 
 
 def check_roles(fleet: Fleet, prefill_urls: list[str]) -> None:
-    """Roles come from the probe. When `--prefill-engine-url` is given, it must name prefill
-    engines, and `--engine-url` must then name none."""
+    """Roles come from the probe: every engine serves in the role it reports, whichever flag gave
+    it. `--prefill-engine-url` only adds an assertion: the engines it names must be prefill engines."""
     for engine in fleet.engines:
         check_role(engine, prefill_urls)
 
 
 def check_role(engine: Engine, prefill_urls: list[str]) -> None:
     """`check_roles` for one engine (also run when an engine joins after start-up)."""
-    if not prefill_urls:
-        return
-    meant_prefill = engine.card.url in prefill_urls
-    if meant_prefill != (engine.card.role == "prefill"):
-        flag = "--prefill-engine-url" if meant_prefill else "--engine-url"
+    if engine.card.url in prefill_urls and engine.card.role != "prefill":
         raise FleetError(
-            f"engine {engine.id} ({engine.card.url}) reports role {engine.card.role!r} "
-            f"(disaggregation_mode), but was given with {flag}"
-            + (" (expected a prefill engine)" if meant_prefill else "; give prefill engines with --prefill-engine-url")
+            f"engine {engine.id} ({engine.card.url}) was given with --prefill-engine-url, but reports role "
+            f"{engine.card.role!r} (disaggregation_mode), not 'prefill'; give it with --engine-url, where every "
+            "engine serves in the role it reports"
         )
-
-
-#: The model name clients use with the built-in mock engines.
-MOCK_MODEL_NAME = "trio-direct-mock"
 
 
 async def start_mock_engines(count: int, speedup: float, nursery: trio.Nursery) -> list[str]:
@@ -236,13 +279,16 @@ async def start_mock_engines(count: int, speedup: float, nursery: trio.Nursery) 
     return urls
 
 
-def _warm_up_request_path(frontend: Frontend) -> None:
+def _warm_up_request_path(frontend: ModelPool) -> None:
     """Do once, before the first request, what the first request would otherwise wait for.
 
-    Jinja compiles a model's template in ~10 ms, and msgspec builds its validators for the request
-    types in ~1 ms; done here, these are also among what start-up keeps out of the cyclic GC.
+    Jinja compiles a model's template in ~10 ms, msgspec builds its validators for the request
+    types in ~1 ms, and openai-harmony loads gpt-oss's encoding in ~0.35 s; done here, these are
+    also among what start-up keeps out of the cyclic GC.
     """
     warm_up_request_decoding()
+    if frontend.harmony:
+        harmony_encoding()
     text = "Hello"
     try:
         messages = [{"role": "user", "content": text}]
@@ -276,11 +322,11 @@ async def run_frontend(config: ServeConfig, *, task_status: trio.TaskStatus[Fron
         urls = config.engine_url + config.prefill_engine_url
         if not urls:
             urls = await start_mock_engines(config.mock_engines, config.mock_speedup, nursery)
-        pool = ChannelPool(connect_timeout=config.connect_timeout)
+        channels = ChannelPool(connect_timeout=config.connect_timeout)
         try:
             fleet = await Fleet.connect(
                 urls,
-                pool,
+                channels,
                 api=config.engine_api,
                 wait_timeout=config.engine_wait_timeout,
                 join_grace=config.engine_join_grace,
@@ -296,28 +342,30 @@ async def run_frontend(config: ServeConfig, *, task_status: trio.TaskStatus[Fron
                 except ValueError as error:
                     raise FleetError(str(error)) from None
             routing = RoutingPolicy(config.router_mode, enforce_disagg=config.enforce_disagg, kv=kv)
-            frontend = Frontend(config, fleet, routing, tokenizer, template)
-            check_parsers(frontend)
-            await trio.to_thread.run_sync(_warm_up_request_path, frontend)
+            harmony = is_harmony_model(fleet.model.model_path, fleet.model.served_model_name)
+            pool = ModelPool(
+                config, fleet, routing, tokenizer, template, select_model_parsers(config, fleet.model), harmony
+            )
+            await trio.to_thread.run_sync(_warm_up_request_path, pool)
             await _connect_for_generation(fleet.engines)
             # KV routing first: an engine that joins (through health checking) is indexed at once.
             if kv is not None:
-                frontend.kv_feeds = KvFeeds(kv, fleet, load_poll_interval=config.load_poll_interval)
-                await nursery.start(frontend.kv_feeds.run)
-                log.info("KV-aware routing: %s", frontend.kv_feeds.stats())
+                pool.kv_feeds = KvFeeds(kv, fleet, load_poll_interval=config.load_poll_interval)
+                await nursery.start(pool.kv_feeds.run)
+                log.info("KV-aware routing: %s", pool.kv_feeds.stats())
             if config.health_interval > 0:
-                frontend.health = EngineHealth(
+                pool.health = EngineHealth(
                     fleet,
-                    pool,
+                    channels,
                     interval=config.health_interval,
                     timeout=config.health_timeout,
                     api=config.engine_api,
-                    on_down=frontend.engine_down,
-                    check_join=frontend.check_join,
-                    on_join=frontend.engine_joined,
-                    on_change=frontend.engine_changed,
+                    on_down=pool.engine_down,
+                    check_join=pool.check_join,
+                    on_join=pool.engine_joined,
+                    on_change=pool.engine_changed,
                 )
-                await nursery.start(frontend.health.run)
+                await nursery.start(pool.health.run)
             elif fleet.pending:
                 log.warning(
                     "health checks are off (--health-interval 0): engines not up yet (%s) will never join",
@@ -325,7 +373,7 @@ async def run_frontend(config: ServeConfig, *, task_status: trio.TaskStatus[Fron
                 )
             log.info(
                 "serving model %r from %d engine(s): %s%s",
-                frontend.model_name,
+                pool.name,
                 len(fleet.engines),
                 ", ".join(f"{e.id}={e.card.host}:{e.card.port} ({e.card.api}, {e.card.role})" for e in fleet.engines),
                 "; not up yet: " + ", ".join(f"{p.id}={p.url}" for p in fleet.pending) if fleet.pending else "",
@@ -337,8 +385,8 @@ async def run_frontend(config: ServeConfig, *, task_status: trio.TaskStatus[Fron
             # keep it out of the cyclic GC, whose full collections otherwise walk those ~60k
             # objects each time and stall every stream for tens of milliseconds.
             gc.freeze()
-            task_status.started(frontend)
+            task_status.started(Frontend(config, [pool]))
             await trio.sleep_forever()
         finally:
-            pool.close()
+            channels.close()
             nursery.cancel_scope.cancel()

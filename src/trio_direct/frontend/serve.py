@@ -1,76 +1,85 @@
 """`trio-direct serve`: hypercorn's trio worker serving the app, beside the frontend's own tasks.
 
 hypercorn is started from code inside the trio-asyncio loop, so every request task inherits the loop
-that engine calls need (python-stack.md §4.2). trio's sockets set TCP_NODELAY on accepted
-connections, which avoids the ~40 ms delayed-ACK floor peers show with keep-alive SSE clients.
+that engine calls need. trio's sockets set TCP_NODELAY on accepted connections, which avoids the
+~40 ms delayed-ACK floor peers show with keep-alive SSE clients.
+
+Shutdown (`Shutdown.drain`): readiness turns unready, hypercorn stops accepting connections, and
+in-flight requests get ``--graceful-shutdown-timeout`` to finish. At that deadline, or at once on
+`Shutdown.cut` (a second signal), every open response is ended by its surface's own error event
+(a stream gets an OpenAI error event and ``[DONE]``) and its engine requests are aborted; hypercorn's
+own graceful timeout is set later than ours, so it never cuts a stream mid-air.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 
-import hypercorn
-import hypercorn.trio
 import trio
 
 from trio_direct.config import ServeConfig
 from trio_direct.engine.transport import open_asyncio_loop
-from trio_direct.frontend.app import create_app
-from trio_direct.frontend.runtime import run_frontend
+from trio_direct.frontend.runtime import Frontend, run_frontend
+from trio_direct.http.app import create_app
+from trio_direct.http.server import serve_app
 
 log = logging.getLogger(__name__)
 
+#: How long after the cut hypercorn still waits for responses to write their error events.
+CUT_GRACE = 5.0
 
-def hypercorn_config(
-    host: str, port: int, log_level: str = "info", graceful_timeout: float = 30.0, *, listen_fd: int | None = None
-) -> hypercorn.Config:
-    """`listen_fd`: serve that already listening socket (a `--workers` child's) instead of binding."""
-    config = hypercorn.Config()
-    config.loglevel = log_level.upper()
-    if listen_fd is not None:
-        config.bind = [f"fd://{listen_fd}"]
-    else:
-        config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
-    config.accesslog = None
-    config.keep_alive_timeout = 75
-    config.graceful_timeout = graceful_timeout
-    return config
+
+@dataclass(slots=True)
+class Shutdown:
+    """How the server is asked to stop: `drain` (first signal), then `cut` (second signal)."""
+
+    drain: trio.Event = field(default_factory=trio.Event)
+    cut: trio.Event = field(default_factory=trio.Event)
 
 
 async def serve(
     config: ServeConfig,
     *,
-    shutdown: trio.Event | None = None,
+    shutdown: Shutdown | None = None,
     listen_fd: int | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the frontend and its HTTP server; reports the bound addresses.
 
-    Runs until cancelled, or until `shutdown` is set: then it stops accepting connections, gives
-    in-flight requests up to `--graceful-shutdown-timeout` to finish, cancels what is left (each
-    engine request then ends in an Abort) and returns. `listen_fd`: an inherited listening socket
-    to serve instead of `--host/--port` (see `frontend/supervisor.py`).
+    Runs until cancelled, or until `shutdown` drains it (see the module docstring). `listen_fd`: an
+    inherited listening socket to serve instead of `--host/--port` (see `frontend/supervisor.py`).
     """
     async with open_asyncio_loop(), trio.open_nursery() as nursery:
-        frontend = await nursery.start(run_frontend, config)
-        app = create_app(
-            lambda: frontend,
-            max_body_bytes=config.max_body_bytes,
-            api_key=config.api_key,
-            max_concurrent=config.max_concurrent_requests,
-        )
-        http = hypercorn_config(
-            config.host, config.port, config.log_level, config.graceful_shutdown_timeout, listen_fd=listen_fd
-        )
-        trigger = shutdown.wait if shutdown is not None else None
+        frontend: Frontend = await nursery.start(run_frontend, config)
+        app = create_app(lambda: frontend, config)
+        stopping = trio.Event()
 
         async def http_server(*, task_status: trio.TaskStatus[list[str]]) -> None:
-            await hypercorn.trio.serve(app, http, shutdown_trigger=trigger, task_status=task_status)
+            # hypercorn's own deadline comes after ours: by then every response has ended itself.
+            await serve_app(
+                app,
+                config,
+                listen_fd=listen_fd,
+                shutdown_trigger=stopping.wait,
+                graceful_timeout=config.graceful_shutdown_timeout + config.abort_timeout + CUT_GRACE,
+                task_status=task_status,
+            )
             nursery.cancel_scope.cancel()  # drained: the frontend's own tasks stop too
 
         binds = await nursery.start(http_server)
-        log.info("OpenAI API for model %r on %s", frontend.model_name, ", ".join(binds))
+        log.info(
+            "OpenAI API for model(s) %s on %s", ", ".join(repr(p.name) for p in frontend.pools()), ", ".join(binds)
+        )
         task_status.started(binds)
         if shutdown is not None:
-            await shutdown.wait()
+            await shutdown.drain.wait()
+            frontend.draining = True
+            stopping.set()
             log.info("shutting down: no new connections; in-flight requests have %gs", config.graceful_shutdown_timeout)
+            with trio.move_on_after(config.graceful_shutdown_timeout):
+                await shutdown.cut.wait()
+            if frontend.cutter:
+                reason = "second signal" if shutdown.cut.is_set() else "drain deadline"
+                log.warning("%s: ending %d open response(s) with an error", reason, len(frontend.cutter))
+                frontend.cutter.cut(reason)

@@ -144,7 +144,8 @@ class NativeService:
             rids = [req.rid if req.HasField("rid") else str(uuid.uuid4())]
         else:
             rids = [uuid.uuid4().hex for _ in range(n)]
-        seeds = self.info.sample_seeds(sp.seed if sp.HasField("seed") else None, n)
+        seed = sp.seed if sp.HasField("seed") else None
+        variations = self.info.sample_variations(seed, n)
         script = self.info.scripts.tokens_for(list(req.input_ids)) if self.info.scripts else None
         return [
             MockRequest(
@@ -156,10 +157,11 @@ class NativeService:
                 ignore_eos=sp.ignore_eos,
                 stop_strings=tuple(sp.stop),
                 seed=seed,
+                variation=variation,
                 temperature=sp.temperature if sp.HasField("temperature") else 1.0,
                 script=script,
             )
-            for rid, seed in zip(rids, seeds)
+            for rid, variation in zip(rids, variations)
         ]
 
     # --- control -------------------------------------------------------------------------------
@@ -328,18 +330,18 @@ class _GenerateCall:
     __slots__ = (
         "_call",
         "_engine",
-        "_index",
-        "_ids",
         "_finishes",
+        "_ids",
+        "_incremental",
+        "_index",
         "_last",
+        "_logprobs",
+        "_report_rank",
+        "_rows",
         "_sent_first",
         "_started",
         "_stream",
-        "_incremental",
-        "_report_rank",
         "_unsent",
-        "_logprobs",
-        "_rows",
         "_unsent_rows",
     )
 

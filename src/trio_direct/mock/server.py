@@ -20,11 +20,12 @@ import trio
 from tokenizers import Tokenizer
 
 from trio_direct.engine.transport.server import RpcMethod, serve_grpc
+from trio_direct.mock import MOCK_MODEL_NAME
 from trio_direct.mock.bootstrap import BootstrapServer, open_bootstrap_server
 from trio_direct.mock.engine import EngineInfo, MockEngine, Role
 from trio_direct.mock.kv_publisher import KvEventPublishers, KvEventsConfig, describe, open_kv_publishers
-from trio_direct.mock.native_service import NativeService
 from trio_direct.mock.native_service import SERVICE as NATIVE_SERVICE
+from trio_direct.mock.native_service import NativeService
 from trio_direct.mock.scheduler import SchedulerConfig
 from trio_direct.mock.scripted import ScriptedOutputs
 from trio_direct.mock.smg_service import SERVICE as SMG_SERVICE
@@ -62,6 +63,7 @@ class MockEngineConfig:
     bootstrap_timeout: float = 30.0
     #: A local tokenizer directory; None uses the tiny ChatML model (written on first use).
     model_path: str | None = None
+    #: None serves `MOCK_MODEL_NAME`, the name `trio-direct serve`'s built-in mocks use.
     served_model_name: str | None = None
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
@@ -219,7 +221,7 @@ async def run_mock_engine(
         )
         info = EngineInfo(
             model_path=str(model_path),
-            served_model_name=config.served_model_name or str(model_path),
+            served_model_name=config.served_model_name or MOCK_MODEL_NAME,
             tokenizer_path=str(model_path),
             context_length=context_length,
             max_total_num_tokens=max_total,
@@ -230,7 +232,7 @@ async def run_mock_engine(
             architectures=list(model.architectures),
             incremental_streaming_output=config.incremental_streaming_output,
             expose_accounting=config.expose_accounting,
-            default_seed=config.seed,
+            random_seed=config.seed,
             tokenizer=tokenizer,
             scripts=ScriptedOutputs.from_file(config.scripted_outputs, tokenizer) if config.scripted_outputs else None,
         )

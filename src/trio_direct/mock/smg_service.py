@@ -15,7 +15,7 @@ import io
 import time
 import zipfile
 from collections.abc import Callable, Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -142,7 +142,7 @@ class SmgService:
             raise _Invalid("return_hidden_states is not supported by this servicer")
         sp = req.sampling_params
         max_new_tokens = sp.max_new_tokens if sp.HasField("max_new_tokens") else None
-        n = sp.n if sp.n > 1 else 1
+        n = max(1, sp.n)
         rid = req.request_id
         # The servicer splits n>1 into "<rid>-<i>" (after a prefill-only "<rid>-prefix" the mock skips).
         rids = [rid] if n == 1 else [f"{rid}-{i}" for i in range(n)]
@@ -155,11 +155,11 @@ class SmgService:
                 stop_token_ids=frozenset(sp.stop_token_ids),
                 ignore_eos=sp.ignore_eos,
                 stop_strings=tuple(sp.stop),
-                seed=seed,
+                variation=variation,  # the SMG API has no seed
                 temperature=sp.temperature,
                 script=self.info.scripts.tokens_for(list(req.tokenized.input_ids)) if self.info.scripts else None,
             )
-            for sample, seed in zip(rids, self.info.sample_seeds(None, n))
+            for sample, variation in zip(rids, self.info.sample_variations(None, n))
         ]
 
     def _forget(self, sink: _GenerateCall) -> None:
@@ -301,7 +301,7 @@ class SmgService:
         _reply(
             call,
             pb.GetLoadsResponse(
-                timestamp=datetime.now(timezone.utc).isoformat(),
+                timestamp=datetime.now(UTC).isoformat(),
                 version=SGLANG_VERSION,
                 dp_rank_count=self.engine.dp_size,
                 loads=loads,
@@ -352,19 +352,19 @@ class _GenerateCall:
     """One SMG Generate call: chunks and completes per sample ``index``."""
 
     __slots__ = (
-        "request_id",
         "_call",
-        "_engine",
-        "_index",
-        "_ids",
-        "_last",
         "_completes",
+        "_engine",
         "_finished",
-        "_stream",
-        "_silenced",
+        "_ids",
+        "_index",
+        "_last",
         "_on_end",
-        "logprobs",
         "_rows",
+        "_silenced",
+        "_stream",
+        "logprobs",
+        "request_id",
     )
 
     def __init__(
@@ -467,7 +467,7 @@ class _GenerateCall:
 class _HealthProbe:
     """The servicer's HealthCheck: healthy as soon as the one-token probe produces output."""
 
-    __slots__ = ("_engine", "_call", "_rid", "_answered")
+    __slots__ = ("_answered", "_call", "_engine", "_rid")
 
     def __init__(self, engine: MockEngine, call: ServerCall, rid: str) -> None:
         self._engine = engine

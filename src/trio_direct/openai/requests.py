@@ -191,6 +191,8 @@ class ChatCompletionRequest(GenerationRequest, kw_only=True):
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    #: OpenAI's reasoning effort (low, medium, high): gpt-oss prompts carry it.
+    reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = None
     separate_reasoning: bool = True
     continue_final_message: bool = False
 
@@ -277,6 +279,8 @@ def _decode_object(body: bytes) -> dict[str, Any]:
         raise invalid_request(_MALFORMED_JSON) from None
     except RecursionError:
         raise invalid_request(_TOO_DEEP) from None
+    except UnicodeDecodeError as error:  # msgspec decodes strings as UTF-8 and lets this through
+        raise invalid_request(f"The request body is not valid UTF-8 (at byte {error.start}).") from None
     if not isinstance(raw, dict):
         raise invalid_request("The request body must be a JSON object.")
     return {key: value for key, value in raw.items() if value is not None}

@@ -10,8 +10,7 @@ the tests): `usage` is `null` on every chunk except the final usage chunk (`choi
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 
@@ -51,30 +50,30 @@ class _UsageBody(msgspec.Struct, omit_defaults=True):
     completion_tokens_details: _CompletionTokensDetails | None = None
 
 
-@dataclass(slots=True)
-class Usage:
-    """Token counts of one request (all choices). `cached_tokens` must come from the prefill leg."""
+class UsageCounts(Protocol):
+    """Token counts of one request (`core.plan.Usage`)."""
 
     prompt_tokens: int
     completion_tokens: int
-    cached_tokens: int = 0
-    reasoning_tokens: int = 0
-
-    def body(self) -> _UsageBody:
-        """The OpenAI `usage` object; `completion_tokens_details` only when there was reasoning."""
-        return _UsageBody(
-            prompt_tokens=self.prompt_tokens,
-            completion_tokens=self.completion_tokens,
-            total_tokens=self.prompt_tokens + self.completion_tokens,
-            prompt_tokens_details=_PromptTokensDetails(self.cached_tokens),
-            completion_tokens_details=(
-                _CompletionTokensDetails(self.reasoning_tokens) if self.reasoning_tokens else None
-            ),
-        )
+    cached_tokens: int
+    reasoning_tokens: int
 
 
-def _usage_body(usage: Usage | None) -> _UsageBody | None:
-    return None if usage is None else usage.body()
+def usage_body(usage: UsageCounts) -> _UsageBody:
+    """The OpenAI `usage` object; `completion_tokens_details` only when there was reasoning."""
+    return _UsageBody(
+        prompt_tokens=usage.prompt_tokens,
+        completion_tokens=usage.completion_tokens,
+        total_tokens=usage.prompt_tokens + usage.completion_tokens,
+        prompt_tokens_details=_PromptTokensDetails(usage.cached_tokens),
+        completion_tokens_details=(
+            _CompletionTokensDetails(usage.reasoning_tokens) if usage.reasoning_tokens else None
+        ),
+    )
+
+
+def _usage_body(usage: UsageCounts | None) -> _UsageBody | None:
+    return None if usage is None else usage_body(usage)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -122,7 +121,7 @@ def chat_chunk(
     index: int,
     delta: dict[str, Any],
     finish_reason: str | None = None,
-    usage: Usage | None = None,
+    usage: UsageCounts | None = None,
     logprobs: Any = None,
 ) -> bytes:
     """One `chat.completion.chunk` SSE event for choice `index`.
@@ -147,7 +146,7 @@ def completion_chunk(
     index: int,
     text: str,
     finish_reason: str | None = None,
-    usage: Usage | None = None,
+    usage: UsageCounts | None = None,
     logprobs: Any = None,
 ) -> bytes:
     """One `text_completion` SSE event for choice `index`."""
@@ -155,11 +154,11 @@ def completion_chunk(
     return _sse(_CompletionChunk(id=id, created=created, model=model, choices=[choice], usage=_usage_body(usage)))
 
 
-def usage_chunk(id: str, created: int, model: str, usage: Usage, *, chat: bool = True) -> bytes:
+def usage_chunk(id: str, created: int, model: str, usage: UsageCounts, *, chat: bool = True) -> bytes:
     """The final `choices: []` chunk carrying usage (`stream_options.include_usage`)."""
     if chat:
-        return _sse(_ChatChunk(id=id, created=created, model=model, choices=[], usage=usage.body()))
-    return _sse(_CompletionChunk(id=id, created=created, model=model, choices=[], usage=usage.body()))
+        return _sse(_ChatChunk(id=id, created=created, model=model, choices=[], usage=usage_body(usage)))
+    return _sse(_CompletionChunk(id=id, created=created, model=model, choices=[], usage=usage_body(usage)))
 
 
 def error_chunk(error: OpenAIError) -> bytes:
@@ -213,21 +212,21 @@ class _Completion(msgspec.Struct, kw_only=True):
     usage: _UsageBody
 
 
-def chat_completion(id: str, created: int, model: str, choices: Sequence[ChatChoice], usage: Usage) -> bytes:
+def chat_completion(id: str, created: int, model: str, choices: Sequence[ChatChoice], usage: UsageCounts) -> bytes:
     """A non-streaming `chat.completion` body."""
-    return _encoder.encode(_ChatCompletion(id=id, created=created, model=model, choices=choices, usage=usage.body()))
+    return _encoder.encode(_ChatCompletion(id=id, created=created, model=model, choices=choices, usage=usage_body(usage)))
 
 
-def completion(id: str, created: int, model: str, choices: Sequence[CompletionChoice], usage: Usage) -> bytes:
+def completion(id: str, created: int, model: str, choices: Sequence[CompletionChoice], usage: UsageCounts) -> bytes:
     """A non-streaming `text_completion` body."""
-    return _encoder.encode(_Completion(id=id, created=created, model=model, choices=choices, usage=usage.body()))
+    return _encoder.encode(_Completion(id=id, created=created, model=model, choices=choices, usage=usage_body(usage)))
 
 
 # ----------------------------------------------------------------------------------------------
 # Models
 
 
-class _ModelCard(msgspec.Struct, tag_field="object", tag="model", kw_only=True, omit_defaults=True):
+class ModelCard(msgspec.Struct, tag_field="object", tag="model", kw_only=True, omit_defaults=True):
     id: str
     created: int
     owned_by: str
@@ -235,12 +234,21 @@ class _ModelCard(msgspec.Struct, tag_field="object", tag="model", kw_only=True, 
 
 
 class _ModelList(msgspec.Struct, tag_field="object", tag="list"):
-    data: list[_ModelCard]
+    data: list[ModelCard]
 
 
-def models_list(
-    model_ids: Sequence[str], created: int, owned_by: str = "trio-direct", max_model_len: int | None = None
-) -> bytes:
-    """The `GET /v1/models` body; `max_model_len` (vLLM's extension) only when known."""
-    cards = [_ModelCard(id=name, created=created, owned_by=owned_by, max_model_len=max_model_len) for name in model_ids]
-    return _encoder.encode(_ModelList(cards))
+def model_card(
+    model_id: str, created: int, owned_by: str = "trio-direct", max_model_len: int | None = None
+) -> ModelCard:
+    """One `model` object; `max_model_len` (vLLM's extension) only when known."""
+    return ModelCard(id=model_id, created=created, owned_by=owned_by, max_model_len=max_model_len)
+
+
+def models_list(cards: Sequence[ModelCard]) -> bytes:
+    """The `GET /v1/models` body."""
+    return _encoder.encode(_ModelList(list(cards)))
+
+
+def model_body(card: ModelCard) -> bytes:
+    """The `GET /v1/models/{model}` body."""
+    return _encoder.encode(card)

@@ -1,4 +1,4 @@
-"""A streamed completion's SSE chunks, read in the caller's own task (`completions.open_stream`).
+"""A streamed completion's SSE events, as `core.render.stream_response` writes them.
 
 A scripted in-process engine client stands in for the gRPC transport, so these run in milliseconds:
 what is asserted is what the client would read, and what the engine and the router are told.
@@ -15,16 +15,17 @@ import pytest
 import trio
 
 from trio_direct.config import ServeConfig
+from trio_direct.core.output import ChoiceOutput
+from trio_direct.core.plan import ChoicePlan, Prompt, RequestPlan
+from trio_direct.core.render import StreamCutter, stream_response
 from trio_direct.engine.errors import EngineError, EngineInternal
 from trio_direct.engine.types import GenerateChunk, GenerateInput
 from trio_direct.fleet.fleet import Engine, Fleet
-from trio_direct.frontend import completions
-from trio_direct.frontend.choices import ChoiceOutput, ChoicePlan
-from trio_direct.frontend.runtime import Frontend
+from trio_direct.frontend.runtime import ModelPool
 from trio_direct.openai.errors import OpenAIError
-from trio_direct.openai.requests import decode_completion_request
 from trio_direct.routing.policy import RoutingPolicy
 from trio_direct.routing.simple import NoWorkerAvailable
+from trio_direct.surfaces.completions import CompletionRenderer
 
 HANG = object()  # in a script: the engine sends nothing more until the call is left
 
@@ -52,6 +53,9 @@ class Chunks:
 
     def next_nowait(self) -> GenerateChunk:
         raise trio.WouldBlock
+
+    async def wait_written(self) -> None:
+        await trio.lowlevel.checkpoint()
 
 
 @dataclass(eq=False)
@@ -118,22 +122,38 @@ def setup(script: list, *, n: int = 1, include_usage: bool = False, healthy: boo
     card = SimpleNamespace(role="aggregated", dp_size=1, url="grpc://scripted:1")
     engine = Engine("e0", card, client, healthy=healthy)
     ledger = LoadLedger()
-    frontend = Frontend(
-        ServeConfig(), Fleet([engine], model=None), RoutingPolicy(kv=ledger), tokenizer=None, chat_template_override=None
-    )
-    body = {"model": "m", "prompt": "go", "stream": True, "n": n}
-    if include_usage:
-        body["stream_options"] = {"include_usage": True}
-    request = decode_completion_request(json.dumps(body).encode())
-    plans = [
-        ChoicePlan(None, GenerateInput(rid=f"{'a' * 32}{i:04x}", input_ids=[1, 2]), ChoiceOutput(i, Digits()))
+    pool = ModelPool(
+        ServeConfig(), Fleet([engine], model=SimpleNamespace(served_model_name="m", context_length=None)),
+        RoutingPolicy(kv=ledger), tokenizer=None, chat_template_override=None,
+    )  # fmt: skip
+    choices = [
+        ChoicePlan(GenerateInput(rid=f"{'a' * 32}{i:04x}", input_ids=[1, 2]), ChoiceOutput(i, Digits()))
         for i in range(n)
     ]
-    completion = completions.Completion(
-        id="cmpl-x", key="a" * 32, created=0, model="m", chat=False, plans=plans,
-        prompts=[completions.Prompt([1, 2], "go")], request=request, token_text=str,
+    plan = RequestPlan(
+        id="cmpl-x", key="a" * 32, created=0, model="m", prompts=[Prompt([1, 2], "go")], choices=choices, n=n,
+        stream=True, include_usage=include_usage,
     )  # fmt: skip
-    return frontend, completion, client, ledger
+    return pool, plan, client, ledger
+
+
+class Writer:
+    """The HTTP side: records what was written, before and after the stream's first write."""
+
+    def __init__(self) -> None:
+        self.status: int | None = None
+        self.writes: list[bytes] = []
+        self.ended = False
+
+    async def start(self, status: int, headers) -> None:
+        self.status = status
+
+    async def send(self, data: bytes) -> None:
+        await trio.lowlevel.checkpoint()
+        self.writes.append(data)
+
+    async def end(self) -> None:
+        self.ended = True
 
 
 def events(chunks: list[bytes]) -> list:
@@ -146,19 +166,19 @@ def events(chunks: list[bytes]) -> list:
     return out
 
 
-async def read_all(frontend, completion) -> tuple[list[bytes], list[bytes]]:
-    """The writes during the stream, and the closing writes after it."""
-    written = []
-    async with completions.open_stream(frontend, completion) as stream:
-        async for chunk in stream:
-            written.append(chunk)
-    return written, stream.ending()
+async def read_all(pool, plan, writer: Writer | None = None) -> tuple[list[bytes], list[bytes]]:
+    """The writes during the stream, and the closing write after it."""
+    writer = writer or Writer()
+    renderer = CompletionRenderer(plan, str)
+    await stream_response(pool, plan, renderer, writer, started=0.0, cutter=StreamCutter())
+    assert writer.ended and writer.status == 200
+    return writer.writes[:-1], writer.writes[-1:]
 
 
 async def test_tokens_stream_then_done_and_the_load_is_released():
     script = [GenerateChunk([3]), GenerateChunk([4], finish_reason="length", prompt_tokens=2, completion_tokens=2)]
-    frontend, completion, client, ledger = setup(script, include_usage=True)
-    written, ending = await read_all(frontend, completion)
+    pool, plan, client, ledger = setup(script, include_usage=True)
+    written, ending = await read_all(pool, plan)
     body = events(written)
     assert "".join(e["choices"][0]["text"] for e in body) == "34"
     assert body[-1]["choices"][0]["finish_reason"] == "length"
@@ -168,8 +188,8 @@ async def test_tokens_stream_then_done_and_the_load_is_released():
 
 
 async def test_an_engine_failure_mid_stream_ends_it_with_an_error_event_then_done():
-    frontend, completion, client, ledger = setup([GenerateChunk([3]), EngineInternal("boom")])
-    written, ending = await read_all(frontend, completion)
+    pool, plan, client, ledger = setup([GenerateChunk([3]), EngineInternal("boom")])
+    written, ending = await read_all(pool, plan)
     assert events(written)[0]["choices"][0]["text"] == "3"
     error, done = events(ending)
     assert error["error"]["message"] == "The engine failed to complete the request." and done == "[DONE]"
@@ -178,8 +198,8 @@ async def test_an_engine_failure_mid_stream_ends_it_with_an_error_event_then_don
 
 async def test_an_engine_abort_ends_the_stream_with_an_error_event():
     script = [GenerateChunk([3], finish_reason="abort", abort_message="preempted")]
-    frontend, completion, _client, ledger = setup(script)
-    written, ending = await read_all(frontend, completion)
+    pool, plan, _client, ledger = setup(script)
+    written, ending = await read_all(pool, plan)
     assert written == []
     error, done = events(ending)
     assert "preempted" in error["error"]["message"] and done == "[DONE]"
@@ -188,20 +208,45 @@ async def test_an_engine_abort_ends_the_stream_with_an_error_event():
 
 async def test_a_caller_cancelled_mid_write_leaves_quietly_and_aborts_every_choice():
     """The disconnect case: the caller's task is cancelled while it writes a chunk."""
-    frontend, completion, client, ledger = setup([GenerateChunk([3]), HANG], n=2)
+    pool, plan, client, ledger = setup([GenerateChunk([3]), HANG], n=2)
+
+    class LeavingClient(Writer):
+        async def send(self, data: bytes) -> None:
+            request.cancel()
+            await trio.sleep_forever()  # the write the client never takes
+
     with trio.CancelScope() as request:
-        async with completions.open_stream(frontend, completion) as stream:
-            async for _chunk in stream:
-                request.cancel()
-                await trio.sleep_forever()  # the write the client never takes
+        await stream_response(pool, plan, CompletionRenderer(plan, str), LeavingClient(), started=0.0, cutter=StreamCutter())
     assert request.cancelled_caught  # nothing but the cancellation left the block
-    assert sorted(client.aborted) == [p.request.rid for p in completion.plans]
+    assert sorted(client.aborted) == [c.request.rid for c in plan.choices]
     assert client.open_calls == 0 and not ledger.held
 
 
 async def test_no_engine_before_dispatch_is_an_error_status_not_a_stream():
-    frontend, completion, _client, ledger = setup([], healthy=False)
+    pool, plan, _client, ledger = setup([], healthy=False)
+    writer = Writer()
     with pytest.raises(OpenAIError) as caught:
-        async with completions.open_stream(frontend, completion):
-            pytest.fail("a stream was handed over without an engine")
+        await stream_response(pool, plan, CompletionRenderer(plan, str), writer, started=0.0, cutter=StreamCutter())
     assert caught.value.status == 503 and not ledger.held
+    assert writer.status is None and writer.writes == []  # the HTTP layer answers with the status
+
+
+async def test_a_cut_stream_ends_with_an_error_event_then_done_and_aborts_its_engine_call():
+    """The drain deadline of a shutdown (or a second signal) ends an open stream cleanly."""
+    pool, plan, client, ledger = setup([GenerateChunk([3]), HANG])
+    cutter = StreamCutter()
+
+    class CutAfterFirstWrite(Writer):
+        async def send(self, data: bytes) -> None:
+            await super().send(data)
+            if len(self.writes) == 1:
+                cutter.cut("drain deadline")
+
+    writer = CutAfterFirstWrite()
+    await stream_response(pool, plan, CompletionRenderer(plan, str), writer, started=0.0, cutter=cutter)
+    first, *rest = events(writer.writes)
+    assert first["choices"][0]["text"] == "3"
+    error, done = rest
+    assert error["error"]["type"] == "service_unavailable" and "shutting down" in error["error"]["message"]
+    assert done == "[DONE]" and writer.ended
+    assert client.aborted == [plan.choices[0].request.rid] and not ledger.held

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Callable
 
 import trio
 
-from trio_direct.engine.errors import EngineError, EngineInternal
+from trio_direct.core.choices import ChoiceFailed, ChoiceRun, RunControl, offer, stream_choice
+from trio_direct.core.engine_call import open_engine_call
+from trio_direct.engine.errors import EngineError, EngineInternal, EngineUnavailable
 from trio_direct.engine.types import EngineClient
-from trio_direct.frontend.choices import ChoiceFailed, ChoicePlan, offer, report_unreachable, stream_choice
-from trio_direct.frontend.engine_call import open_engine_call
 
 log = logging.getLogger(__name__)
 
@@ -68,23 +69,48 @@ class DecodeLeg:
 
 
 async def run_disaggregated_choice(
-    plan: ChoicePlan, *, abort_timeout: float, decode_abort_deadline: float, send: trio.MemorySendChannel
+    run: ChoiceRun,
+    control: RunControl,
+    *,
+    abort_timeout: float,
+    decode_abort_deadline: float,
+    send: trio.MemorySendChannel,
+    written: Callable[[], None],
 ) -> None:
-    """Run both legs of one choice; events and failures go to `send`."""
+    """Run both legs of one choice; events and failures go to `send`; `written` is called once
+    both requests are on the wire (or could not be sent)."""
     leg = DecodeLeg(decode_abort_deadline)
+    legs_written = _Countdown(2, written)
     async with send, trio.open_nursery() as nursery:
-        nursery.start_soon(_prefill_leg, plan, abort_timeout, send.clone())
+        nursery.start_soon(_prefill_leg, run, control, abort_timeout, send.clone(), legs_written.done)
         watcher = trio.CancelScope()
         nursery.start_soon(_watch, leg, watcher)
         try:
             with trio.CancelScope(shield=True):
                 with leg.scope:
-                    await stream_choice(plan, abort_timeout, send, on_first_message=leg.saw_first_message)
+                    await stream_choice(
+                        run, control, abort_timeout, send, written=legs_written.done, on_first_message=leg.saw_first_message
+                    )
         finally:
             leg.done = True
             watcher.cancel()
     if leg.abandoned and not leg.first_message:
-        log.warning("decode leg %s gave no first message within %.1fs; aborted", plan.request.rid, leg.deadline)
+        log.warning("decode leg %s gave no first message within %.1fs; aborted", run.plan.request.rid, leg.deadline)
+
+
+class _Countdown:
+    """Calls `then` once `done` was called `count` times (each leg's request written)."""
+
+    __slots__ = ("_left", "_then")
+
+    def __init__(self, count: int, then: Callable[[], None]) -> None:
+        self._left = count
+        self._then = then
+
+    def done(self) -> None:
+        self._left -= 1
+        if self._left == 0:
+            self._then()
 
 
 async def _watch(leg: DecodeLeg, scope: trio.CancelScope) -> None:
@@ -96,20 +122,32 @@ async def _watch(leg: DecodeLeg, scope: trio.CancelScope) -> None:
             leg.abandon()
 
 
-async def _prefill_leg(plan: ChoicePlan, abort_timeout: float, send: trio.MemorySendChannel) -> None:
-    prefill = plan.prefill
+async def _prefill_leg(
+    run: ChoiceRun, control: RunControl, abort_timeout: float, send: trio.MemorySendChannel, written: Callable[[], None]
+) -> None:
+    prefill = run.prefill
     assert prefill is not None
+    announced = False
     async with send:
         try:
             async with open_engine_call(prefill.client, prefill.request, abort_timeout=abort_timeout) as call:
+                try:
+                    await call.wait_written()
+                finally:
+                    announced = True
+                    written()
                 while batch := await call.next_batch():
                     last = batch[-1]
                     if last.finish_reason is None:
                         continue
-                    plan.output.prompt_cached_tokens = last.cached_tokens
+                    run.plan.output.prompt_cached_tokens = last.cached_tokens
                     if last.finish_reason == "abort":
                         raise EngineInternal(f"prefill aborted: {last.abort_message or 'no reason given'}")
         except EngineError as error:
             log.warning("prefill leg %s on %s failed: %s", prefill.request.rid, prefill.client.name, error)
-            report_unreachable(plan, prefill.client, error)
+            if isinstance(error, EngineUnavailable):
+                control.unreachable(prefill.client, error)
             offer(send, ChoiceFailed(error))
+        finally:
+            if not announced:
+                written()

@@ -17,8 +17,9 @@ from contextlib import asynccontextmanager
 import trio
 
 from trio_direct import metrics
+from trio_direct.deferred import DeferredError
 from trio_direct.engine.errors import EngineDeadlineExceeded, EngineError, EngineUnavailable
-from trio_direct.engine.types import EngineClient, GenerateChunk, GenerateInput
+from trio_direct.engine.types import EngineClient, GenerateChunk, GenerateInput, GenerateStream
 
 log = logging.getLogger(__name__)
 
@@ -31,16 +32,20 @@ class EngineCall:
 
     __slots__ = ("client", "request", "ended_at_engine", "first_chunk_at", "_chunks", "_failure")
 
-    def __init__(self, client: EngineClient, request: GenerateInput) -> None:
+    def __init__(self, client: EngineClient, request: GenerateInput, chunks: GenerateStream) -> None:
         self.client = client
         self.request = request
         #: True once the engine itself ended the request (finish reason, or an error it reported).
         self.ended_at_engine = False
         self.first_chunk_at: float | None = None
-        self._chunks: AsyncIterator[GenerateChunk] | None = None
+        self._chunks = chunks
         #: An engine error that arrived behind chunks of a batch: raised by the next call, so the
         #: chunks before it still reach the client.
-        self._failure: EngineError | None = None
+        self._failure = DeferredError()
+
+    async def wait_written(self) -> None:
+        """Return once the request is on the wire (or the call ended before it could be)."""
+        await self._chunks.wait_written()
 
     async def next_batch(self) -> list[GenerateChunk]:
         """The next chunk plus any that already arrived behind it; [] once the engine finished.
@@ -48,9 +53,7 @@ class EngineCall:
         Batching what queued up while the consumer was busy keeps a slow client from falling further
         behind, and never delays a chunk that could be sent now.
         """
-        if self._failure is not None:
-            failure, self._failure = self._failure, None
-            raise failure
+        self._failure.raise_held()
         if self.ended_at_engine:
             return []
         chunks = self._chunks
@@ -67,12 +70,12 @@ class EngineCall:
             self.first_chunk_at = now
         while batch[-1].finish_reason is None:
             try:
-                more = _next_nowait(chunks)
+                more = chunks.next_nowait()
+            except (trio.WouldBlock, StopAsyncIteration):
+                break
             except EngineError as error:
                 self.ended_at_engine = not isinstance(error, _ENGINE_MAY_STILL_RUN)
-                self._failure = error
-                break
-            if more is None:
+                self._failure.hold(error)
                 break
             batch.append(more)
         if batch[-1].finish_reason is not None:
@@ -84,7 +87,7 @@ class EngineCall:
         """Read what already arrived unread, so a request the engine just finished is not aborted."""
         while not self.ended_at_engine:
             try:
-                chunk = self._chunks.next_nowait()  # type: ignore[union-attr]
+                chunk = self._chunks.next_nowait()
             except (trio.WouldBlock, StopAsyncIteration):
                 return
             except EngineError as error:
@@ -94,28 +97,21 @@ class EngineCall:
                 self.ended_at_engine = True
 
 
-def _next_nowait(chunks: AsyncIterator[GenerateChunk]) -> GenerateChunk | None:
-    try:
-        return chunks.next_nowait()  # type: ignore[attr-defined]
-    except (trio.WouldBlock, StopAsyncIteration):
-        return None
-
-
 @asynccontextmanager
 async def open_engine_call(
     client: EngineClient, request: GenerateInput, *, abort_timeout: float = 5.0
 ) -> AsyncIterator[EngineCall]:
     """Dispatch `request` to `client`; on leaving before the engine ended it, abort it there."""
-    call = EngineCall(client, request)
+    call: EngineCall | None = None
     try:
         async with client.generate(request) as chunks:
-            call._chunks = chunks
+            call = EngineCall(client, request, chunks)
             try:
                 yield call
             finally:
                 call.drain_arrived()
     finally:
-        if not call.ended_at_engine:
+        if call is None or not call.ended_at_engine:
             await abort_on_engine(client, request.rid, abort_timeout)
 
 

@@ -1,0 +1,286 @@
+"""Dispatch: route a planned request, run its engine calls in the request's nursery, hand back events.
+
+`dispatch(pool, plan)` is the request's whole life on the engines, in one ``async with``:
+
+1. Route (`ModelPool.choose_route`): an aggregated engine, or a prefill + decode pair, chosen now so
+   that routing load is only counted for a request that will release it (the ``finally`` here).
+2. Assign each choice its engine; a disaggregated choice gets its prefill twin (same rid, same
+   bootstrap triple: the prefill engine's bootstrap host and port, a fresh random room).
+3. Start every engine call (`run_choices`) and wait until each request is on the wire.
+4. Yield the event batches; the caller renders them.
+
+Leaving the block (all done, client gone, shutdown, a failure) cancels the request's nursery; each
+engine call then ends through `open_engine_call`, whose ``finally`` sends its `Abort` when the engine
+had not ended the request. An engine that cannot be reached before a choice's first output is taken
+out of routing and the choice retried on another aggregated engine (`Dispatcher.reroute`); a
+disaggregated pair is not retried, its two legs would need a new rendezvous.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import replace
+from functools import partial
+from typing import Protocol
+
+import trio
+
+from trio_direct import metrics
+from trio_direct.core.choices import ChoiceFailed, ChoiceReader, ChoiceRun, EngineLeg, stream_choice
+from trio_direct.core.disaggregation import new_room, run_disaggregated_choice
+from trio_direct.core.output import ChoiceEvent
+from trio_direct.core.pool import ServingPool
+from trio_direct.core.plan import RequestPlan
+from trio_direct.deferred import DeferredError
+from trio_direct.engine.errors import EngineError, EngineInvalidArgument, EngineResourceExhausted, EngineUnavailable
+from trio_direct.engine.types import Bootstrap, EngineClient
+from trio_direct.exception_groups import unwrap_single_exception
+from trio_direct.fleet.card import DEFAULT_BOOTSTRAP_PORT
+from trio_direct.fleet.fleet import Worker
+from trio_direct.openai import errors
+from trio_direct.openai.errors import OpenAIError
+from trio_direct.routing.policy import Route
+from trio_direct.routing.simple import NoWorkerAvailable
+
+
+__all__ = ["EventBatches", "abort_error", "client_error", "dispatch"]
+
+log = logging.getLogger(__name__)
+
+
+class EventBatches(Protocol):
+    """The choices' events, a batch at a time: everything that queued up while the reader was busy."""
+
+    def __aiter__(self) -> EventBatches: ...
+
+    async def __anext__(self) -> list[ChoiceEvent]:
+        """The next batch; raises a choice's `EngineError` after every event that came before it."""
+
+
+def client_error(error: EngineError) -> OpenAIError:
+    """What a client hears of an engine failure: a status and a message without engine internals."""
+    log.warning("engine request failed: %s", error)
+    if isinstance(error, EngineInvalidArgument):
+        return errors.invalid_request(f"The engine rejected the request: {error.message}")
+    if isinstance(error, EngineResourceExhausted):
+        return errors.rate_limited("The engine is at capacity; retry later.")
+    if isinstance(error, EngineUnavailable):
+        return errors.service_unavailable("The engine serving the request is unavailable.")
+    return errors.engine_failure("The engine failed to complete the request.")
+
+
+def abort_error(event: ChoiceEvent) -> OpenAIError:
+    """A choice the engine ended with finish reason "abort"."""
+    log.warning("engine aborted choice %d: %s", event.index, event.abort_message)
+    return errors.engine_failure(f"The engine aborted the request: {event.abort_message or 'no reason given'}")
+
+
+class Dispatcher:
+    """One request's routing as its choices run: the `RunControl` every choice reader asks."""
+
+    __slots__ = ("_pool", "_plan", "_first_output_seen")
+
+    def __init__(self, pool: ServingPool, plan: RequestPlan) -> None:
+        self._pool = pool
+        self._plan = plan
+        self._first_output_seen = False
+
+    def first_output(self) -> None:
+        if not self._first_output_seen:
+            self._first_output_seen = True
+            self._pool.first_token(self._plan.key)
+
+    def unreachable(self, client: EngineClient, error: EngineError) -> None:
+        self._pool.engine_unreachable(client, error)
+
+    def reroute(self, run: ChoiceRun) -> bool:
+        """Another aggregated engine for `run` (the failed one is already out of routing)."""
+        plan, pool = self._plan, self._pool
+        pool.release(plan.key)
+        try:
+            route = pool.choose_route(plan.prompts[run.plan.prompt_index].token_ids, plan.key, plan.session_key)
+        except NoWorkerAvailable:
+            return False
+        if route.prefill is not None or route.decode.engine.client is run.client:
+            return False
+        log.info("request %s: engine unreachable, retrying on %s", plan.key, route.decode.engine.id)
+        run.client = route.decode.engine.client
+        run.plan.request.routed_dp_rank = route.decode.dp_rank
+        return True
+
+
+def assign(pool: ServingPool, plan: RequestPlan, route: Route[Worker]) -> list[ChoiceRun]:
+    """Point every choice at the route's engines (and pair it with its prefill leg)."""
+    worker = route.decode
+    metrics.ROUTED.labels(worker.engine.id, worker.engine.card.role).inc()
+    if route.prefill is not None:
+        metrics.ROUTED.labels(route.prefill.engine.id, "prefill").inc()
+    runs = []
+    for choice in plan.choices:
+        choice.request.routed_dp_rank = worker.dp_rank
+        if route.prefill is None:
+            runs.append(ChoiceRun(choice, worker.engine.client, retries=pool.config.max_retries))
+        else:
+            runs.append(ChoiceRun(choice, worker.engine.client, _pair_with_prefill(choice.request, route)))
+    if route.prefill is None:
+        log.debug("request %s: %d choice(s) on %s rank %s", plan.key, len(runs), worker.engine.id, worker.dp_rank)
+    else:
+        log.info(
+            "request %s: %d choice(s), prefill on %s rank %s, decode on %s rank %s",
+            plan.key, len(runs), route.prefill.engine.id, route.prefill.dp_rank, worker.engine.id, worker.dp_rank,
+        )  # fmt: skip
+    return runs
+
+
+def _pair_with_prefill(decode_request, route: Route[Worker]) -> EngineLeg:  # noqa: ANN001 - GenerateInput
+    """Give the decode request and its prefill twin the same rid and bootstrap triple."""
+    prefill_worker = route.prefill
+    assert prefill_worker is not None
+    card = prefill_worker.engine.card
+    room = new_room(prefill_worker.engine.client, route.decode.engine.client)
+    port = card.bootstrap_port or DEFAULT_BOOTSTRAP_PORT
+    decode_request.bootstrap = Bootstrap(card.bootstrap_host or card.host, port, room)
+    prefill_request = replace(decode_request, routed_dp_rank=prefill_worker.dp_rank)
+    return EngineLeg(prefill_worker.engine.client, prefill_request)
+
+
+@asynccontextmanager
+async def dispatch(pool: ServingPool, plan: RequestPlan) -> AsyncIterator[EventBatches]:
+    """Route `plan` and start its engine calls; yields once every request is on the wire.
+
+    Raises `OpenAIError` 503 when no engine can serve it. Engine failures surface from the batches
+    as `EngineError` (see `client_error`), after every event that came before them.
+    """
+    try:
+        route = pool.choose_route(plan.prompts[0].token_ids, plan.key, plan.session_key)
+    except NoWorkerAvailable:
+        raise errors.service_unavailable("No engine is available to serve the request.") from None
+    try:
+        runs = assign(pool, plan, route)
+        async with run_choices(
+            runs,
+            Dispatcher(pool, plan),
+            abort_timeout=pool.config.abort_timeout,
+            decode_abort_deadline=pool.config.decode_abort_deadline,
+        ) as batches:
+            yield batches
+    finally:
+        pool.release(plan.key)
+
+
+@asynccontextmanager
+async def run_choices(
+    runs: list[ChoiceRun], control: Dispatcher, *, abort_timeout: float, decode_abort_deadline: float = 30.0
+) -> AsyncIterator[EventBatches]:
+    """Start every choice's engine call(s) at once; yields their event batches once every request
+    is on the wire (or could not be sent: the failure then comes from the batches).
+
+    The nursery here is the request's: leaving the block (client gone, error, all done) cancels
+    whatever still runs, and each engine call's own ``finally`` sends its Abort. A request with a
+    single aggregated choice needs no nursery: its engine call is read in the caller's task.
+    """
+    if len(runs) == 1 and runs[0].prefill is None:
+        async with ChoiceReader(runs[0], control, abort_timeout) as reader:
+            await reader.wait_written()
+            yield _OneChoiceEvents(reader)
+        return
+    send, receive = trio.open_memory_channel(math.inf)
+    all_written = trio.Event()
+    waiting = len(runs)
+
+    def written() -> None:
+        nonlocal waiting
+        waiting -= 1
+        if waiting == 0:
+            all_written.set()
+
+    # Choice tasks report failures in-band and never raise: what leaves is the reader's own.
+    with unwrap_single_exception():
+        async with trio.open_nursery() as nursery:
+            for run in runs:
+                if run.prefill is None:
+                    nursery.start_soon(partial(_run_choice, run, control, abort_timeout, send.clone(), written))
+                else:
+                    nursery.start_soon(
+                        partial(
+                            run_disaggregated_choice,
+                            run,
+                            control,
+                            abort_timeout=abort_timeout,
+                            decode_abort_deadline=decode_abort_deadline,
+                            send=send.clone(),
+                            written=written,
+                        )
+                    )
+            send.close()
+            try:
+                await all_written.wait()
+                yield ChoiceEvents(receive)
+            finally:
+                nursery.cancel_scope.cancel()
+
+
+async def _run_choice(
+    run: ChoiceRun, control: Dispatcher, abort_timeout: float, send: trio.MemorySendChannel, written
+) -> None:  # noqa: ANN001
+    async with send:
+        await stream_choice(run, control, abort_timeout, send, written=written)
+
+
+class ChoiceEvents:
+    """Batches of events as they come from the choice tasks; raises a choice's engine failure where
+    it happened. A failure behind events of the same batch is raised on the next call, so the events
+    before it still go out."""
+
+    __slots__ = ("_receive", "_failure")
+
+    def __init__(self, receive: trio.MemoryReceiveChannel) -> None:
+        self._receive = receive
+        self._failure = DeferredError()
+
+    def __aiter__(self) -> ChoiceEvents:
+        return self
+
+    async def __anext__(self) -> list[ChoiceEvent]:
+        self._failure.raise_held()
+        try:
+            batch = [await self._receive.receive()]
+        except trio.EndOfChannel:
+            raise StopAsyncIteration from None
+        while True:  # what else already arrived goes out in the same write
+            try:
+                batch.append(self._receive.receive_nowait())
+            except (trio.WouldBlock, trio.EndOfChannel):
+                break
+        for position, item in enumerate(batch):
+            if type(item) is ChoiceFailed:
+                if position == 0:
+                    raise item.error
+                self._failure.hold(item.error)
+                return batch[:position]
+        return batch
+
+
+class _OneChoiceEvents:
+    """`ChoiceEvents` of a request with one aggregated choice, read in the request's own task.
+
+    No choice task and no channel between the engine call and the writer: one task switch less per
+    batch of tokens, and fewer objects per open stream.
+    """
+
+    __slots__ = ("_reader",)
+
+    def __init__(self, reader: ChoiceReader) -> None:
+        self._reader = reader
+
+    def __aiter__(self) -> _OneChoiceEvents:
+        return self
+
+    async def __anext__(self) -> list[ChoiceEvent]:
+        event = await self._reader.next_event()
+        if event is None:
+            raise StopAsyncIteration
+        return [event]

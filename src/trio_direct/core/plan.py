@@ -1,0 +1,199 @@
+"""Planning: prompts and sampling in, a `RequestPlan` out (one engine request and output pipeline per choice).
+
+A surface (chat, completions, ...) decodes its own request, renders and tokenizes its prompts and
+maps its sampling fields; `plan_request` does what every surface shares: the `n` and context-length
+checks, the request ids, one `GenerateInput` and one `ChoiceOutput` per choice. Nothing here routes
+or runs anything: the engine of each choice is chosen at dispatch, so routing load is only ever
+counted for a request that will release it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+from trio_direct.core.pool import ServingPool
+from trio_direct.core.output import ChoiceOutput, ReasoningSplitter
+from trio_direct.engine.types import GenerateInput, SamplingOptions
+from trio_direct.logs import REQUEST_ID
+from trio_direct.openai import errors
+from trio_direct.parsers.selection import skip_special_tokens
+from trio_direct.parsers.tools import ToolParser
+from trio_direct.text.detokenizer import IncrementalDetokenizer
+from trio_direct.text.stop_strings import StopStringMatcher
+
+
+__all__ = [
+    "ChoicePlan",
+    "OutputOptions",
+    "Prompt",
+    "RequestPlan",
+    "Usage",
+    "check_vocab",
+    "new_request_key",
+    "plan_request",
+]
+
+
+@dataclass(slots=True)
+class Prompt:
+    """One prompt as the engine gets it, and as `echo` returns it."""
+
+    token_ids: list[int]
+    text: str
+    #: Tokens that end the turn for this prompt's format, beyond the tokenizer's EOS (harmony's
+    #: `<|return|>` and `<|call|>`).
+    stop_token_ids: tuple[int, ...] = ()
+
+
+@dataclass(slots=True)
+class Usage:
+    """Token counts of one request (all choices). `cached_tokens` must come from the prefill leg."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+    reasoning_tokens: int = 0
+
+
+@dataclass(slots=True)
+class ChoicePlan:
+    """One choice: the engine request that generates it, and its output pipeline."""
+
+    request: GenerateInput
+    output: ChoiceOutput
+    prompt_index: int = 0
+
+
+@dataclass(slots=True)
+class RequestPlan:
+    """A planned request: what dispatch runs and a renderer writes."""
+
+    id: str
+    #: 32 hex characters; each choice's rid is this plus 4 hex digits (never a prefix of another).
+    key: str
+    #: When the request was created (Unix seconds): every chunk and body of it carries this.
+    created: int
+    model: str
+    prompts: list[Prompt]
+    choices: list[ChoicePlan]
+    n: int = 1
+    stream: bool = False
+    include_usage: bool = False
+    #: Routing affinity: requests with the same key prefer the same engine (`X-Session-ID`).
+    session_key: str | None = None
+
+    def usage(self) -> Usage:
+        outputs = [choice.output for choice in self.choices]
+        return Usage(
+            prompt_tokens=sum(len(p.token_ids) for p in self.prompts),
+            completion_tokens=sum(o.completion_tokens for o in outputs),
+            # the choices of one prompt share its cache hit: count it once per prompt
+            cached_tokens=sum(o.usage_cached_tokens for o in outputs[:: self.n]),
+            reasoning_tokens=sum(o.reasoning_tokens for o in outputs),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class OutputOptions:
+    """How each choice's text is made: detokenizer settings, stop strings, parsers."""
+
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    stop_strings: tuple[str, ...] = ()
+    include_stop_str: bool = False
+    #: A fresh reasoning parser for a choice of this prompt, or None.
+    reasoning_parser: Callable[[Prompt], ReasoningSplitter | None] | None = None
+    #: A fresh tool-call parser for a choice, or None. A parser that reads the model's own markup
+    #: (often special tokens: `<|python_tag|>`, DeepSeek's) makes the detokenizer keep them, as
+    #: SGLang does.
+    tool_parser: Callable[[], ToolParser | None] | None = None
+
+
+def new_request_key() -> str:
+    """32 random hex characters (as random as uuid4().hex, without building a UUID)."""
+    return os.urandom(16).hex()
+
+
+def plan_request(
+    pool: ServingPool,
+    prompts: list[Prompt],
+    sampling: SamplingOptions,
+    *,
+    id_prefix: str,
+    n: int = 1,
+    output: OutputOptions = OutputOptions(),
+    return_logprob: bool = False,
+    top_logprobs: int = 0,
+    stream: bool = False,
+    include_usage: bool = False,
+    prompt_param: str = "prompt",
+    session_key: str | None = None,
+    created: int | None = None,
+) -> RequestPlan:
+    """One `ChoicePlan` per prompt and sample; raises `OpenAIError` for what no engine could serve."""
+    if n > pool.config.max_n:
+        raise errors.invalid_request(f"n must be at most {pool.config.max_n}.", param="n")
+    limit = pool.context_length
+    for prompt in prompts:
+        if not prompt.token_ids:
+            raise errors.invalid_request("The prompt is empty after tokenization.", param=prompt_param)
+        if limit is not None and len(prompt.token_ids) >= limit:
+            raise errors.context_length_exceeded(len(prompt.token_ids), limit, sampling.max_new_tokens, param=prompt_param)
+    key = new_request_key()
+    REQUEST_ID.set(id_prefix + key)
+    choices = []
+    for prompt_index, prompt in enumerate(prompts):
+        options = sampling
+        if limit is not None and options.max_new_tokens is not None:
+            room = limit - len(prompt.token_ids)
+            if options.max_new_tokens > room:  # SGLang clips too; say so rather than fail the request
+                options = replace(options, max_new_tokens=room)
+        if prompt.stop_token_ids and not options.ignore_eos:
+            extra = [t for t in prompt.stop_token_ids if t not in options.stop_token_ids]
+            options = replace(options, stop_token_ids=(*options.stop_token_ids, *extra))
+        for sample in range(n):
+            index = prompt_index * n + sample
+            request = GenerateInput(
+                rid=f"{key}{index:04x}",  # fixed length: never a prefix of another rid
+                input_ids=prompt.token_ids,
+                sampling=options,
+                stream=True,
+                return_logprob=return_logprob,
+                top_logprobs_num=top_logprobs,
+                original_text=prompt.text,
+            )
+            reasoning = output.reasoning_parser(prompt) if output.reasoning_parser is not None else None
+            tools = output.tool_parser() if output.tool_parser is not None else None
+            decoder = IncrementalDetokenizer(
+                pool.tokenizer,
+                skip_special_tokens=skip_special_tokens(output.skip_special_tokens, (tools, reasoning)),
+                spaces_between_special_tokens=output.spaces_between_special_tokens,
+                prompt_ids=prompt.token_ids,
+            )
+            stops = (
+                StopStringMatcher(output.stop_strings, output.include_stop_str) if output.stop_strings else None
+            )
+            choices.append(ChoicePlan(request, ChoiceOutput(index, decoder, stops, reasoning, tools), prompt_index))
+    return RequestPlan(
+        id=id_prefix + key,
+        key=key,
+        created=int(time.time()) if created is None else created,
+        model=pool.name,
+        prompts=prompts,
+        choices=choices,
+        n=n,
+        stream=stream,
+        include_usage=include_usage,
+        session_key=session_key,
+    )
+
+
+def check_vocab(pool: ServingPool, token_ids: Sequence[int], param: str = "prompt") -> None:
+    """A token-id prompt must stay inside the model's vocabulary."""
+    vocab = pool.tokenizer.vocab_size
+    bad = next((t for t in token_ids if t >= vocab), None)
+    if bad is not None:
+        raise errors.invalid_request(f"Token id {bad} is out of vocabulary (size {vocab}).", param=param)

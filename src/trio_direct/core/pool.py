@@ -1,0 +1,39 @@
+"""What the request core needs of a served model's pool (`frontend.runtime.ModelPool` is one)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from trio_direct.config import ServeConfig
+from trio_direct.engine.errors import EngineError
+from trio_direct.engine.types import EngineClient
+from trio_direct.fleet.fleet import Worker
+from trio_direct.routing.policy import Route
+from trio_direct.text.tokenizer import ModelTokenizer
+
+__all__ = ["ServingPool"]
+
+
+class ServingPool(Protocol):
+    """One model's settings, tokenizer and routing, as planning and dispatch use them."""
+
+    config: ServeConfig
+    tokenizer: ModelTokenizer
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def context_length(self) -> int | None: ...
+
+    def choose_route(
+        self, token_ids: Sequence[int] = (), request_id: str | None = None, session_key: str | None = None
+    ) -> Route[Worker]:
+        """Where a request goes; raises `NoWorkerAvailable` when nothing healthy can serve it."""
+
+    def first_token(self, request_id: str) -> None: ...
+
+    def release(self, request_id: str) -> None: ...
+
+    def engine_unreachable(self, client: EngineClient, error: EngineError) -> None: ...

@@ -1,0 +1,207 @@
+"""Rendering: a surface's `Renderer` turns choice events into its wire format; the drivers here run
+dispatch and write what the renderer makes, for streamed and unary responses alike.
+
+A surface (OpenAI chat, legacy completions, ...) implements `Renderer` and nothing else of the
+response path: no surface writes to the socket, touches metrics or decides when a stream ends.
+
+The first token's path does only what the engine request needs before the request leaves; what only
+the output needs (the renderer's opening bytes, the detokenizers' decoding streams, the response
+headers) is done once every engine request is on the wire, while the engines compute.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Protocol
+
+import trio
+from prometheus_client import Histogram
+
+from trio_direct import metrics
+from trio_direct.core.dispatch import abort_error, client_error, dispatch
+from trio_direct.core.output import ChoiceEvent, ChoiceResult
+from trio_direct.core.pool import ServingPool
+from trio_direct.core.plan import RequestPlan, Usage
+from trio_direct.engine.errors import EngineError
+from trio_direct.openai import errors
+from trio_direct.openai.errors import OpenAIError
+
+
+__all__ = ["SSE_HEADERS", "Renderer", "ResponseWriter", "StreamCutter", "stream_response", "unary_response"]
+
+SSE_HEADERS = [
+    (b"content-type", b"text/event-stream"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
+
+
+class Renderer(Protocol):
+    """One request's wire format on one API surface."""
+
+    def prepare(self) -> None:
+        """Build what the first write needs and the engine request did not (called after dispatch)."""
+
+    def opening(self) -> bytes:
+        """Stream: what goes out with the first events (a role chunk, a `response.created` event)."""
+
+    def events(self, batch: list[ChoiceEvent]) -> bytes:
+        """Stream: one write's worth of output for a batch of events (may be empty)."""
+
+    def closing(self, usage: Usage) -> bytes:
+        """Stream: the end of a stream that finished (usage, `[DONE]`, a stop event)."""
+
+    def failure(self, error: OpenAIError) -> bytes:
+        """Stream: the end of a stream that failed after its headers went out (an error event)."""
+
+    def unary(self, results: list[ChoiceResult], usage: Usage) -> bytes:
+        """The whole body of a unary response."""
+
+
+class ResponseWriter(Protocol):
+    """The HTTP side of one response (`http.exchange.Exchange`)."""
+
+    async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None: ...
+
+    async def send(self, data: bytes) -> None: ...
+
+    async def end(self) -> None: ...
+
+
+class StreamCutter:
+    """Ends every open response early on demand (the drain deadline of a shutdown, a second signal).
+
+    Each response registers its cancel scope for as long as it runs; `cut` cancels them all, and
+    each stream then ends with its surface's error event instead of stopping mid-air. A set of
+    scopes costs one insert per request where `trio_util.move_on_when` would cost a task.
+    """
+
+    def __init__(self) -> None:
+        self._scopes: set[trio.CancelScope] = set()
+        self.cut_reason: str | None = None
+
+    @contextmanager
+    def guard(self) -> Iterator[trio.CancelScope]:
+        scope = trio.CancelScope()
+        if self.cut_reason is not None:
+            scope.cancel()
+        self._scopes.add(scope)
+        try:
+            with scope:
+                yield scope
+        finally:
+            self._scopes.discard(scope)
+
+    def cut(self, reason: str) -> None:
+        self.cut_reason = reason
+        for scope in list(self._scopes):
+            scope.cancel()
+
+    def __len__(self) -> int:
+        return len(self._scopes)
+
+
+def _shutdown_error(cutter: StreamCutter) -> OpenAIError:
+    return errors.service_unavailable(f"The server is shutting down: {cutter.cut_reason or 'drain deadline'}.")
+
+
+async def stream_response(
+    pool: ServingPool,
+    plan: RequestPlan,
+    renderer: Renderer,
+    writer: ResponseWriter,
+    *,
+    started: float,
+    cutter: StreamCutter,
+) -> None:
+    """Dispatch `plan` and stream what `renderer` makes of its events.
+
+    Failures before the headers went out (no engine, an engine that refused the request) raise
+    `OpenAIError`, for the HTTP layer to answer with a status; after that, the stream ends with the
+    renderer's `failure`. `started` is the request's arrival (`time.perf_counter()`), for TTFT.
+    """
+    failure: OpenAIError | None = None
+    headers_sent = False
+    # Looked up once the engine calls are dispatched, off the first token's path.
+    ttft: Histogram | None = None
+    gaps: Histogram | None = None
+    last: float | None = None
+
+    async def write(data: bytes) -> None:
+        # Timed as the data is handed to the server, recorded once it is out: the histograms'
+        # bookkeeping never delays a token.
+        nonlocal last
+        now = time.perf_counter()
+        await writer.send(data)
+        if last is None:
+            if ttft is not None:
+                ttft.observe(now - started)
+        elif gaps is not None:
+            gaps.observe(now - last)
+        last = now
+
+    with cutter.guard() as guard:
+        try:
+            async with dispatch(pool, plan) as batches:
+                # Every engine request is on the wire: what follows is done while the engines work.
+                renderer.prepare()
+                ttft = metrics.TTFT.labels(plan.model)
+                gaps = metrics.INTER_TOKEN.labels(plan.model)
+                await writer.start(200, SSE_HEADERS)
+                headers_sent = True
+                opening = renderer.opening()
+                async for batch in batches:
+                    aborted = next((e for e in batch if e.finish_reason == "abort"), None)
+                    if aborted is not None:
+                        batch = batch[: batch.index(aborted)]
+                        failure = abort_error(aborted)
+                    data = renderer.events(batch) if batch else b""
+                    if opening:
+                        data, opening = opening + data, b""
+                    if data:
+                        await write(data)
+                    if failure is not None:
+                        break
+        except EngineError as error:
+            if not headers_sent:
+                raise client_error(error) from None
+            failure = client_error(error)
+        except OpenAIError as error:
+            if not headers_sent:
+                raise
+            failure = error
+    if guard.cancelled_caught:
+        if not headers_sent:
+            raise _shutdown_error(cutter)
+        failure = failure or _shutdown_error(cutter)
+    _count_tokens(plan)
+    await write(renderer.failure(failure) if failure is not None else renderer.closing(plan.usage()))
+    await writer.end()
+
+
+async def unary_response(pool: ServingPool, plan: RequestPlan, renderer: Renderer, *, cutter: StreamCutter) -> bytes:
+    """Dispatch `plan`, collect every choice's events, and return the renderer's body."""
+    results = {choice.output.index: ChoiceResult(choice.output.index) for choice in plan.choices}
+    with cutter.guard() as guard:
+        try:
+            async with dispatch(pool, plan) as batches:
+                async for batch in batches:
+                    for event in batch:
+                        if event.finish_reason == "abort":
+                            raise abort_error(event)
+                        results[event.index].add(event)
+        except EngineError as error:
+            raise client_error(error) from None
+    if guard.cancelled_caught:
+        raise _shutdown_error(cutter)
+    _count_tokens(plan)
+    return renderer.unary(list(results.values()), plan.usage())
+
+
+def _count_tokens(plan: RequestPlan) -> None:
+    usage = plan.usage()
+    metrics.TOKENS.labels(plan.model, "input").inc(usage.prompt_tokens)
+    metrics.TOKENS.labels(plan.model, "output").inc(usage.completion_tokens)
+    metrics.TOKENS.labels(plan.model, "cached").inc(usage.cached_tokens)

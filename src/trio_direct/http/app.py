@@ -1,0 +1,261 @@
+"""The one HTTP layer: an ASGI app that serves the route table (`http.routes`).
+
+Every request passes the same rules, written once, in this order: the protocol guard
+(`http/asgi_guard.py`: a declared Content-Length over ``--max-body-bytes`` is a 413 before any body
+is read, Content-Length with Transfer-Encoding a 400 and a closed connection, a WebSocket handshake a
+400), route lookup (404, 405), CORS preflight, API key, "server is starting" (503), admission
+against ``--max-concurrent-requests`` (429 with Retry-After, generation routes), the body read
+within ``--max-body-bytes`` (413 for a chunked body that grows past it), the client-disconnect
+watch, then the handler;
+whatever it raises as `OpenAIError` is written in the route's own error envelope, and anything else
+is logged and answered 500 in that envelope. Nothing answers a bare error page.
+
+A client that disconnects is noticed by a task reading ASGI messages once the body is read, which
+cancels the request's scope; engine calls then end through `core.engine_call.open_engine_call`'s
+``finally`` (an `Abort` each).
+
+The ASGI lifespan protocol starts the frontend when the app is served by ``hypercorn
+trio_direct.app:app`` (`create_app(..., start=...)`).
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+import trio
+
+from trio_direct import metrics
+from trio_direct.config import ServeConfig
+from trio_direct.http.asgi_guard import ProtocolGuard
+from trio_direct.http.exchange import Exchange, Receive, Scope, Send
+from trio_direct.http.routes import ROUTES
+from trio_direct.http.routing_table import Route, RouteTable
+from trio_direct.openai import errors
+from trio_direct.openai.errors import OpenAIError
+
+if TYPE_CHECKING:
+    from trio_direct.frontend.runtime import Frontend
+
+__all__ = ["App", "create_app"]
+
+log = logging.getLogger(__name__)
+
+App = Callable[[Scope, Receive, Send], Awaitable[None]]
+#: Starts the frontend inside the ASGI lifespan and reports it (``nursery.start`` protocol).
+StartFrontend = Callable[..., Awaitable[None]]
+
+_CORS_METHODS = b"GET, POST, DELETE, OPTIONS"
+_CORS_MAX_AGE = b"600"
+
+
+def create_app(
+    get_frontend: Callable[[], Frontend | None],
+    config: ServeConfig,
+    *,
+    routes: RouteTable = ROUTES,
+    start: StartFrontend | None = None,
+) -> App:
+    """The ASGI app. `get_frontend` returns None while the frontend is still starting (503s then);
+    `start`, when given, runs the frontend for the lifespan of the app (the hypercorn CLI entry)."""
+    api_key = config.api_key.encode() if config.api_key else None
+    origins = _origins(config.cors_allow_origins)
+    limit = _Limit(config.max_concurrent_requests)
+    max_body = config.max_body_bytes
+    metrics.watch_frontend(get_frontend)
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            await serve_http(scope, receive, send)
+        elif kind == "lifespan":
+            await _lifespan(receive, send, start)
+
+    async def serve_http(scope: Scope, receive: Receive, send: Send) -> None:
+        path, method = scope["path"], scope["method"]
+        cors = _cors_headers(scope, origins)
+        if method == "OPTIONS" and cors is not None:
+            await _preflight(scope, send, cors, routes.methods(path))
+            return
+        match = routes.match(method, path)
+        route = match.route
+        exchange = Exchange(scope, send, frontend=get_frontend(), params=match.params, extra_headers=cors or [])
+        if route is None:
+            if match.allowed:
+                error = errors.OpenAIError(f"Method Not Allowed: {method} {path}", status=405)
+                allow = ", ".join(match.allowed).encode()
+                await exchange.json(405, error.to_json(), headers=[(b"allow", allow)])
+            else:
+                await exchange.json(404, errors.not_found(f"Not Found: {method} {path}").to_json())
+            return
+        if api_key is not None and not route.open and not _authorized(exchange, route, api_key):
+            error = errors.unauthorized()
+            await exchange.json(error.status, route.error_body(error), headers=[(b"www-authenticate", b"Bearer")])
+            return
+        if route.needs_frontend and exchange.frontend_or_none is None:
+            error = errors.service_unavailable("The server is starting: no engine is ready yet.")
+            await exchange.json(error.status, route.error_body(error), headers=[(b"retry-after", b"1")])
+            return
+        if route.endpoint is None:
+            await _run(route, exchange, receive, max_body)
+            return
+        if not limit.enter():
+            error = errors.rate_limited(
+                f"The server is at its limit of {limit.limit} concurrent requests; retry later."
+            )
+            await exchange.json(error.status, route.error_body(error), headers=[(b"retry-after", b"1")])
+            metrics.REQUESTS.labels(model="", endpoint=route.endpoint, stream="", status="429").inc()
+            return
+        metrics.IN_FLIGHT.inc()
+        try:
+            await _run(route, exchange, receive, max_body)
+        finally:
+            limit.leave()
+            metrics.IN_FLIGHT.dec()
+            status = exchange.status if exchange.ended else 499  # 499: the client went away
+            stream = "true" if exchange.stream else "false"
+            metrics.REQUESTS.labels(model=exchange.model, endpoint=route.endpoint, stream=stream, status=str(status)).inc()
+            metrics.DURATION.labels(exchange.model, route.endpoint).observe(time.perf_counter() - exchange.started)
+
+    return ProtocolGuard(app, max_body_bytes=max_body)
+
+
+async def _run(route: Route, exchange: Exchange, receive: Receive, max_body: int) -> None:
+    """Read the body, watch for the client leaving, run the handler; errors in the route's envelope."""
+    try:
+        async with trio.open_nursery() as nursery:
+            body = await _read_body(receive, max_body)
+            if body is None:
+                return  # the client left before sending its request
+            exchange.body = body
+            nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope)
+            await route.handler(exchange)
+            nursery.cancel_scope.cancel()
+    except* OpenAIError as group:
+        await _answer_error(exchange, route, group.exceptions[0])  # type: ignore[arg-type]
+    except* Exception as group:
+        log.error("unexpected error serving %s %s", exchange.scope["method"], exchange.scope["path"], exc_info=group.exceptions[0])
+        await _answer_error(exchange, route, errors.internal_error())
+
+
+async def _answer_error(exchange: Exchange, route: Route, error: OpenAIError) -> None:
+    # Not a local of `_run`: the error's traceback holds that frame, so a local there would keep the
+    # request, its exchange and the error alive in a reference cycle until a full garbage collection.
+    close = error.status == 413  # the rest of the body was never read: the connection cannot carry another request
+    await exchange.json(error.status, route.error_body(error), close=close)
+
+
+async def _read_body(receive: Receive, limit: int) -> bytes | None:
+    body = bytearray()
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        body += message.get("body", b"")
+        if len(body) > limit:
+            raise errors.payload_too_large(limit)
+        if not message.get("more_body"):
+            return bytes(body)
+
+
+async def _cancel_on_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    scope.cancel()
+
+
+def _authorized(exchange: Exchange, route: Route, expected: bytes) -> bool:
+    """`Authorization: Bearer KEY` (the scheme is case-insensitive, RFC 9110 §11.1), or one of the
+    route's own API-key headers (Anthropic's `x-api-key`)."""
+    value = exchange.header(b"authorization")
+    if value is not None:
+        scheme, _, token = value.partition(b" ")
+        if scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), expected):
+            return True
+    for name in route.api_key_headers:
+        value = exchange.header(name)
+        if value is not None and hmac.compare_digest(value.strip(), expected):
+            return True
+    return False
+
+
+class _Limit:
+    """``--max-concurrent-requests`` (0: no limit)."""
+
+    __slots__ = ("limit", "active")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.active = 0
+
+    def enter(self) -> bool:
+        if self.limit and self.active >= self.limit:
+            return False
+        self.active += 1
+        return True
+
+    def leave(self) -> None:
+        self.active -= 1
+
+
+# ---- CORS -----------------------------------------------------------------------------------------
+
+
+def _origins(setting: str) -> frozenset[bytes] | None:
+    """``--cors-allow-origins``: None (off), or the allowed origins (``*``: any)."""
+    origins = frozenset(part.strip().encode() for part in setting.replace(",", " ").split() if part.strip())
+    return origins or None
+
+
+def _cors_headers(scope: Scope, origins: frozenset[bytes] | None) -> list[tuple[bytes, bytes]] | None:
+    """The CORS headers for a request from an allowed origin; None when CORS does not apply."""
+    if origins is None:
+        return None
+    origin = next((value for name, value in scope["headers"] if name == b"origin"), None)
+    if origin is None:
+        return None
+    if b"*" in origins:
+        return [(b"access-control-allow-origin", b"*")]
+    if origin in origins:
+        return [(b"access-control-allow-origin", origin), (b"vary", b"Origin")]
+    return None
+
+
+async def _preflight(scope: Scope, send: Send, cors: list[tuple[bytes, bytes]], methods: tuple[str, ...]) -> None:
+    """Answer a CORS preflight (no API key needed: browsers send none on a preflight)."""
+    asked = next((value for name, value in scope["headers"] if name == b"access-control-request-headers"), None)
+    headers = [
+        *cors,
+        (b"access-control-allow-methods", ", ".join(methods).encode() if methods else _CORS_METHODS),
+        (b"access-control-allow-headers", asked or b"authorization, content-type, x-api-key"),
+        (b"access-control-max-age", _CORS_MAX_AGE),
+        (b"content-length", b"0"),
+    ]
+    await send({"type": "http.response.start", "status": 204, "headers": headers})
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+# ---- lifespan -------------------------------------------------------------------------------------
+
+
+async def _lifespan(receive: Receive, send: Send, start: StartFrontend | None) -> None:
+    """ASGI lifespan: start the frontend (when this app owns it) and hold it until shutdown."""
+    message = await receive()
+    if message["type"] != "lifespan.startup":
+        return
+    async with trio.open_nursery() as nursery:
+        if start is not None:
+            try:
+                await nursery.start(start)
+            except Exception as error:  # noqa: BLE001 - reported to the server, which exits
+                log.error("start-up failed: %s", error)
+                await send({"type": "lifespan.startup.failed", "message": str(error)})
+                return
+        await send({"type": "lifespan.startup.complete"})
+        while (await receive())["type"] != "lifespan.shutdown":
+            pass
+        nursery.cancel_scope.cancel()
+    await send({"type": "lifespan.shutdown.complete"})

@@ -1,0 +1,154 @@
+"""One HTTP request and its response, as a route handler sees them.
+
+The HTTP layer (`http.app`) has already matched the route, checked the API key, admitted the
+request, read its body within the size limit and started the disconnect watch; the handler reads
+`body` and `params`, and answers with `json`, or with `respond` for a planned generation (streamed
+or unary, by the plan). Errors are raised as `OpenAIError`: the HTTP layer writes them in the route's
+own envelope.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from trio_direct import metrics
+from trio_direct.core.plan import RequestPlan
+from trio_direct.core.render import Renderer, stream_response, unary_response
+
+if TYPE_CHECKING:
+    from trio_direct.frontend.runtime import Frontend, ModelPool
+
+__all__ = ["Exchange", "Receive", "Scope", "Send"]
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+_JSON = (b"content-type", b"application/json")
+
+#: Bound on the shielded last write of a response (a socket write and hypercorn's bookkeeping).
+LAST_SEND_TIMEOUT = 10.0
+
+
+class Exchange:
+    """The request a handler serves and the response it writes (the `core.render.ResponseWriter`)."""
+
+    __slots__ = (
+        "scope", "_send", "body", "params", "started", "_frontend", "status", "headers_sent", "ended",
+        "extra_headers", "model", "stream",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        scope: Scope,
+        send: Send,
+        *,
+        frontend: Frontend | None,
+        params: dict[str, str],
+        extra_headers: list[tuple[bytes, bytes]],
+    ) -> None:
+        self.scope = scope
+        self._send = send
+        self.body = b""
+        self.params = params
+        #: Arrival, for time to first token.
+        self.started = time.perf_counter()
+        self._frontend = frontend
+        self.status = 0
+        self.headers_sent = False
+        self.ended = False
+        #: Headers every response of this request carries (CORS).
+        self.extra_headers = extra_headers
+        #: Metrics labels, known once the body is read.
+        self.model = ""
+        self.stream = False
+
+    @property
+    def frontend(self) -> Frontend:
+        """The running frontend (routes that need one are answered 503 while it starts)."""
+        assert self._frontend is not None
+        return self._frontend
+
+    @property
+    def frontend_or_none(self) -> Frontend | None:
+        """The frontend, or None while it starts (for routes that answer then too)."""
+        return self._frontend
+
+    def header(self, name: bytes) -> bytes | None:
+        """The first value of request header `name` (lower case), if sent."""
+        for key, value in self.scope["headers"]:
+            if key == name:
+                return value
+        return None
+
+    def label(self, model: str, stream: bool) -> None:
+        """What the request metrics say of this request."""
+        self.model = model
+        self.stream = stream
+
+    def session_key(self, user: str | None = None) -> str | None:
+        """The routing affinity key: the `X-Session-ID` header, else the request's `user` when
+        ``--router-affinity-from-user`` is on."""
+        value = self.header(b"x-session-id")
+        if value:
+            return value.decode("latin-1")
+        if user and getattr(self.frontend.config, "router_affinity_from_user", False):
+            return user
+        return None
+
+    # ---- the response --------------------------------------------------------------------------------
+
+    async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        self.headers_sent = True
+        self.status = status
+        await self._send({"type": "http.response.start", "status": status, "headers": headers + self.extra_headers})
+
+    async def send(self, data: bytes) -> None:
+        await self._send({"type": "http.response.body", "body": data, "more_body": True})
+
+    async def end(self, data: bytes = b"") -> None:
+        self.ended = True
+        await _shielded_last(self._send, {"type": "http.response.body", "body": data, "more_body": False})
+
+    async def json(
+        self, status: int, payload: bytes, *, headers: Sequence[tuple[bytes, bytes]] = (), close: bool = False
+    ) -> None:
+        """A whole JSON response. After a stream's headers went out, only ends the stream."""
+        if self.ended:
+            return
+        if self.headers_sent:
+            await self.end()
+            return
+        head = [_JSON, (b"content-length", b"%d" % len(payload)), *headers]
+        if close:
+            head.append((b"connection", b"close"))
+        await self.start(status, head)
+        await self.end(payload)
+
+    async def respond(self, pool: ModelPool, plan: RequestPlan, renderer: Renderer) -> None:
+        """Serve a planned generation: SSE events as they come, or one body at the end."""
+        cutter = self.frontend.cutter
+        if plan.stream:
+            await stream_response(pool, plan, renderer, self, started=self.started, cutter=cutter)
+            return
+        body = await unary_response(pool, plan, renderer, cutter=cutter)
+        metrics.TTFT.labels(plan.model).observe(time.perf_counter() - self.started)
+        await self.json(200, body)
+
+
+async def _shielded_last(send: Send, message: dict[str, Any]) -> None:
+    """The last message of a response, shielded from cancellation (bounded).
+
+    Completing a response makes hypercorn report the client gone, and the request's reaction
+    (cancel its scope) lands while hypercorn is still inside that last `send`, recycling the
+    connection for keep-alive. Cancelled there, hypercorn never starts the connection's idle timer:
+    the idle keep-alive connection then never times out, and holds a graceful shutdown for its
+    whole timeout.
+    """
+    with trio.CancelScope(shield=True) as scope:
+        scope.deadline = trio.current_time() + LAST_SEND_TIMEOUT
+        await send(message)

@@ -1,0 +1,302 @@
+"""`POST /v1/chat/completions`: OpenAI chat, planned on the request core and rendered as OpenAI does.
+
+`chat_prompt` and `chat_output` are the chat-shaped planning every conversational surface shares
+(Responses and Messages build OpenAI-style messages and tools, then plan through them): the chat
+template rendered and tokenized (on a worker thread when long), and the reasoning and tool-call
+parsers set up per choice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from trio_direct.core.output import ChoiceEvent, ChoiceResult, ReasoningSplitter, merge_events
+from trio_direct.core.plan import OutputOptions, Prompt, RequestPlan, Usage, plan_request
+from trio_direct.openai import errors, responses
+from trio_direct.openai.errors import OpenAIError
+from trio_direct.openai.logprobs import TokenText, chat_logprobs
+from trio_direct.openai.requests import ChatCompletionRequest, decode_chat_request
+from trio_direct.openai.sampling import logprob_options, sampling_options, stop_strings
+from trio_direct.openai.tool_choice import forced_tool_name, tool_choice_schema
+from trio_direct.parsers.reasoning import reasoning_parser
+from trio_direct.parsers.tools import ToolCall, ToolCallDelta, ToolParser, tool_call_parser
+from trio_direct.parsers.tools.forced import NamedToolCallParser, RequiredToolCallsParser
+from trio_direct.surfaces.prompting import in_thread_if_long
+from trio_direct.text.chat_template import ChatTemplateError, render_chat
+from trio_direct.text.harmony import HarmonyRenderError, render_harmony_chat
+
+if TYPE_CHECKING:
+    from trio_direct.frontend.runtime import ModelPool
+    from trio_direct.http.exchange import Exchange
+
+__all__ = ["ChatRenderer", "chat_output", "chat_prompt", "handle", "plan_chat"]
+
+
+async def handle(exchange: Exchange) -> None:
+    request = decode_chat_request(exchange.body)
+    pool = exchange.frontend.pool(request.model)
+    exchange.label(pool.name, request.stream)
+    plan = await plan_chat(pool, request, session_key=exchange.session_key(request.user))
+    await exchange.respond(pool, plan, ChatRenderer(plan, pool.token_text, logprobs=request.logprobs))
+
+
+async def plan_chat(pool: ModelPool, request: ChatCompletionRequest, *, session_key: str | None = None) -> RequestPlan:
+    messages = msgspec.to_builtins(request.messages)
+    _check_text_only(messages)
+    tools = msgspec.to_builtins(request.tools) if request.tools else None
+    prompt = await chat_prompt(
+        pool,
+        messages,
+        tools,
+        continue_final_message=request.continue_final_message,
+        chat_template_kwargs=request.chat_template_kwargs,
+        reasoning_effort=request.reasoning_effort,
+    )
+    sampling = sampling_options(request, eos_token_ids=pool.tokenizer.eos_token_ids)
+    if (schema := tool_choice_schema(request)) is not None:
+        sampling = replace(sampling, json_schema=schema)
+    return_logprob, top_logprobs = logprob_options(request)
+    output = chat_output(
+        pool,
+        stop=stop_strings(request),
+        include_stop_str=request.include_stop_str_in_output,
+        skip_special_tokens=request.skip_special_tokens,
+        spaces_between_special_tokens=request.spaces_between_special_tokens,
+        separate_reasoning=request.separate_reasoning,
+        chat_template_kwargs=request.chat_template_kwargs,
+        tools=tools if request.tool_choice != "none" else None,
+        forced_tool=forced_tool_name(request),
+        tools_required=request.tool_choice == "required",
+    )
+    options = request.stream_options
+    return plan_request(
+        pool,
+        [prompt],
+        sampling,
+        id_prefix="chatcmpl-",
+        n=request.n,
+        output=output,
+        return_logprob=return_logprob,
+        top_logprobs=top_logprobs,
+        stream=request.stream,
+        include_usage=bool(options and options.include_usage),
+        prompt_param="messages",
+        session_key=session_key,
+    )
+
+
+def _check_text_only(messages: list[dict[str, Any]]) -> None:
+    for i, message in enumerate(messages):
+        content = message.get("content")
+        if isinstance(content, list):
+            for j, part in enumerate(content):
+                if part.get("type") != "text":
+                    raise errors.invalid_request(
+                        f"Content parts of type '{part.get('type')}' are not supported: this model takes text only.",
+                        param=f"messages[{i}].content[{j}].type",
+                        code="unsupported_parameter",
+                    )
+
+
+async def chat_prompt(
+    pool: ModelPool,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    *,
+    continue_final_message: bool = False,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
+    reasoning_effort: str | None = None,
+) -> Prompt:
+    """The chat template rendered over `messages` and tokenized (on a thread when long).
+
+    A gpt-oss model's prompt is written in harmony by openai-harmony's own encoder, as upstream
+    gateways do, rather than through its Jinja template.
+    """
+    size = sum(len(str(m.get("content") or "")) for m in messages)
+    if pool.harmony:
+        return await in_thread_if_long(size, _render_harmony, messages, tools, reasoning_effort)
+    return await in_thread_if_long(
+        size, _render_and_tokenize, pool, messages, tools, continue_final_message, chat_template_kwargs
+    )
+
+
+def _render_harmony(
+    messages: Sequence[Mapping[str, Any]], tools: list[dict[str, Any]] | None, reasoning_effort: str | None
+) -> Prompt:
+    try:
+        rendered = render_harmony_chat(messages, tools=tools, reasoning_effort=reasoning_effort)
+    except HarmonyRenderError as error:
+        raise errors.invalid_request(f"Cannot write this conversation for gpt-oss: {error}", param="messages") from None
+    return Prompt(rendered.token_ids, rendered.text, tuple(rendered.stop_token_ids))
+
+
+def _render_and_tokenize(
+    pool: ModelPool,
+    messages: Sequence[Mapping[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    continue_final_message: bool,
+    chat_template_kwargs: Mapping[str, Any] | None,
+) -> Prompt:
+    try:
+        text = render_chat(
+            pool.tokenizer,
+            messages,
+            tools=tools,
+            add_generation_prompt=not continue_final_message,
+            continue_final_message=continue_final_message,
+            chat_template_kwargs=chat_template_kwargs,
+            chat_template=pool.chat_template_override,
+        )
+    except ChatTemplateError as error:
+        raise errors.invalid_request(f"Chat template error: {error}", param="messages") from None
+    # The template writes the special tokens itself; do not add a second BOS.
+    return Prompt(pool.tokenizer.encode(text, add_special_tokens=False), text)
+
+
+def chat_output(
+    pool: ModelPool,
+    *,
+    stop: tuple[str, ...] = (),
+    include_stop_str: bool = False,
+    skip_special_tokens: bool = True,
+    spaces_between_special_tokens: bool = True,
+    separate_reasoning: bool = True,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
+    tools: list[dict[str, Any]] | None = None,
+    forced_tool: str | None = None,
+    tools_required: bool = False,
+) -> OutputOptions:
+    """Per-choice output of a chat turn: reasoning split out when the model has a reasoning parser,
+    tool calls parsed when tools are offered (or forced: then the output is constrained JSON)."""
+    reasoning_name = pool.reasoning_parser if separate_reasoning else None
+    thinking = (chat_template_kwargs or {}).get("enable_thinking")
+    reasoning = None
+    if reasoning_name is not None:
+        name = reasoning_name
+
+        def reasoning(prompt: Prompt) -> ReasoningSplitter | None:
+            # A template that opens the reasoning block itself (the prompt ends in the format's
+            # start tag) means the output starts inside it.
+            return reasoning_parser(
+                name, enable_thinking=thinking if isinstance(thinking, bool) else None, prompt=prompt.text
+            )
+
+    tool_factory = None
+    if tools:
+        if forced_tool is not None:  # the output is constrained to the arguments JSON (openai.tool_choice)
+
+            def tool_factory() -> ToolParser | None:
+                return NamedToolCallParser(forced_tool)
+
+        elif tools_required:
+
+            def tool_factory() -> ToolParser | None:
+                return RequiredToolCallsParser()
+
+        elif pool.tool_call_parser is not None:
+            parser_name = pool.tool_call_parser
+
+            def tool_factory() -> ToolParser | None:
+                return tool_call_parser(parser_name, tools)
+
+    return OutputOptions(
+        skip_special_tokens=skip_special_tokens,
+        spaces_between_special_tokens=spaces_between_special_tokens,
+        stop_strings=stop,
+        include_stop_str=include_stop_str,
+        reasoning_parser=reasoning,
+        tool_parser=tool_factory,
+    )
+
+
+class ChatRenderer:
+    """`chat.completion.chunk` events, or one `chat.completion` body."""
+
+    __slots__ = ("_plan", "_token_text", "_logprobs", "_opening")
+
+    def __init__(self, plan: RequestPlan, token_text: TokenText, *, logprobs: bool = False) -> None:
+        self._plan = plan
+        self._token_text = token_text
+        self._logprobs = logprobs
+        self._opening = b""
+
+    def prepare(self) -> None:
+        plan = self._plan
+        # OpenAI's first chunk of each choice announces the assistant role.
+        self._opening = b"".join(
+            responses.chat_role_chunk(plan.id, plan.created, plan.model, choice.output.index) for choice in plan.choices
+        )
+        for choice in plan.choices:
+            choice.output.prepare()
+
+    def opening(self) -> bytes:
+        return self._opening
+
+    def events(self, batch: list[ChoiceEvent]) -> bytes:
+        plan = self._plan
+        cid, created, model = plan.id, plan.created, plan.model
+        out = []
+        for event in merge_events(batch):
+            rows = event.logprobs
+            logprobs = chat_logprobs(rows, self._token_text) if rows else None
+            if event.reasoning:
+                out.append(responses.chat_chunk(cid, created, model, event.index, {"reasoning_content": event.reasoning}))
+            if event.text or logprobs:
+                content = {"content": event.text}
+                out.append(responses.chat_chunk(cid, created, model, event.index, content, logprobs=logprobs))
+            if event.tool_calls:
+                calls = {"tool_calls": [tool_call_delta(call) for call in event.tool_calls]}
+                out.append(responses.chat_chunk(cid, created, model, event.index, calls))
+            if event.finish_reason is not None:
+                out.append(responses.chat_chunk(cid, created, model, event.index, {}, event.finish_reason))
+        return b"".join(out)
+
+    def closing(self, usage: Usage) -> bytes:
+        plan = self._plan
+        if plan.include_usage:
+            return responses.usage_chunk(plan.id, plan.created, plan.model, usage, chat=True) + responses.DONE
+        return responses.DONE
+
+    def failure(self, error: OpenAIError) -> bytes:
+        return responses.error_chunk(error) + responses.DONE
+
+    def unary(self, results: list[ChoiceResult], usage: Usage) -> bytes:
+        plan = self._plan
+        choices = [
+            responses.ChatChoice(
+                index=result.index,
+                message=_message(result.text, result.reasoning, result.tool_calls()),
+                logprobs=chat_logprobs(result.logprobs, self._token_text) if self._logprobs else None,
+                finish_reason=result.finish_reason,
+            )
+            for result in results
+        ]
+        return responses.chat_completion(plan.id, plan.created, plan.model, choices, usage)
+
+
+def _message(content: str, reasoning: str, calls: list[ToolCall]) -> responses.ResponseMessage:
+    tool_calls = [
+        {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments_json}}
+        for call in calls
+    ] or None
+    return responses.ResponseMessage(
+        content=content if content or not tool_calls else None,
+        reasoning_content=reasoning or None,
+        tool_calls=tool_calls,
+    )
+
+
+def tool_call_delta(call: ToolCallDelta) -> dict[str, Any]:
+    """OpenAI's streaming shape: id, type and name on a call's first delta, arguments in pieces."""
+    function: dict[str, Any] = {"arguments": call.arguments}
+    delta: dict[str, Any] = {"index": call.index, "function": function}
+    if call.id is not None:
+        delta["id"] = call.id
+        delta["type"] = "function"
+    if call.name is not None:
+        function["name"] = call.name
+    return delta

@@ -1,0 +1,147 @@
+"""`POST /v1/completions`: OpenAI's legacy text completions (prompts as text or token ids, `echo`,
+the legacy logprobs shape), planned on the request core."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from trio_direct.core.output import ChoiceEvent, ChoiceResult, merge_events
+from trio_direct.core.plan import OutputOptions, Prompt, RequestPlan, Usage, check_vocab, plan_request
+from trio_direct.openai import errors, responses
+from trio_direct.openai.errors import OpenAIError
+from trio_direct.openai.logprobs import TokenText, completion_logprobs
+from trio_direct.openai.requests import CompletionRequest, decode_completion_request, prompt_batch
+from trio_direct.openai.sampling import logprob_options, sampling_options, stop_strings
+from trio_direct.surfaces.prompting import in_thread_if_long
+
+if TYPE_CHECKING:
+    from trio_direct.frontend.runtime import ModelPool
+    from trio_direct.http.exchange import Exchange
+
+__all__ = ["CompletionRenderer", "handle", "plan_completion"]
+
+
+async def handle(exchange: Exchange) -> None:
+    request = decode_completion_request(exchange.body)
+    pool = exchange.frontend.pool(request.model)
+    exchange.label(pool.name, request.stream)
+    plan = await plan_completion(pool, request, session_key=exchange.session_key(request.user))
+    renderer = CompletionRenderer(plan, pool.token_text, echo=request.echo, logprobs=request.logprobs is not None)
+    await exchange.respond(pool, plan, renderer)
+
+
+async def plan_completion(
+    pool: ModelPool, request: CompletionRequest, *, session_key: str | None = None
+) -> RequestPlan:
+    if request.suffix:
+        raise errors.invalid_request("'suffix' is not supported.", param="suffix", code="unsupported_parameter")
+    prompts = []
+    for item in prompt_batch(request):
+        if isinstance(item, str):
+            prompts.append(await in_thread_if_long(len(item), _tokenize, pool, item))
+        else:
+            check_vocab(pool, item)
+            text = pool.tokenizer.decode(item, skip_special_tokens=False) if request.echo else ""
+            prompts.append(Prompt(list(item), text))
+    return_logprob, top_logprobs = logprob_options(request)
+    output = OutputOptions(
+        skip_special_tokens=request.skip_special_tokens,
+        spaces_between_special_tokens=request.spaces_between_special_tokens,
+        stop_strings=stop_strings(request),
+        include_stop_str=request.include_stop_str_in_output,
+    )
+    options = request.stream_options
+    return plan_request(
+        pool,
+        prompts,
+        sampling_options(request, eos_token_ids=pool.tokenizer.eos_token_ids),
+        id_prefix="cmpl-",
+        n=request.n,
+        output=output,
+        return_logprob=return_logprob,
+        top_logprobs=top_logprobs,
+        stream=request.stream,
+        include_usage=bool(options and options.include_usage),
+        prompt_param="prompt",
+        session_key=session_key,
+    )
+
+
+def _tokenize(pool: ModelPool, text: str) -> Prompt:
+    return Prompt(pool.tokenizer.encode(text, add_special_tokens=True), text)
+
+
+class CompletionRenderer:
+    """`text_completion` events, or one `text_completion` body."""
+
+    __slots__ = ("_plan", "_token_text", "_echo", "_logprobs", "_opening", "_text_offsets")
+
+    def __init__(self, plan: RequestPlan, token_text: TokenText, *, echo: bool = False, logprobs: bool = False) -> None:
+        self._plan = plan
+        self._token_text = token_text
+        self._echo = echo
+        self._logprobs = logprobs
+        self._opening = b""
+        #: Each choice's text offset so far, for the legacy logprobs' `text_offset`.
+        self._text_offsets: dict[int, int] = {}
+
+    def _prompt_text(self, index: int) -> str:
+        plan = self._plan
+        return plan.prompts[index // plan.n].text if self._echo else ""
+
+    def prepare(self) -> None:
+        plan = self._plan
+        if self._echo:
+            self._opening = b"".join(
+                responses.completion_chunk(
+                    plan.id, plan.created, plan.model, choice.output.index, self._prompt_text(choice.output.index)
+                )
+                for choice in plan.choices
+            )
+        for choice in plan.choices:
+            choice.output.prepare()
+
+    def opening(self) -> bytes:
+        return self._opening
+
+    def events(self, batch: list[ChoiceEvent]) -> bytes:
+        plan = self._plan
+        out = []
+        for event in merge_events(batch):
+            rows = event.logprobs
+            if event.finish_reason is None and not event.text and not rows:
+                continue
+            logprobs = None
+            if rows:
+                offset = self._text_offsets.get(event.index, 0)
+                logprobs, self._text_offsets[event.index] = completion_logprobs(rows, self._token_text, offset)
+            out.append(
+                responses.completion_chunk(
+                    plan.id, plan.created, plan.model, event.index, event.text, event.finish_reason, logprobs=logprobs
+                )
+            )
+        return b"".join(out)
+
+    def closing(self, usage: Usage) -> bytes:
+        plan = self._plan
+        if plan.include_usage:
+            return responses.usage_chunk(plan.id, plan.created, plan.model, usage, chat=False) + responses.DONE
+        return responses.DONE
+
+    def failure(self, error: OpenAIError) -> bytes:
+        return responses.error_chunk(error) + responses.DONE
+
+    def unary(self, results: list[ChoiceResult], usage: Usage) -> bytes:
+        plan = self._plan
+        choices = []
+        for result in results:
+            prefix = self._prompt_text(result.index)
+            logprobs = (
+                completion_logprobs(result.logprobs, self._token_text, len(prefix))[0] if self._logprobs else None
+            )
+            choices.append(
+                responses.CompletionChoice(
+                    index=result.index, text=prefix + result.text, logprobs=logprobs, finish_reason=result.finish_reason
+                )
+            )
+        return responses.completion(plan.id, plan.created, plan.model, choices, usage)

@@ -1,0 +1,26 @@
+"""`GET /v1/models` and `GET /v1/models/{model}`: the models this frontend serves."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from trio_direct.openai import responses
+
+if TYPE_CHECKING:
+    from trio_direct.http.exchange import Exchange
+
+__all__ = ["list_models", "retrieve_model"]
+
+
+async def list_models(exchange: Exchange) -> None:
+    frontend = exchange.frontend
+    created = int(time.time())
+    cards = [responses.model_card(pool.name, created, max_model_len=pool.context_length) for pool in frontend.pools()]
+    await exchange.json(200, responses.models_list(cards))
+
+
+async def retrieve_model(exchange: Exchange) -> None:
+    pool = exchange.frontend.pool(exchange.params["model"])
+    card = responses.model_card(pool.name, int(time.time()), max_model_len=pool.context_length)
+    await exchange.json(200, responses.model_body(card))

@@ -1,0 +1,179 @@
+"""The house rules of the source tree, checked from the code's own imports (read with `ast`, nothing run).
+
+- No import cycles between modules (an import inside a function counts: it is still a dependency;
+  one under `if TYPE_CHECKING:` does not, it never runs).
+- `routing/` is sans-IO: it imports no trio, zmq or socket code.
+- asyncio, trio-asyncio and grpclib's runtime are imported only by `engine/transport/`, and the
+  transport's server half only by the mock engine (and tests).
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+from collections.abc import Iterator
+from pathlib import Path
+
+import trio_direct
+
+PACKAGE = Path(trio_direct.__file__).parent
+GENERATED = PACKAGE / "_proto"
+
+
+def _modules() -> dict[str, Path]:
+    modules = {}
+    for path in PACKAGE.rglob("*.py"):
+        if GENERATED in path.parents:
+            continue
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        modules[name] = path
+    return modules
+
+
+MODULES = _modules()
+
+
+@functools.cache
+def _runtime_imports(path: Path) -> tuple[tuple[str, list[str]], ...]:
+    return tuple(_read_imports(path))
+
+
+def _read_imports(path: Path) -> Iterator[tuple[str, list[str]]]:
+    """(module, names) for every import that runs: `import a.b` -> ("a.b", []), `from a import b` ->
+    ("a", ["b"]); relative imports resolved; imports under `if TYPE_CHECKING:` skipped."""
+    tree = ast.parse(path.read_text(), str(path))
+    package = path.relative_to(PACKAGE.parent).with_suffix("").parts[:-1]
+
+    def walk(node: ast.AST) -> Iterator[ast.AST]:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _is_type_checking(child.test):
+                yield from (n for orelse in child.orelse for n in [orelse, *walk(orelse)])
+                continue
+            yield child
+            yield from walk(child)
+
+    for node in walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, []
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = ".".join(package[: len(package) - node.level + 1])
+                module = f"{base}.{node.module}" if node.module else base
+            else:
+                module = node.module or ""
+            yield module, [alias.name for alias in node.names]
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _internal_dependencies(path: Path) -> set[str]:
+    """The trio_direct modules `path` imports (a `from package import module` names the module)."""
+    out = set()
+    for module, names in _runtime_imports(path):
+        if not module.startswith("trio_direct"):
+            continue
+        submodules = [f"{module}.{name}" for name in names if f"{module}.{name}" in MODULES]
+        if submodules:
+            out.update(submodules)
+            if len(submodules) < len(names):
+                out.add(module)
+        elif module in MODULES:
+            out.add(module)
+    return out
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module, or a module importing itself."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(graph.get(node, ())):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1 or node in graph.get(node, ()):
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    graph = {name: _internal_dependencies(path) - {name} for name, path in MODULES.items()}
+    # A package's __init__ importing its own submodules is no cycle of dependencies.
+    for name in graph:
+        graph[name] = {target for target in graph[name] if not name.startswith(target + ".")}
+    return graph
+
+
+def test_the_tree_has_no_import_cycles():
+    assert _cycles(_graph()) == []
+
+
+def test_a_cycle_would_be_found():
+    """The checker itself: two modules importing each other form a cycle."""
+    assert _cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
+
+
+def _external_imports(name: str) -> set[str]:
+    return {module.split(".")[0] for module, _ in _runtime_imports(MODULES[name])}
+
+
+def test_routing_is_sans_io():
+    io = {"trio", "trio_asyncio", "zmq", "socket", "asyncio", "selectors", "trio_util"}
+    offenders = {
+        name: sorted(_external_imports(name) & io)
+        for name in MODULES
+        if name.startswith("trio_direct.routing") and _external_imports(name) & io
+    }
+    assert offenders == {}
+
+
+def test_asyncio_and_grpclib_runtime_stay_inside_the_transport():
+    transport = "trio_direct.engine.transport"
+    offenders = {}
+    for name in MODULES:
+        if name == transport or name.startswith(transport + "."):
+            continue
+        modules = {module for module, _ in _runtime_imports(MODULES[name])}
+        bad = {
+            m
+            for m in modules
+            if m.split(".")[0] in ("asyncio", "trio_asyncio")
+            # grpclib's generated message modules (health_pb2) are plain protobuf, not its runtime
+            or (m.startswith("grpclib") and not m.startswith("grpclib.health.v1"))
+        }
+        if bad:
+            offenders[name] = sorted(bad)
+    assert offenders == {}
+
+
+def test_only_the_mock_engine_uses_the_transport_server():
+    server = "trio_direct.engine.transport.server"
+    users = {name for name, path in MODULES.items() if server in _internal_dependencies(path)}
+    assert users and all(name.startswith("trio_direct.mock.") for name in users), sorted(users)
