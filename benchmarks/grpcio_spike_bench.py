@@ -246,7 +246,7 @@ def part_transport(args) -> None:
                 f"(rounds {', '.join(f'{v * 1e6:.2f}' for v in per_message[client])}); "
                 f"{statistics.median(rates[client]):,.0f} msg/s"
             )
-        ratios = [a / b for a, b in zip(per_message["grpc.aio"], per_message["grpclib"])]
+        ratios = [a / b for a, b in zip(per_message["grpc.aio"], per_message["grpclib"], strict=True)]
         print(f"  grpc.aio / grpclib CPU per message: {statistics.median(ratios):.2f} (rounds {', '.join(f'{r:.2f}' for r in ratios)})")
     finally:
         server.terminate()
@@ -289,7 +289,7 @@ def part_frontend(args) -> None:
                 f"  {name:<9} CPU per token {statistics.median(values) * 1e6:6.1f} us "
                 f"(rounds {', '.join(f'{v * 1e6:.1f}' for v in values)}); {statistics.median(rate[name]):,.0f} tok/s"
             )
-        ratios = [a / b for a, b in zip(cpu["grpc.aio"], cpu["grpclib"])]
+        ratios = [a / b for a, b in zip(cpu["grpc.aio"], cpu["grpclib"], strict=True)]
         print(f"  grpc.aio / grpclib CPU per token: {statistics.median(ratios):.2f} (rounds {', '.join(f'{r:.2f}' for r in ratios)})")
 
 

@@ -80,7 +80,7 @@ def main() -> None:
             for prompt in chat:
                 assert tokenizer.encode_prompt(prompt) == tokenizer.encode(prompt, add_special_tokens=False)
         full, cached = (statistics.median(timings[w]) for w in ("encode", "encode_prompt"))
-        ratios = [b / a for a, b in zip(timings["encode"], timings["encode_prompt"])]
+        ratios = [b / a for a, b in zip(timings["encode"], timings["encode_prompt"], strict=True)]
         print(
             f"{name}: {len(prompts)} conversations, {count} prompts of {tokens:,.0f} tokens on average; "
             f"CPU per prompt: full encode {full * 1e3:.2f} ms, encode_prompt {cached * 1e3:.2f} ms "

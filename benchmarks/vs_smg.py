@@ -313,7 +313,7 @@ class Report:
         for name, own in values.items():
             if name == SMG:
                 continue
-            ratios = [a / b for a, b in zip(own, base) if b]
+            ratios = [a / b for a, b in zip(own, base, strict=True) if b]
             row = {
                 "measure": measure,
                 "target": name,
@@ -337,7 +337,7 @@ class Report:
         for name, own in values.items():
             if name == SMG:
                 continue
-            differences = [a - b for a, b in zip(own, base)]
+            differences = [a - b for a, b in zip(own, base, strict=True)]
             row = {
                 "measure": measure,
                 "target": name,
@@ -440,7 +440,7 @@ def part_workers(args, report: Report, prompts: Prompts) -> None:
             trio.run(closed_loop, target.port, prompts.body, 64, 2.0)
         windows = alternate([one, many], args.rounds, lambda t: trio.run(closed_loop, t.port, prompts.body, 64, args.seconds))
         rate = {name: [w.tokens / w.wall for w in ws] for name, ws in windows.items()}
-        ratios = [a / b / n for a, b in zip(rate[many.name], rate[one.name])]
+        ratios = [a / b / n for a, b in zip(rate[many.name], rate[one.name], strict=True)]
         report.value(
             f"tokens/s with --workers {n} / ({n} x --workers 1)",
             "",

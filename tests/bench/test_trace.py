@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -144,7 +145,7 @@ def test_synthetic_conversations_grow_turn_by_turn_over_shared_system_prompts():
     for turns in conversations.values():
         assert [t.input_length for t in turns] == [712, 862, 1012]
         prompts = [synth.prompt(t) for t in turns]
-        for earlier, later in zip(prompts, prompts[1:]):
+        for earlier, later in itertools.pairwise(prompts):
             assert later[: len(earlier)] == earlier
     system_blocks = {r.hash_ids[0] for r in requests}
     assert system_blocks == {0, 1}

@@ -210,9 +210,7 @@ def test_threads_encoding_the_same_conversations_all_get_full_encode_ids(tiny):
     def work(seed: int) -> None:
         order = list(prompts)
         random.Random(seed).shuffle(order)
-        for prompt in order:
-            if cache.encode(prompt) != expected[prompt]:
-                failures.append(prompt)
+        failures.extend(prompt for prompt in order if cache.encode(prompt) != expected[prompt])
 
     threads = [threading.Thread(target=work, args=(seed,)) for seed in range(4)]
     for thread in threads:

@@ -219,11 +219,10 @@ class PromptPrefixCache:
         occurrences, cuts = self._scan(text)
         stats = self.stats
         if not cuts:
-            ids = self._encode(text)
             with self._lock:
                 stats.prompts += 1
                 stats.encoded_chars += len(text)
-            return ids
+            return self._encode(text)
         ids: list[int] = []
         path: list[_Node] = []
         start = 0
@@ -302,7 +301,7 @@ class PromptPrefixCache:
             return None  # some occurrence was not encoded as the added token: its cut is not exact
         segments = []
         wanted = iter(cuts)
-        target = next(wanted)
+        target: int | None = next(wanted)
         position = -1
         text_start = ids_start = 0
         for end, token_id in occurrences:
