@@ -32,7 +32,7 @@ import trio
 from grpc import aio as grpc_aio
 from kv_routing_bench import TextPrompts
 from loadgen import Children, free_port, wait_http
-from vs_smg import Prompts, Target, closed_loop, measured
+from vs_smg import MODEL, Prompts, Target, closed_loop, measured
 
 from trio_direct._proto.native import sglang_pb2 as pb
 from trio_direct.engine.errors import EngineDeadlineExceeded, EngineError, EngineUnavailable, error_for_status
@@ -267,10 +267,12 @@ def start_frontend(children: Children, engines: list[int], grpcio: bool) -> Targ
 
 def part_frontend(args) -> None:
     model_dir = ensure_tiny_model(default_tiny_model_dir())
-    prompts = Prompts(TextPrompts(ModelTokenizer.from_directory(model_dir)), str(model_dir))
+    prompts = Prompts(TextPrompts(ModelTokenizer.from_directory(model_dir)), MODEL)
     with Children() as children:
         engines = [
-            children.mock_engine("--speedup", "inf", "--incremental-streaming-output", "--log-level", "warning")
+            children.mock_engine(
+                "--speedup", "inf", "--incremental-streaming-output", "--log-level", "warning", "--served-model-name", MODEL
+            )
             for _ in range(2)
         ]
         targets = [start_frontend(children, engines, False), start_frontend(children, engines, True)]

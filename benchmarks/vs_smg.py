@@ -61,6 +61,8 @@ from trio_direct.text.tokenizer import ModelTokenizer
 
 PARTS = ("throughput", "multiturn", "latency", "workers", "idle")
 TRIO, SMG, BASELINE = "trio-direct", "smg 1.13", "trio-direct baseline"
+#: The model name the mocks serve (explicit: the mock's default name changed between versions).
+MODEL = "tiny"
 PROMPT_WORDS = 256
 OUTPUT_TOKENS = 64
 
@@ -143,7 +145,9 @@ def start_smg(children: Children, smg: str, engines: list[int], model_dir: Path)
 
 def mocks(children: Children, speedup: str, count: int = 2) -> list[int]:
     return [
-        children.mock_engine("--speedup", speedup, "--incremental-streaming-output", "--log-level", "warning")
+        children.mock_engine(
+            "--speedup", speedup, "--incremental-streaming-output", "--log-level", "warning", "--served-model-name", MODEL
+        )
         for _ in range(count)
     ]
 
@@ -395,7 +399,7 @@ def part_multiturn(args, report: Report, smg: str, model_dir: Path, words: TextP
         f"requests, up to {args.max_prompt_words} prompt tokens, 8 tokens out, c=4 ==",
         flush=True,
     )
-    model = str(model_dir)
+    model = MODEL
     with Children() as children:
         engines = mocks(children, "inf")
         targets = frontends(children, args, engines, smg, model_dir)
@@ -423,7 +427,7 @@ def part_latency(args, report: Report, smg: str, model_dir: Path, tokenizer: Mod
             direct = trio.run(direct_latency, engines[0], prompt_ids, per_round, 32)[0]
             base = percentile(direct, 0.5)
             for target in in_turn(targets, i):
-                body = chat_body(str(model_dir), 32)
+                body = chat_body(MODEL, 32)
                 samples, _ = trio.run(lambda: run_load("127.0.0.1", target.port, body, concurrency=1, requests=per_round))  # noqa: B023
                 added[target.name].append(percentile([s.ttft for s in samples if s.ttft is not None], 0.5) - base)
         report.added("added TTFT p50 over direct gRPC, c=1", "ms", added, 1e3)
@@ -467,7 +471,7 @@ def part_idle(args, report: Report, smg: str, model_dir: Path) -> None:
 
 def part_aiperf(args, report: Report, smg: str, model_dir: Path) -> None:
     """aiperf against each frontend, alternated: c=32 at --speedup inf, c=1 at --speedup 1."""
-    model = str(model_dir)
+    model = MODEL
     env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
 
     def profile(target: Target, concurrency: int, requests: int, artifacts: Path) -> dict:
@@ -477,7 +481,7 @@ def part_aiperf(args, report: Report, smg: str, model_dir: Path) -> None:
             "--request-count", str(requests),
             "--prompt-input-tokens-mean", str(PROMPT_WORDS), "--prompt-input-tokens-stddev", "0",
             "--prompt-output-tokens-mean", str(OUTPUT_TOKENS), "--prompt-output-tokens-stddev", "0",
-            "--extra-inputs", "ignore_eos:true", "--tokenizer", model, "--use-server-token-count",
+            "--extra-inputs", "ignore_eos:true", "--tokenizer", str(model_dir), "--use-server-token-count",
             "--no-server-metrics", "--no-gpu-telemetry", "--ui", "none", "--artifact-dir", str(artifacts),
         ]  # fmt: skip
         result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900, check=False)
@@ -547,7 +551,7 @@ def main() -> None:
     model_dir = ensure_tiny_model(default_tiny_model_dir())
     tokenizer = ModelTokenizer.from_directory(model_dir)
     words = TextPrompts(tokenizer)
-    prompts = Prompts(words, str(model_dir))
+    prompts = Prompts(words, MODEL)
     report = Report()
     started = time.monotonic()
     for part in parts:
