@@ -172,7 +172,7 @@ def _render_and_tokenize(
     except ChatTemplateError as error:
         raise errors.invalid_request(f"Chat template error: {error}", param="messages") from None
     # The template writes the special tokens itself; do not add a second BOS.
-    return Prompt(pool.tokenizer.encode(text, add_special_tokens=False), text)
+    return Prompt(pool.tokenizer.encode_prompt(text), text)
 
 
 def chat_output(
