@@ -56,6 +56,8 @@ class ServeConfig:
     max_concurrent_requests: int = 0
     cors_allow_origins: str = ""
     max_n: int = 128
+    responses_store_max_items: int = 4096
+    responses_store_max_bytes: int = 256 * 1024 * 1024
     gc_full_collection_growth: float = 1.0
     mock_engines: int = 2
     mock_speedup: float = 1.0
@@ -106,6 +108,9 @@ _HELP = {
     "(0 = the open-file limit less a reserve of max(64, 10%%))",
     "cors_allow_origins": "browser origins allowed to call the API (comma-separated, * for any; default: no CORS)",
     "max_n": "largest `n` accepted",
+    "responses_store_max_items": "Responses API: stored responses kept for previous_response_id and GET, "
+    "least recently used evicted first (0 = store nothing; per process, see docs/api.md)",
+    "responses_store_max_bytes": "Responses API: bound on the stored responses' JSON, all together (LRU eviction)",
     "gc_full_collection_growth": "run a full garbage-collector pass when the heap grew by this fraction since the last "
     "one, like Go's GOGC/100 (0 = CPython's own schedule, which stalls every stream for a full pass every few "
     "seconds under load; see docs/operations.md)",
