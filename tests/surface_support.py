@@ -85,10 +85,9 @@ def sse_records(data: bytes) -> Iterator[tuple[str, bytes]]:
         yield name[len(b"event: ") :].decode(), payload[len(b"data: ") :]
 
 
-#: A template that shows the switches a request's mapping sets (`chat_template_kwargs`).
+#: A template that shows the switch a request's mapping sets (`chat_template_kwargs.enable_thinking`).
 SWITCHES_TEMPLATE = (
-    "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
-    "enable_thinking={{ enable_thinking }} reasoning_effort={{ reasoning_effort }}"
+    "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}enable_thinking={{ enable_thinking }}"
 )
 
 
@@ -106,6 +105,7 @@ def tiny_pool(
         config=ServeConfig(),
         tokenizer=ModelTokenizer.from_directory(model),
         chat_template_override=chat_template,
+        harmony=False,
         context_length=4096,
         reasoning_parser=reasoning_parser,
         tool_call_parser=tool_call_parser,

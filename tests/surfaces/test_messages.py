@@ -225,9 +225,9 @@ async def test_planning_maps_system_sampling_thinking_and_extensions_as_chat_doe
 async def test_thinking_is_the_templates_enable_thinking(tiny_model, thinking, switch):
     pool = tiny_pool(tiny_model, chat_template=SWITCHES_TEMPLATE)
     plan = await plan_message(pool, request(thinking=thinking, max_tokens=2048))
-    assert f"enable_thinking={switch} " in plan.prompts[0].text
+    assert plan.prompts[0].text.endswith(f"enable_thinking={switch}")
     unset = await plan_message(pool, request())
-    assert "enable_thinking= " in unset.prompts[0].text  # not given: the template's own default
+    assert unset.prompts[0].text.endswith("enable_thinking=")  # not given: the template's own default
 
 
 async def test_any_and_named_tool_choices_are_guided_decoding(tiny_model):
@@ -240,6 +240,16 @@ async def test_any_and_named_tool_choices_are_guided_decoding(tiny_model):
         pool, request(output_config={"format": {"type": "json_schema", "schema": {"type": "object"}}})
     )
     assert structured.choices[0].request.sampling.json_schema == '{"type":"object"}'
+
+
+@pytest.mark.parametrize(
+    ("choice", "parser"), [({"type": "auto"}, "HermesParser"), ({"type": "none"}, None), (None, "HermesParser")]
+)
+async def test_auto_and_none_tool_choices_parse_the_models_markup_or_not(tiny_model, choice, parser):
+    plan = await plan_message(tiny_pool(tiny_model), request(tools=TOOLS, tool_choice=choice))
+    tools = plan.choices[0].output.tool_parser
+    assert (type(tools).__name__ if tools is not None else None) == parser
+    assert plan.choices[0].request.sampling.json_schema is None
 
 
 async def test_a_last_assistant_message_is_continued(tiny_model):

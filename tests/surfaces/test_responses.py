@@ -11,7 +11,6 @@ import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 from surface_support import (
-    SWITCHES_TEMPLATE,
     TOOL_TURN,
     event,
     one_choice_plan,
@@ -24,7 +23,13 @@ from surface_support import (
 from trio_direct.openai.errors import OpenAIError, rate_limited
 from trio_direct.openai.responses_request import decode_responses_request
 from trio_direct.surfaces.conversation import assistant_message
-from trio_direct.surfaces.responses import ResponsesRenderer, input_messages, plan_response, response_fields
+from trio_direct.surfaces.responses import (
+    ResponsesRenderer,
+    chat_request,
+    input_messages,
+    plan_response,
+    response_fields,
+)
 
 EVENTS = TypeAdapter(ResponseStreamEvent)
 TOOLS = [{"type": "function", "name": "get_weather", "parameters": {"type": "object", "properties": {}}}]
@@ -252,11 +257,17 @@ async def test_planning_puts_instructions_first_and_maps_every_field_as_chat_doe
     assert plan.choices[0].output.stops is not None and plan.choices[0].output.reasoning_parser is not None
 
 
-async def test_reasoning_effort_reaches_the_template(tiny_model):
-    pool = tiny_pool(tiny_model, chat_template=SWITCHES_TEMPLATE)
-    req = request(reasoning={"effort": "low"})
-    plan = await plan_response(pool, req, input_messages(req.input))
-    assert plan.prompts[0].text.endswith("reasoning_effort=low")
+@pytest.mark.parametrize(("effort", "chat"), [("low", "low"), ("high", "high"), ("none", "minimal"), (None, None)])
+def test_reasoning_effort_is_chats(effort, chat):
+    req = request(reasoning={"effort": effort} if effort else None)
+    assert chat_request(req, input_messages(req.input)).reasoning_effort == chat
+
+
+def test_an_effort_chat_does_not_know_is_refused():
+    req = request(reasoning={"effort": "xhigh"})
+    with pytest.raises(OpenAIError) as raised:
+        chat_request(req, input_messages(req.input))
+    assert (raised.value.status, raised.value.param) == (400, "reasoning.effort")
 
 
 async def test_a_forced_function_is_guided_decoding_of_its_parameters(tiny_model):

@@ -5,8 +5,8 @@
 Responses feature this text-only server cannot honour (hosted tools, images and files, background
 mode, server-side conversations, ``truncation: "auto"``, ...), rather than dropping it. Unknown keys
 are ignored as OpenAI does. Accepted and without effect: `include` (there is no encrypted reasoning
-to include), `reasoning.effort`/`summary` (reasoning is whatever the model writes, split out by the
-reasoning parser), `prompt_cache_key`, `service_tier`, `stream_options`, `text.verbosity`.
+to include), `reasoning.summary` (reasoning is whatever the model writes, split out by the reasoning
+parser), `prompt_cache_key`, `service_tier`, `stream_options`, `text.verbosity`.
 SGLang's sampling extensions (`top_k`, `ignore_eos`, `min_tokens`, `stop`, ...) are accepted as on
 chat (`openai.extensions`).
 """

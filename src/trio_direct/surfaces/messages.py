@@ -42,6 +42,7 @@ from trio_direct.core.output import ChoiceEvent, ChoiceResult
 from trio_direct.core.plan import RequestPlan, Usage
 from trio_direct.openai.errors import OpenAIError
 from trio_direct.openai.extensions import extension_values
+from trio_direct.openai.requests import ChatCompletionRequest
 from trio_direct.surfaces.chat import plan_chat, request_prompt
 from trio_direct.surfaces.conversation import chat_equivalent, chat_tool, chat_tool_call
 from trio_direct.surfaces.output_blocks import BlockSequencer, BlockStep, OutputBlock, blocks_of
@@ -50,7 +51,7 @@ if TYPE_CHECKING:
     from trio_direct.frontend.runtime import ModelPool
     from trio_direct.http.exchange import Exchange
 
-__all__ = ["MessagesRenderer", "chat_messages", "count_tokens", "handle", "plan_message"]
+__all__ = ["MessagesRenderer", "chat_messages", "chat_request", "count_tokens", "handle", "plan_message"]
 
 
 async def handle(exchange: Exchange) -> None:
@@ -65,13 +66,17 @@ async def handle(exchange: Exchange) -> None:
 async def count_tokens(exchange: Exchange) -> None:
     request = decode_count_tokens_request(exchange.body)
     pool = exchange.frontend.pool(request.model)
-    prompt = await request_prompt(pool, chat_equivalent(_chat_body(request)))
+    prompt = await request_prompt(pool, chat_request(request))
     await exchange.json(200, anthropic.encode({"input_tokens": len(prompt.token_ids)}))
 
 
 async def plan_message(pool: ModelPool, request: MessagesRequest, *, session_key: str | None = None) -> RequestPlan:
-    chat = chat_equivalent(_chat_body(request))
-    return await plan_chat(pool, chat, session_key=session_key, id_prefix="msg_", prompt_param="messages")
+    return await plan_chat(pool, chat_request(request), session_key=session_key, id_prefix="msg_")
+
+
+def chat_request(request: CountTokensRequest) -> ChatCompletionRequest:
+    """The chat request that plans `request` (for count_tokens: that renders its prompt)."""
+    return chat_equivalent(_chat_body(request))
 
 
 def _chat_body(request: CountTokensRequest) -> dict[str, Any]:

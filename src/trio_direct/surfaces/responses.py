@@ -26,6 +26,7 @@ from trio_direct.openai import errors
 from trio_direct.openai import responses_objects as objects
 from trio_direct.openai.errors import OpenAIError
 from trio_direct.openai.extensions import extension_values
+from trio_direct.openai.requests import ChatCompletionRequest
 from trio_direct.openai.responses_request import (
     FunctionCallItem,
     FunctionCallOutputItem,
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ResponsesRenderer",
+    "chat_request",
     "create",
     "delete",
     "input_messages",
@@ -117,12 +119,21 @@ async def plan_response(
     pool: ModelPool, request: ResponsesRequest, messages: list[dict[str, Any]], *, session_key: str | None = None
 ) -> RequestPlan:
     """Plan `request` over the conversation `messages` (the stored one, then this turn's input)."""
+    chat = chat_request(request, messages)
+    return await plan_chat(pool, chat, session_key=session_key, id_prefix="resp_", prompt_param="input")
+
+
+#: The efforts chat takes as `reasoning_effort` (what gpt-oss's harmony prompt is written with).
+_CHAT_EFFORTS = ("minimal", "low", "medium", "high")
+
+
+def chat_request(request: ResponsesRequest, messages: list[dict[str, Any]]) -> ChatCompletionRequest:
+    """The chat request that plans `request` over the conversation `messages`."""
     if request.instructions:
         messages = [{"role": "system", "content": request.instructions}, *messages]
     if not messages:
         raise errors.invalid_request("Invalid value for 'input': expected at least one item.", param="input")
-    chat = chat_equivalent(_chat_body(request, messages))
-    return await plan_chat(pool, chat, session_key=session_key, id_prefix="resp_", prompt_param="input")
+    return chat_equivalent(_chat_body(request, messages))
 
 
 def _chat_body(request: ResponsesRequest, messages: list[dict[str, Any]]) -> dict[str, Any]:
@@ -149,11 +160,16 @@ def _chat_body(request: ResponsesRequest, messages: list[dict[str, Any]]) -> dic
         if text_format.strict is not None:
             schema["strict"] = text_format.strict
         body["response_format"] = {"type": "json_schema", "json_schema": schema}
-    if request.reasoning is not None and request.reasoning.effort is not None:
-        # Templates that take an effort (gpt-oss's) read it as SGLang passes chat's reasoning_effort.
-        kwargs = dict(body.get("chat_template_kwargs") or {})
-        kwargs.setdefault("reasoning_effort", request.reasoning.effort)
-        body["chat_template_kwargs"] = kwargs
+    effort = request.reasoning.effort if request.reasoning is not None else None
+    if effort is not None:
+        effort = "minimal" if effort == "none" else effort
+        if effort not in _CHAT_EFFORTS:
+            raise errors.invalid_request(
+                f"reasoning.effort '{effort}' is not supported here: use one of {', '.join(_CHAT_EFFORTS)}.",
+                param="reasoning.effort",
+                code="unsupported_parameter",
+            )
+        body["reasoning_effort"] = effort
     return body
 
 
@@ -341,8 +357,7 @@ class ResponsesRenderer:
             if event.finish_reason is not None:
                 self._finish = event
                 steps += self._blocks.finish()
-            for step in steps:
-                out.append(self._step(step))
+            out.extend(self._step(step) for step in steps)
         return b"".join(out)
 
     def _step(self, step: BlockStep) -> bytes:
