@@ -118,7 +118,8 @@ class RawSseClient:
         self.host, self.port = host, int(port)
 
     async def events(self, path: str, body: dict):
-        """Async iterator over the parsed `data:` payloads; closing it closes the connection."""
+        """Async iterator over the parsed `data:` payloads (of named events too); closing it closes
+        the connection."""
         import h11
 
         payload = json.dumps(body).encode()
@@ -146,8 +147,10 @@ class RawSseClient:
                     pending += bytes(event.data)
                     *complete, pending = pending.split(b"\n\n")
                     for record in complete:
-                        if record.startswith(b"data: "):
-                            data = record[len(b"data: ") :]
+                        # a named event (`event: ...` then `data: ...`) yields its data too
+                        data = next((line for line in record.split(b"\n") if line.startswith(b"data: ")), None)
+                        if data is not None:
+                            data = data[len(b"data: ") :]
                             yield "[DONE]" if data == b"[DONE]" else json.loads(data)
                 elif isinstance(event, (h11.EndOfMessage, h11.ConnectionClosed)):
                     return

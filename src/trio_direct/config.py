@@ -63,6 +63,8 @@ class ServeConfig:
     allow_image_fetch: bool = False
     image_fetch_timeout: float = 10.0
     image_fetch_max_bytes: int = 20 * 1024 * 1024
+    responses_store_max_items: int = 4096
+    responses_store_max_bytes: int = 256 * 1024 * 1024
     gc_full_collection_growth: float = 1.0
     mock_engines: int = 2
     mock_speedup: float = 1.0
@@ -128,6 +130,9 @@ _HELP = {
     "engines as given). The frontend then reaches any host a client names: enable it only where that is safe (SSRF)",
     "image_fetch_timeout": "with --allow-image-fetch: seconds one image may take to fetch",
     "image_fetch_max_bytes": "with --allow-image-fetch: largest image fetched",
+    "responses_store_max_items": "Responses API: stored responses kept for previous_response_id and GET, "
+    "least recently used evicted first (0 = store nothing; per process, see docs/api.md)",
+    "responses_store_max_bytes": "Responses API: bound on the stored responses' JSON, all together (LRU eviction)",
     "gc_full_collection_growth": "run a full garbage-collector pass when the heap grew by this fraction since the last "
     "one, like Go's GOGC/100 (0 = CPython's own schedule, which stalls every stream for a full pass every few "
     "seconds under load; see docs/operations.md)",

@@ -42,6 +42,7 @@ from trio_direct.routing.affinity import SessionAffinity
 from trio_direct.routing.block_hash import RoutingKey
 from trio_direct.routing.kv_routing import LOAD_MODES, KvRouting
 from trio_direct.routing.policy import Candidates, Route, RoutingPolicy
+from trio_direct.surfaces.response_store import ResponseStore
 from trio_direct.text.chat_template import ChatTemplateError, load_chat_template, render_chat
 from trio_direct.text.harmony import harmony_encoding, is_harmony_model
 from trio_direct.text.tokenizer import ModelTokenizer
@@ -59,6 +60,8 @@ class Frontend:
         self.cutter = StreamCutter()
         #: Set once a shutdown began: readiness (`/health`) answers 503 so load balancers move on.
         self.draining = False
+        #: The Responses API's stored responses (`store: true`), for `previous_response_id` and GET.
+        self.responses = ResponseStore(config.responses_store_max_items, config.responses_store_max_bytes)
 
     def pools(self) -> list[ModelPool]:
         return list(self._pools.values())

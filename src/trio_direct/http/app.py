@@ -33,7 +33,7 @@ from trio_direct.config import ServeConfig
 from trio_direct.http.asgi_guard import ProtocolGuard
 from trio_direct.http.exchange import Exchange, Receive, Scope, Send
 from trio_direct.http.routes import ROUTES
-from trio_direct.http.routing_table import Route, RouteTable
+from trio_direct.http.routing_table import ErrorFormat, Route, RouteTable, openai_error_body
 from trio_direct.openai import errors
 from trio_direct.openai.errors import OpenAIError
 
@@ -120,7 +120,11 @@ def create_app(
             metrics.REQUESTS.labels(model=exchange.model, endpoint=route.endpoint, stream=stream, status=str(status)).inc()
             metrics.DURATION.labels(exchange.model, route.endpoint).observe(time.perf_counter() - exchange.started)
 
-    return ProtocolGuard(app, max_body_bytes=max_body)
+    def error_body_for(scope: Scope) -> ErrorFormat:
+        route = routes.match(scope["method"], scope["path"]).route
+        return route.error_body if route is not None else openai_error_body
+
+    return ProtocolGuard(app, max_body_bytes=max_body, error_body_for=error_body_for)
 
 
 async def _run(route: Route, exchange: Exchange, receive: Receive, max_body: int) -> None:

@@ -9,8 +9,9 @@
 - A WebSocket handshake: 400. The app speaks HTTP only; unguarded, Quart answers 500 and logs a
   traceback for each attempt, so anyone could fill the log.
 
-Each answer is OpenAI's error envelope; over HTTP/1.x it carries ``Connection: close``, which makes
-hypercorn close the connection once the answer is written, whatever the client sent after it.
+Each answer is in the envelope of the route asked for (OpenAI's, or Anthropic's on the Messages
+routes: `error_body_for`); over HTTP/1.x it carries ``Connection: close``, which makes hypercorn
+close the connection once the answer is written, whatever the client sent after it.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 #: Any ASGI 3 app (Quart's own type annotations are narrower than these dicts).
 ASGIApp = Callable[[Any, Any, Any], Awaitable[None]]
+#: The error body writer for a request (its route's envelope).
+ErrorBodyFor = Callable[[Scope], Callable[[OpenAIError], bytes]]
 
 CONFLICTING_FRAMING = "conflicting_framing"
 
@@ -63,9 +66,10 @@ def websocket_refusal() -> OpenAIError:
 class ProtocolGuard:
     """Wraps the app: answers what `refusal` names and WebSocket handshakes; passes the rest on."""
 
-    def __init__(self, app: ASGIApp, *, max_body_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, *, max_body_bytes: int, error_body_for: ErrorBodyFor | None = None) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.error_body_for = error_body_for
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -78,7 +82,8 @@ class ProtocolGuard:
                 # Read the (chunk-framed) body first, up to the limit: answering while it still arrives
                 # races hypercorn's own close on the bytes behind it, which can cut the answer short.
                 await _discard_body(receive, self.max_body_bytes)
-            await _answer_http(scope, send, error)
+            body = self.error_body_for(scope)(error) if self.error_body_for is not None else error.to_json()
+            await _answer_http(scope, send, error, body)
         elif kind == "websocket":
             await _refuse_websocket(scope, receive, send)
         else:  # lifespan: the app's start-up and shutdown
@@ -96,8 +101,7 @@ async def _discard_body(receive: Receive, limit: int) -> None:
             return
 
 
-async def _answer_http(scope: Scope, send: Send, error: OpenAIError) -> None:
-    body = error.to_json()
+async def _answer_http(scope: Scope, send: Send, error: OpenAIError, body: bytes) -> None:
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if str(scope.get("http_version", "1.1")).startswith("1"):
         headers.append((b"connection", b"close"))  # HTTP/2 forbids the header and has no such framing

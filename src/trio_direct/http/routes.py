@@ -3,10 +3,24 @@ apply to it, in one place. Adding an API surface adds a row here."""
 
 from __future__ import annotations
 
+from trio_direct.anthropic.errors import anthropic_error_body
 from trio_direct.http.routing_table import Route, RouteTable
-from trio_direct.surfaces import chat, completions, embeddings, generate, models, operations, tokenization
+from trio_direct.surfaces import (
+    chat,
+    completions,
+    embeddings,
+    generate,
+    messages,
+    models,
+    operations,
+    responses,
+    tokenization,
+)
 
 __all__ = ["ROUTES"]
+
+#: The Messages API's key header (Anthropic's SDK sends `x-api-key`); its errors use Anthropic's envelope.
+_X_API_KEY = (b"x-api-key",)
 
 ROUTES = RouteTable([
     Route("GET", "/live", operations.live, open=True, needs_frontend=False),
@@ -23,6 +37,13 @@ ROUTES = RouteTable([
     Route("POST", "/tokenize", tokenization.tokenize),
     Route("POST", "/v1/detokenize", tokenization.detokenize),
     Route("POST", "/detokenize", tokenization.detokenize),
+    Route("POST", "/v1/responses", responses.create, endpoint="responses"),
+    Route("GET", "/v1/responses/{response_id}", responses.retrieve),
+    Route("DELETE", "/v1/responses/{response_id}", responses.delete),
+    Route("POST", "/v1/messages", messages.handle, endpoint="messages",
+          error_body=anthropic_error_body, api_key_headers=_X_API_KEY),
+    Route("POST", "/v1/messages/count_tokens", messages.count_tokens,
+          error_body=anthropic_error_body, api_key_headers=_X_API_KEY),
     Route("GET", "/debug/routing", operations.routing_state),
     Route("POST", "/debug/routing", operations.routing_for_prompt),
 ])  # fmt: skip

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from trio_direct.frontend.runtime import ModelPool
     from trio_direct.http.exchange import Exchange
 
-__all__ = ["ChatRenderer", "chat_output", "chat_prompt", "handle", "plan_chat"]
+__all__ = ["ChatRenderer", "chat_output", "chat_prompt", "handle", "plan_chat", "request_prompt"]
 
 
 async def handle(exchange: Exchange) -> None:
@@ -46,20 +46,19 @@ async def handle(exchange: Exchange) -> None:
     await exchange.respond(pool, plan, ChatRenderer(plan, pool.token_text, logprobs=request.logprobs))
 
 
-async def plan_chat(pool: ModelPool, request: ChatCompletionRequest, *, session_key: str | None = None) -> RequestPlan:
-    messages = msgspec.to_builtins(request.messages)
-    _check_parts(messages)
+async def plan_chat(
+    pool: ModelPool,
+    request: ChatCompletionRequest,
+    *,
+    session_key: str | None = None,
+    id_prefix: str = "chatcmpl-",
+    prompt_param: str = "messages",
+) -> RequestPlan:
+    """Plan a chat request. Other conversational surfaces (Responses, Messages) plan through here
+    with their own id prefix and the name of their prompt field, so every parser and sampling rule
+    is chat's."""
     tools = msgspec.to_builtins(request.tools) if request.tools else None
-    messages, image_data = await prepare_chat_images(pool, messages, tools)
-    prompt = await chat_prompt(
-        pool,
-        messages,
-        tools,
-        continue_final_message=request.continue_final_message,
-        chat_template_kwargs=request.chat_template_kwargs,
-        reasoning_effort=request.reasoning_effort,
-    )
-    prompt.image_data = image_data
+    prompt = await request_prompt(pool, request)
     sampling = sampling_options(request, eos_token_ids=pool.tokenizer.eos_token_ids)
     if (schema := tool_choice_schema(request)) is not None:
         sampling = replace(sampling, json_schema=schema)
@@ -81,16 +80,34 @@ async def plan_chat(pool: ModelPool, request: ChatCompletionRequest, *, session_
         pool,
         [prompt],
         sampling,
-        id_prefix="chatcmpl-",
+        id_prefix=id_prefix,
         n=request.n,
         output=output,
         return_logprob=return_logprob,
         top_logprobs=top_logprobs,
         stream=request.stream,
         include_usage=bool(options and options.include_usage),
-        prompt_param="messages",
+        prompt_param=prompt_param,
         session_key=session_key,
     )
+
+
+async def request_prompt(pool: ModelPool, request: ChatCompletionRequest) -> Prompt:
+    """The prompt `plan_chat` sends for `request` (also what token counting counts), with its images."""
+    messages = msgspec.to_builtins(request.messages)
+    _check_parts(messages)
+    tools = msgspec.to_builtins(request.tools) if request.tools else None
+    messages, image_data = await prepare_chat_images(pool, messages, tools)
+    prompt = await chat_prompt(
+        pool,
+        messages,
+        tools,
+        continue_final_message=request.continue_final_message,
+        chat_template_kwargs=request.chat_template_kwargs,
+        reasoning_effort=request.reasoning_effort,
+    )
+    prompt.image_data = image_data
+    return prompt
 
 
 def _check_parts(messages: list[dict[str, Any]]) -> None:
@@ -234,7 +251,7 @@ def chat_output(
 class ChatRenderer:
     """`chat.completion.chunk` events, or one `chat.completion` body."""
 
-    __slots__ = ("_plan", "_token_text", "_logprobs", "_opening")
+    __slots__ = ("_logprobs", "_opening", "_plan", "_token_text")
 
     def __init__(self, plan: RequestPlan, token_text: TokenText, *, logprobs: bool = False) -> None:
         self._plan = plan
