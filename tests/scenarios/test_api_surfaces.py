@@ -431,3 +431,49 @@ async def test_bad_input_gets_the_routes_error_envelope_never_a_5xx(aio_loop, nu
     assert not failures, "\n".join(failures)
     accounts = await settle(engines)
     assert all(account["live"] == [] for account in accounts)
+
+
+async def test_anthropic_and_responses_image_inputs_reach_the_engine(aio_loop, nursery, tmp_path):
+    """Anthropic `image` blocks (base64 and URL sources) and Responses `input_image` parts travel as
+    the chat's images do: the engine gets them and counts their tokens."""
+    import anthropic
+
+    template = tmp_path / "vl.jinja"
+    template.write_text(VL_TEMPLATE)
+    base = await start_frontend(
+        nursery, "--chat-template", str(template), *engine_flags(await two_engines(nursery, "--multimodal", *FAST))
+    )
+    model = await model_of(base)
+    as_chat = [
+        {"role": "user", "content": [
+            {"type": "text", "text": "Compare"},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}},
+            {"type": "image_url", "image_url": {"url": "https://images.example/cat.png"}},
+        ]},
+    ]  # fmt: skip
+    async with httpx.AsyncClient(base_url=base, timeout=30) as http:
+        text_tokens = (await http.post("/v1/tokenize", json={"model": model, "messages": as_chat})).json()["count"]
+
+    def use_sdks() -> tuple[int, int]:
+        claude = anthropic.Anthropic(base_url=base, api_key="unused", max_retries=0)
+        blocks = [
+            {"type": "text", "text": "Compare"},
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}},
+            {"type": "image", "source": {"type": "url", "url": "https://images.example/cat.png"}},
+        ]
+        message = claude.messages.create(model=model, max_tokens=4, messages=[{"role": "user", "content": blocks}])
+        claude.close()
+        client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
+        parts = [
+            {"type": "input_text", "text": "Compare"},
+            {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo="},
+            {"type": "input_image", "image_url": "https://images.example/cat.png"},
+        ]
+        response = client.responses.create(
+            model=model, max_output_tokens=4, store=False, input=[{"role": "user", "content": parts}]
+        )
+        client.close()
+        return message.usage.input_tokens + (message.usage.cache_read_input_tokens or 0), response.usage.input_tokens
+
+    messages_tokens, responses_tokens = await trio.to_thread.run_sync(use_sdks)
+    assert messages_tokens == responses_tokens == text_tokens + 2 * IMAGE_TOKENS

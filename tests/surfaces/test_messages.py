@@ -272,7 +272,7 @@ def test_count_tokens_takes_the_prompt_fields_without_max_tokens():
         ({"messages": []}, "messages", None),
         ({"messages": [{"role": "system", "content": "x"}]}, "messages[0].role", None),
         (
-            {"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
+            {"messages": [{"role": "assistant", "content": [{"type": "image", "source": {}}]}]},
             "messages[0].content[0]",
             None,
         ),

@@ -283,7 +283,7 @@ async def test_a_forced_function_is_guided_decoding_of_its_parameters(tiny_model
     [
         ({"input": [{"type": "web_search_call", "id": "x"}]}, "input[0].type"),
         (
-            {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}]},
+            {"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "file_1"}]}]},
             "input[0].content[0].type",
         ),
         ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type"),

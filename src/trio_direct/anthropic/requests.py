@@ -238,7 +238,7 @@ def _check_prompt_fields(request: CountTokensRequest) -> None:
         allowed = _BLOCKS_BY_ROLE[message.role]
         for j, block in enumerate(message.content):
             where = f"messages[{i}].content[{j}]"
-            if isinstance(block, (ImageBlock, DocumentBlock)):
+            if isinstance(block, DocumentBlock) or (isinstance(block, ImageBlock) and message.role != "user"):
                 raise _unsupported_block(where, block)
             if isinstance(block, ToolResultBlock) and isinstance(block.content, list):
                 for k, part in enumerate(block.content):
@@ -265,7 +265,7 @@ def _check_prompt_fields(request: CountTokensRequest) -> None:
 
 
 _BLOCKS_BY_ROLE: dict[str, tuple[type, ...]] = {
-    "user": (TextBlock, ToolResultBlock),
+    "user": (TextBlock, ImageBlock, ToolResultBlock),
     "assistant": (TextBlock, ToolUseBlock, ThinkingBlock, RedactedThinkingBlock),
 }
 

@@ -292,7 +292,8 @@ def _check_item(item: InputItem, param: str) -> None:
         if isinstance(parts, list):
             field = "content" if isinstance(item, MessageItem) else "output"
             for j, part in enumerate(parts):
-                if isinstance(part, InputImage | InputFile):
+                user_image = isinstance(part, InputImage) and isinstance(item, MessageItem) and item.role == "user"
+                if isinstance(part, InputFile) or (isinstance(part, InputImage) and not user_image):
                     kind = type(part).__struct_config__.tag
                     raise invalid_request(
                         f"Content parts of type '{kind}' are not supported: this model takes text only.",

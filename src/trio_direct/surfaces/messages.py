@@ -24,6 +24,7 @@ from trio_direct.anthropic import responses as anthropic
 from trio_direct.anthropic.errors import anthropic_error_event
 from trio_direct.anthropic.requests import (
     CountTokensRequest,
+    ImageBlock,
     MessageParam,
     MessagesRequest,
     TextBlock,
@@ -45,6 +46,7 @@ from trio_direct.openai.extensions import extension_values
 from trio_direct.openai.requests import ChatCompletionRequest
 from trio_direct.surfaces.chat import plan_chat, request_prompt
 from trio_direct.surfaces.conversation import chat_equivalent, chat_tool, chat_tool_call
+from trio_direct.surfaces.images import anthropic_image_part, require_image_support
 from trio_direct.surfaces.output_blocks import BlockSequencer, BlockStep, OutputBlock, blocks_of
 
 if TYPE_CHECKING:
@@ -71,6 +73,15 @@ async def count_tokens(exchange: Exchange) -> None:
 
 
 async def plan_message(pool: ModelPool, request: MessagesRequest, *, session_key: str | None = None) -> RequestPlan:
+    images = [
+        f"messages[{i}].content[{j}]"
+        for i, message in enumerate(request.messages)
+        if not isinstance(message.content, str)
+        for j, block in enumerate(message.content)
+        if isinstance(block, ImageBlock)
+    ]
+    if images:
+        require_image_support(pool, images)  # named as the client sent them
     return await plan_chat(pool, chat_request(request), session_key=session_key, id_prefix="msg_")
 
 
@@ -156,6 +167,8 @@ def _user_blocks(blocks: list[Any], out: list[dict[str, Any]]) -> None:
             out.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": text})
         elif isinstance(block, TextBlock):
             parts.append({"type": "text", "text": block.text})
+        elif isinstance(block, ImageBlock):  # planning refuses it for a model that takes no images
+            parts.append(anthropic_image_part(block.source))
     if parts or not blocks:
         out.append({"role": "user", "content": parts})
 

@@ -31,6 +31,7 @@ from trio_direct.openai.responses_request import (
     FunctionCallItem,
     FunctionCallOutputItem,
     FunctionToolChoice,
+    InputImage,
     InputItem,
     MessageItem,
     ReasoningItem,
@@ -41,6 +42,7 @@ from trio_direct.openai.responses_request import (
 )
 from trio_direct.surfaces.chat import plan_chat
 from trio_direct.surfaces.conversation import assistant_message, chat_equivalent, chat_tool, chat_tool_call
+from trio_direct.surfaces.images import require_image_support, responses_image_part
 from trio_direct.surfaces.output_blocks import BlockSequencer, BlockStep, OutputBlock, blocks_of
 
 if TYPE_CHECKING:
@@ -119,6 +121,16 @@ async def plan_response(
     pool: ModelPool, request: ResponsesRequest, messages: list[dict[str, Any]], *, session_key: str | None = None
 ) -> RequestPlan:
     """Plan `request` over the conversation `messages` (the stored one, then this turn's input)."""
+    if not isinstance(request.input, str):
+        images = [
+            f"input[{i}].content[{j}]"
+            for i, item in enumerate(request.input)
+            if isinstance(item, MessageItem) and not isinstance(item.content, str)
+            for j, part in enumerate(item.content)
+            if isinstance(part, InputImage)
+        ]
+        if images:
+            require_image_support(pool, images)  # named as the client sent them
     chat = chat_request(request, messages)
     return await plan_chat(pool, chat, session_key=session_key, id_prefix="resp_", prompt_param="input")
 
@@ -204,7 +216,7 @@ def input_messages(input: str | list[InputItem], history: Sequence[Mapping[str, 
             if isinstance(content, str):
                 out.append({"role": role, "content": content})
             else:
-                out.append({"role": role, "content": [{"type": "text", "text": _part_text(p)} for p in content]})
+                out.append({"role": role, "content": [_chat_part(p) for p in content]})
         elif isinstance(item, ReasoningItem):
             if turn is not None:
                 flush()
@@ -439,3 +451,11 @@ class ResponsesRenderer:
         if self._on_finished is not None:
             self._on_finished(body, blocks)
         return body
+
+
+def _chat_part(part: Any) -> dict[str, Any]:
+    """A message's content part as a chat part: text, or an `input_image` as an `image_url` part
+    (planning refuses it for a model that takes no images)."""
+    if isinstance(part, InputImage):
+        return responses_image_part({"image_url": part.image_url, "file_id": part.file_id})
+    return {"type": "text", "text": _part_text(part)}
