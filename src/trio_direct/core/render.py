@@ -23,12 +23,16 @@ from trio_direct.core.dispatch import abort_error, client_error, dispatch
 from trio_direct.core.output import ChoiceEvent, ChoiceResult
 from trio_direct.core.pool import ServingPool
 from trio_direct.core.plan import RequestPlan, Usage
-from trio_direct.engine.errors import EngineError
+from trio_direct.core.watch import WatchedStream
+from trio_direct.engine.errors import EngineError, StreamWakeup
 from trio_direct.openai import errors
 from trio_direct.openai.errors import OpenAIError
 
 
-__all__ = ["SSE_HEADERS", "Renderer", "ResponseWriter", "StreamCutter", "stream_response", "unary_response"]
+__all__ = ["KEEPALIVE", "SSE_HEADERS", "Renderer", "ResponseWriter", "StreamCutter", "stream_response", "unary_response"]
+
+#: What a stream that has been quiet for ``--sse-keepalive`` seconds sends: an SSE comment.
+KEEPALIVE = b": ping\n\n"
 
 SSE_HEADERS = [
     (b"content-type", b"text/event-stream"),
@@ -125,6 +129,8 @@ async def stream_response(
     headers_sent = False
     ttft = gaps = None  # looked up once the engine calls are dispatched
     last: float | None = None
+    watch = getattr(pool, "watch", None)
+    watched: WatchedStream | None = None
 
     async def write(data: bytes) -> None:
         # Timed as the data is handed to the server, recorded once it is out: the histograms'
@@ -137,6 +143,8 @@ async def stream_response(
         else:
             gaps.observe(now - last)  # type: ignore[union-attr]
         last = now
+        if watched is not None:
+            watched.last_write = now
 
     with cutter.guard() as guard:
         try:
@@ -147,8 +155,19 @@ async def stream_response(
                 gaps = metrics.INTER_TOKEN.labels(plan.model)
                 await writer.start(200, SSE_HEADERS)
                 headers_sent = True
+                if watch is not None:
+                    watched = watch.stream_opened(batches.wake)
                 opening = renderer.opening()
-                async for batch in batches:
+                while True:
+                    try:
+                        batch = await batches.__anext__()
+                    except StopAsyncIteration:
+                        break
+                    except StreamWakeup:  # quiet for --sse-keepalive: a comment keeps proxies patient
+                        await writer.send(KEEPALIVE)
+                        if watched is not None:
+                            watched.last_write = time.perf_counter()
+                        continue
                     aborted = next((e for e in batch if e.finish_reason == "abort"), None)
                     if aborted is not None:
                         batch = batch[: batch.index(aborted)]
@@ -168,6 +187,10 @@ async def stream_response(
             if not headers_sent:
                 raise
             failure = error
+        finally:
+            if watch is not None:
+                watch.stream_closed(watched)
+                watched = None
     if guard.cancelled_caught:
         if not headers_sent:
             raise _shutdown_error(cutter)

@@ -69,6 +69,10 @@ def generate_request(request: GenerateInput) -> pb.GenerateRequest:
         message.logprob_start_len = request.logprob_start_len
     if request.routed_dp_rank is not None:
         message.routed_dp_rank = request.routed_dp_rank
+    if request.priority is not None:
+        message.priority = request.priority
+    if request.trace_headers:
+        message.trace_headers.update(request.trace_headers)
     if request.bootstrap is not None:
         bootstrap = request.bootstrap
         message.disaggregated_params.bootstrap_host = bootstrap.host

@@ -64,6 +64,10 @@ class GenerateInput:
     top_logprobs_num: int = 0
     logprob_start_len: int = -1
     original_text: str = ""
+    #: The request's priority (SGLang's `priority`; the native API carries it, SMG's has no field).
+    priority: int | None = None
+    #: W3C trace context (`traceparent`, `tracestate`) for the engine's own tracing (native API only).
+    trace_headers: dict[str, str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +115,9 @@ class GenerateStream(Protocol):
 
     async def wait_written(self) -> None:
         """Return once the request is on the wire (or the call ended before it could be)."""
+
+    # Optional (`ChunkStream` has them): `fail(error) -> bool` ends the stream for its reader with
+    # `error` (a hung engine); `wake() -> bool` makes a waiting reader raise `StreamWakeup`.
 
 
 class EngineClient(Protocol):

@@ -21,10 +21,12 @@ from pathlib import Path
 
 import trio
 
+from trio_direct import tracing
 from trio_direct.config import ServeConfig
 from trio_direct.core.render import StreamCutter
+from trio_direct.core.watch import StreamWatch
 from trio_direct.engine.errors import EngineError
-from trio_direct.engine.transport import ChannelPool, open_asyncio_loop
+from trio_direct.engine.transport import ChannelPool, client_config, open_asyncio_loop
 from trio_direct.engine.types import EngineClient
 from trio_direct.fleet.card import EngineCard
 from trio_direct.fleet.fleet import Engine, Fleet, FleetError, FleetOverrides, Worker
@@ -36,7 +38,9 @@ from trio_direct.openai.requests import warm_up_request_decoding
 from trio_direct.parsers.reasoning import KNOWN_REASONING_PARSERS
 from trio_direct.parsers.tools import KNOWN_TOOL_CALL_PARSERS
 from trio_direct.kv_sync.feeds import KvFeeds
+from trio_direct.kv_sync.load_poll import poll_loads
 from trio_direct.routing.block_hash import RoutingKey
+from trio_direct.routing.busy import UNLIMITED, BusyThreshold, EngineLoads
 from trio_direct.routing.kv_routing import KvRouting
 from trio_direct.routing.policy import Candidates, Route, RoutingPolicy
 from trio_direct.text.chat_template import ChatTemplateError, load_chat_template, render_chat
@@ -84,6 +88,10 @@ class ModelPool:
     #: `--router-mode kv`: the KV-event subscriptions and load polling that feed `routing.kv`.
     kv_feeds: KvFeeds | None = None
     health: EngineHealth | None = None
+    #: `--engine-busy-threshold`: polled and own load per worker, and which workers are busy.
+    busy: EngineLoads | None = None
+    #: The frontend's watch over open streams and engine calls (keep-alives, hung engines).
+    watch: StreamWatch | None = None
     _token_texts: dict[int, str] = field(default_factory=dict)
 
     @property
@@ -121,13 +129,15 @@ class ModelPool:
     def candidates(self) -> Candidates[Worker]:
         """The healthy workers of each role, as routing sees them."""
         workers = self.fleet.workers()
-        return Candidates(
-            aggregated=[w for w in workers if w.engine.card.role == "aggregated"],
-            prefill=self.fleet.prefill_workers(),
-            decode=[w for w in workers if w.engine.card.role == "decode"],
-            key=routing_key,
-            disaggregated=self.disaggregated,
-        )
+        aggregated = [w for w in workers if w.engine.card.role == "aggregated"]
+        prefill = self.fleet.prefill_workers()
+        decode = [w for w in workers if w.engine.card.role == "decode"]
+        busy = self.busy
+        if busy is not None:  # busy workers get nothing new while another is not busy
+            aggregated = busy.prefer_idle(aggregated, routing_key)
+            prefill = busy.prefer_idle(prefill, routing_key)
+            decode = busy.prefer_idle(decode, routing_key)
+        return Candidates(aggregated, prefill, decode, key=routing_key, disaggregated=self.disaggregated)
 
     def healthy(self) -> bool:
         return self.routing.can_route(self.candidates())
@@ -138,7 +148,43 @@ class ModelPool:
         """Where a request goes (`RoutingPolicy.choose`); raises `NoWorkerAvailable` when nothing
         healthy can serve it. A route chosen with a `request_id` counts as load until `release`.
         `session_key` is the request's affinity key (`X-Session-ID`), for affinity routing."""
-        return self.routing.choose(self.candidates(), token_ids, request_id)
+        route = self.routing.choose(self.candidates(), token_ids, request_id)
+        if self.busy is not None and request_id is not None:
+            self.busy.routed(request_id, [routing_key(w) for w in (route.prefill, route.decode) if w is not None])
+        return route
+
+    def headroom(self) -> int:
+        """How many more requests the engines take before every one that could serve is busy
+        (`--engine-busy-threshold`; without one, or with no engine up at all, no limit: dispatch
+        then answers for itself)."""
+        busy = self.busy
+        if busy is None:
+            return UNLIMITED
+        fleet = self.fleet
+        workers = fleet.workers()
+        aggregated = [w for w in workers if w.engine.card.role == "aggregated"]
+        decode = [w for w in workers if w.engine.card.role == "decode"]
+        prefill = fleet.prefill_workers()
+        if self.disaggregated and prefill and decode:
+            # A decode engine at its threshold is not paired: no prefill starts for it.
+            return min(busy.headroom(prefill, routing_key), busy.headroom(decode, routing_key))
+        if not aggregated:
+            return UNLIMITED
+        return busy.headroom(aggregated, routing_key)
+
+    def on_load_change(self, listener) -> None:  # noqa: ANN001 - a callable without arguments
+        """Call `listener` after every round of load polls (admission re-checks its waiters)."""
+        if self.busy is not None:
+            self.busy.listeners.append(listener)
+
+    def apply_load(self, engine: Engine, loads: list[dict]) -> None:
+        """An engine's `GetLoad` answer, per DP rank (`--engine-busy-threshold`)."""
+        if self.busy is None:
+            return
+        for load in loads:
+            rank = load.get("dp_rank")
+            key = RoutingKey(engine.id, rank if engine.card.dp_size > 1 else None)
+            self.busy.apply_poll(key, load)
 
     def explain_route(self, token_ids: Sequence[int] | None = None) -> dict:
         """What `GET/POST /debug/routing` shows: the mode, the workers, and in kv mode the index
@@ -190,14 +236,28 @@ class ModelPool:
         """What an engine going down means beyond routing: its KV index entries are stale."""
         if self.kv_feeds is not None:
             self.kv_feeds.engine_down(engine)
+        if self.busy is not None:
+            for rank in range(engine.card.dp_size) if engine.card.dp_size > 1 else (None,):
+                self.busy.forget(RoutingKey(engine.id, rank))
 
     def first_token(self, request_id: str) -> None:
         """The request's first output arrived: its prefill no longer loads its engine."""
         self.routing.first_token(request_id)
+        if self.busy is not None:
+            self.busy.first_token(request_id)
 
     def release(self, request_id: str) -> None:
         """The request ended (completion, abort or error): its load leaves its engines."""
         self.routing.release(request_id)
+        if self.busy is not None:
+            self.busy.released(request_id)
+
+
+def _busy_threshold(config: ServeConfig) -> BusyThreshold | None:
+    try:
+        return BusyThreshold.parse(config.engine_busy_threshold)
+    except ValueError as error:
+        raise FleetError(f"--engine-busy-threshold: {error}") from None
 
 
 def routing_key(worker: Worker) -> RoutingKey:
@@ -310,7 +370,8 @@ async def run_frontend(config: ServeConfig, *, task_status: trio.TaskStatus[Fron
         urls = config.engine_url + config.prefill_engine_url
         if not urls:
             urls = await start_mock_engines(config.mock_engines, config.mock_speedup, nursery)
-        channels = ChannelPool(connect_timeout=config.connect_timeout)
+        keepalive = client_config(config.engine_keepalive_interval, config.engine_keepalive_timeout)
+        channels = ChannelPool(connect_timeout=config.connect_timeout, config=keepalive)
         try:
             fleet = await Fleet.connect(
                 urls,
@@ -331,14 +392,29 @@ async def run_frontend(config: ServeConfig, *, task_status: trio.TaskStatus[Fron
                     raise FleetError(str(error)) from None
             routing = RoutingPolicy(config.router_mode, enforce_disagg=config.enforce_disagg, kv=kv)
             pool = ModelPool(config, fleet, routing, tokenizer, template)
+            watch = StreamWatch(keepalive=config.sse_keepalive, stall_timeout=config.stream_idle_timeout)
+            pool.watch = watch
+            nursery.start_soon(watch.run)
+            tracing.configure(config.otlp_traces_endpoint)
             check_parsers(pool)
             await trio.to_thread.run_sync(_warm_up_request_path, pool)
             await _connect_for_generation(fleet.engines)
+            threshold = _busy_threshold(config)
+            # One GetLoad poll feeds both KV routing and the busy threshold when both want it.
+            kv_polls = config.load_poll_interval if threshold is None else 0.0
             # KV routing first: an engine that joins (through health checking) is indexed at once.
             if kv is not None:
-                pool.kv_feeds = KvFeeds(kv, fleet, load_poll_interval=config.load_poll_interval)
+                pool.kv_feeds = KvFeeds(kv, fleet, load_poll_interval=kv_polls)
                 await nursery.start(pool.kv_feeds.run)
                 log.info("KV-aware routing: %s", pool.kv_feeds.stats())
+            if threshold is not None:
+                pool.busy = busy = EngineLoads(threshold)
+                consumers = [pool.apply_load]
+                if kv is not None:
+                    consumers.append(lambda engine, loads: kv.apply_load(engine.id, engine.card, loads))
+                interval = config.load_poll_interval or 1.0
+                nursery.start_soon(poll_loads, fleet, interval, consumers, busy.polled)
+                log.info("engines count as busy at %s (GetLoad every %gs)", threshold.describe(), interval)
             if config.health_interval > 0:
                 pool.health = EngineHealth(
                     fleet,
