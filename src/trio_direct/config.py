@@ -92,7 +92,8 @@ _HELP = {
     "router_ttl_secs": "kv without events: how long a routed prefix is assumed cached",
     "health_interval": "seconds between HealthCheck calls per engine (0 = no health checks)",
     "health_timeout": "seconds a HealthCheck may take before it counts as failed",
-    "load_poll_interval": "kv: seconds between GetLoad polls that correct load from other frontends (0 = off)",
+    "load_poll_interval": "seconds between GetLoad polls: in kv mode they correct load from other frontends, with "
+    "--engine-busy-threshold they tell which engines are busy (0 = off; 1 s with a busy threshold)",
     "tool_call_parser": "tool-call parser name (default: the engines'); alias --dyn-tool-call-parser",
     "reasoning_parser": "reasoning parser name (default: the engines'); alias --dyn-reasoning-parser",
     "graceful_shutdown_timeout": "on SIGTERM/SIGINT: seconds in-flight requests may take to finish before they are aborted",

@@ -10,13 +10,19 @@ from dataclasses import replace
 from types import SimpleNamespace
 
 from core.test_render import Digits, ScriptedEngine, Writer, events
+
 from trio_direct.config import ServeConfig
 from trio_direct.core.migration import continuation_request, migration_refusal
 from trio_direct.core.output import ChoiceOutput
 from trio_direct.core.plan import ChoicePlan, Prompt, RequestPlan
 from trio_direct.core.render import StreamCutter, stream_response, unary_response
 from trio_direct.engine.errors import (
-    EngineCancelled, EngineInternal, EngineInvalidArgument, EngineResourceExhausted, EngineStalled, EngineUnavailable,
+    EngineCancelled,
+    EngineInternal,
+    EngineInvalidArgument,
+    EngineResourceExhausted,
+    EngineStalled,
+    EngineUnavailable,
 )  # fmt: skip
 from trio_direct.engine.types import GenerateChunk, GenerateInput, SamplingOptions
 from trio_direct.fleet.fleet import Engine, Fleet

@@ -17,9 +17,9 @@ from pathlib import Path
 import httpx
 import pytest
 import trio
+from support import engine_accounting, start_frontend, start_mock_engine, wait_until
 from tokenizers import Tokenizer
 
-from support import engine_accounting, start_frontend, start_mock_engine, wait_until
 from trio_direct.mock.tiny_model import default_tiny_model_dir, ensure_tiny_model
 
 INCREMENTAL = "--incremental-streaming-output"
@@ -96,6 +96,23 @@ async def metric(client: httpx.AsyncClient, name: str) -> float:
         if line.startswith(name) and not line.startswith("#"):
             total += float(line.split()[-1])
     return total
+
+
+async def metric_at_least(client: httpx.AsyncClient, name: str, value: float) -> bool:
+    return await metric(client, name) >= value
+
+
+async def metric_is(client: httpx.AsyncClient, name: str, value: float) -> bool:
+    return await metric(client, name) == value
+
+
+async def until(check, timeout: float = 10.0, interval: float = 0.02) -> None:
+    """Poll the async predicate `check` until it holds; fail the test after `timeout` seconds."""
+    for _ in range(int(timeout / interval)):
+        if await check():
+            return
+        await trio.sleep(interval)
+    raise AssertionError(f"not within {timeout:g}s")
 
 
 async def settle(urls: list[str], timeout: float = 20.0) -> list[dict]:
@@ -191,13 +208,11 @@ async def test_queued_requests_go_by_priority_and_the_engine_gets_it(aio_loop, n
             assert (await engine_accounting(engine.url))["requests"][rid]["priority"] == priority
 
         async with trio.open_nursery() as requests:
-            requests.start_soon(stream_chat, client, chat(model, max_tokens=150), holder)
+            requests.start_soon(stream_chat, client, chat(model, max_tokens=400), holder)
             await wait_until(lambda: holder.get("chunks", 0) > 0, timeout=20)
             for priority in (0, 10, 5, -3, 7):
                 requests.start_soon(ask, priority)
-            with trio.fail_after(10):
-                while await metric(client, "trio_direct_queue_depth") < 5:
-                    await trio.sleep(0.02)
+            await until(lambda: metric_at_least(client, "trio_direct_queue_depth", 5))
         assert order == [10, 7, 5, 0, -3]
         bad = await client.post("/v1/chat/completions", json=chat(model, priority="high"))
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "priority"
@@ -239,9 +254,7 @@ async def test_a_busy_engine_gets_nothing_new_and_when_all_are_busy_requests_wai
             await wait_until(lambda: all(i.get("chunks", 0) > 0 for i in mine), timeout=20)
             waited: dict = {}
             loading.start_soon(stream_chat, client, chat(model, "patient", max_tokens=2), waited)
-            with trio.fail_after(10):
-                while await metric(client, "trio_direct_queue_depth") < 1:
-                    await trio.sleep(0.02)
+            await until(lambda: metric_at_least(client, "trio_direct_queue_depth", 1))
             assert not waited.get("chunks"), "a request went to a busy engine"
         assert waited["done"] and not waited["errors"] and waited["finishes"] == ["length"]
         assert all(not i["errors"] for i in load + mine)
@@ -288,9 +301,7 @@ async def test_streams_of_an_engine_killed_mid_way_complete_on_the_other(aio_loo
         assert account["started"] == ended(account) == len(streams)  # 50: half were continuations
         continuations = [r for r, meta in account["requests"].items() if r not in {served_rid(s["id"]) for s in streams}]
         assert len(continuations) == sum(doomed)
-        with trio.fail_after(10):
-            while await metric(client, "trio_direct_requests_in_flight") != 0:
-                await trio.sleep(0.05)
+        await until(lambda: metric_is(client, "trio_direct_requests_in_flight", 0))
 
 
 @pytest.mark.slow
@@ -385,7 +396,7 @@ async def test_a_decode_engine_lost_mid_stream_continues_through_a_fresh_prefill
 # ---- 4. request ids, keep-alives and traces ---------------------------------------------------------
 
 
-async def test_x_request_id_is_returned_logged_and_prefixes_the_engine_rid(aio_loop, nursery, mock_engine_factory, caplog):
+async def test_x_request_id_is_returned_and_prefixes_the_engine_rid(aio_loop, nursery, mock_engine_factory):
     running = await mock_engine_factory(incremental_streaming_output=True)
     base = await start_frontend(nursery, "--engine-url", f"grpc://127.0.0.1:{running.port}")
     async with httpx.AsyncClient(base_url=base, timeout=30) as client:

@@ -225,15 +225,15 @@ class Admission:
         while waiting (its client left) is out of the line: its `leave` ends the ticket."""
         if gate is not None:
             self.watch(gate)
-        event = trio.Event()
-        ticket.wake = event.set
         queue = self.queue
         try:
             if queue.wait(ticket, priority or 0, gate):
-                return
+                return  # the common case: nothing to wait for, nothing allocated
         except LookupError:
             metrics.ADMISSION_REJECTIONS.labels("busy").inc()
             raise errors.rate_limited("Every engine is busy; retry later.") from None
+        event = trio.Event()
+        ticket.wake = event.set  # in the line now; nothing ran since `wait` put it there
         ticket.since = time.perf_counter()
         metrics.QUEUE_DEPTH.set(queue.queued)
         with trio.move_on_after(self.timeout):

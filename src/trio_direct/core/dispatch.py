@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from functools import partial
@@ -32,17 +32,27 @@ import trio
 
 from trio_direct import metrics
 from trio_direct.core.choices import (
-    BUDGET_SPENT, ChoiceFailed, ChoiceReader, ChoiceRun, Continuation, EngineLeg, stream_choice,
+    BUDGET_SPENT,
+    ChoiceFailed,
+    ChoiceReader,
+    ChoiceRun,
+    Continuation,
+    EngineLeg,
+    stream_choice,
 )  # fmt: skip
 from trio_direct.core.disaggregation import new_room, run_disaggregated_choice
 from trio_direct.core.migration import continuation_request, migration_refusal
 from trio_direct.core.output import ChoiceEvent
-from trio_direct.core.pool import ServingPool
 from trio_direct.core.plan import RequestPlan
+from trio_direct.core.pool import ServingPool
 from trio_direct.core.request_context import engine_rid, new_request_key
 from trio_direct.deferred import DeferredError
 from trio_direct.engine.errors import (
-    EngineError, EngineInvalidArgument, EngineResourceExhausted, EngineUnavailable, StreamWakeup,
+    EngineError,
+    EngineInvalidArgument,
+    EngineResourceExhausted,
+    EngineUnavailable,
+    StreamWakeup,
 )  # fmt: skip
 from trio_direct.engine.types import Bootstrap, EngineClient, GenerateInput
 from trio_direct.exception_groups import unwrap_single_exception
@@ -52,7 +62,6 @@ from trio_direct.openai import errors
 from trio_direct.openai.errors import OpenAIError
 from trio_direct.routing.policy import Route
 from trio_direct.routing.simple import NoWorkerAvailable
-
 
 __all__ = ["EventBatches", "abort_error", "client_error", "dispatch"]
 
@@ -138,7 +147,7 @@ class Dispatcher:
         """Point `run` at another engine to continue after `failed` broke it mid-stream (see
         `core.migration`); the failed call has already ended. None when it cannot continue.
         `can_pair`: whether the choice's reader can start a prefill leg (else aggregated engines only)."""
-        plan, pool = self._plan, self._pool
+        plan = self._plan
         output = run.plan.output
         refusal = migration_refusal(run.plan.request, error)
         if refusal is not None:
@@ -177,7 +186,7 @@ class Dispatcher:
             self.trace.event("migration", engine=failed.name, tokens=len(output.generated), to=where)
         return Continuation(prefill)
 
-    def _route_elsewhere(self, request: GenerateInput, key: str, failed: EngineClient):  # noqa: ANN202 - Route
+    def _route_elsewhere(self, request: GenerateInput, key: str, failed: EngineClient) -> Route[Worker] | None:
         """A route for the continuation that avoids `failed` (marked down when unreachable; an engine
         that failed otherwise, or whose health checks are off, is skipped by asking again)."""
         plan, pool = self._plan, self._pool
@@ -314,7 +323,7 @@ async def _run_choice(
     control: Dispatcher,
     abort_timeout: float,
     send: trio.MemorySendChannel,
-    written,  # noqa: ANN001
+    written: Callable[[], None],
     readers: list[ChoiceReader],
 ) -> None:
     async with send:
@@ -364,7 +373,7 @@ class ChoiceEvents:
     def _without_wakeups(self, batch: list, position: int) -> list[ChoiceEvent]:
         rest = batch[position + 1 :]
         events = batch[:position]
-        for index, item in enumerate(rest):
+        for item in rest:
             if type(item) is ChoiceFailed:
                 if item.error is None:
                     continue

@@ -13,15 +13,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from trio_direct.core.pool import ServingPool
 from trio_direct.core.output import ChoiceOutput, ReasoningSplitter, ToolCallExtractor
+from trio_direct.core.pool import ServingPool
 from trio_direct.core.request_context import CURRENT, engine_rid, new_request_key
 from trio_direct.engine.types import GenerateInput, SamplingOptions
 from trio_direct.logs import REQUEST_ID
 from trio_direct.openai import errors
 from trio_direct.text.detokenizer import IncrementalDetokenizer
 from trio_direct.text.stop_strings import StopStringMatcher
-
 
 __all__ = [
     "ChoicePlan",

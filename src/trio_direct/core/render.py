@@ -21,13 +21,12 @@ import trio
 from trio_direct import metrics
 from trio_direct.core.dispatch import abort_error, client_error, dispatch
 from trio_direct.core.output import ChoiceEvent, ChoiceResult
-from trio_direct.core.pool import ServingPool
 from trio_direct.core.plan import RequestPlan, Usage
+from trio_direct.core.pool import ServingPool
 from trio_direct.core.watch import WatchedStream
 from trio_direct.engine.errors import EngineError, StreamWakeup
 from trio_direct.openai import errors
 from trio_direct.openai.errors import OpenAIError
-
 
 __all__ = ["KEEPALIVE", "SSE_HEADERS", "Renderer", "ResponseWriter", "StreamCutter", "stream_response", "unary_response"]
 

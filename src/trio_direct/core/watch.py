@@ -96,9 +96,9 @@ class StreamWatch:
         keepalive = self.keepalive
         if keepalive > 0:
             for stream in list(self._streams):
-                if now - stream.last_write >= keepalive and stream.woken_for != stream.last_write:
-                    if stream.wake():
-                        stream.woken_for = stream.last_write
+                quiet = now - stream.last_write >= keepalive and stream.woken_for != stream.last_write
+                if quiet and stream.wake():
+                    stream.woken_for = stream.last_write
         timeout = self.stall_timeout
         if timeout > 0:
             for client, calls in list(self._calls.items()):

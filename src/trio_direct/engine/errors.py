@@ -90,5 +90,5 @@ def error_for_status(status: str, message: str, *, engine: str = "") -> EngineEr
     return _BY_STATUS.get(status, EngineInternal)(message, engine=engine)
 
 
-class StreamWakeup(Exception):  # noqa: N818 - not an error: an interruption
+class StreamWakeup(Exception):
     """A reader woken with nothing new (to send an SSE keep-alive): read again. Not an `EngineError`."""

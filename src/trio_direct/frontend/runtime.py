@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import gc
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -33,12 +33,12 @@ from trio_direct.fleet.fleet import Engine, Fleet, FleetError, FleetOverrides, W
 from trio_direct.fleet.health import EngineHealth
 from trio_direct.frontend.gc_policy import run_gc_policy
 from trio_direct.frontend.loop_lag import monitor_loop_lag
+from trio_direct.kv_sync.feeds import KvFeeds
+from trio_direct.kv_sync.load_poll import poll_loads
 from trio_direct.openai import errors
 from trio_direct.openai.requests import warm_up_request_decoding
 from trio_direct.parsers.reasoning import KNOWN_REASONING_PARSERS
 from trio_direct.parsers.tools import KNOWN_TOOL_CALL_PARSERS
-from trio_direct.kv_sync.feeds import KvFeeds
-from trio_direct.kv_sync.load_poll import poll_loads
 from trio_direct.routing.block_hash import RoutingKey
 from trio_direct.routing.busy import UNLIMITED, BusyThreshold, EngineLoads
 from trio_direct.routing.kv_routing import KvRouting
@@ -172,7 +172,7 @@ class ModelPool:
             return UNLIMITED
         return busy.headroom(aggregated, routing_key)
 
-    def on_load_change(self, listener) -> None:  # noqa: ANN001 - a callable without arguments
+    def on_load_change(self, listener: Callable[[], None]) -> None:
         """Call `listener` after every round of load polls (admission re-checks its waiters)."""
         if self.busy is not None:
             self.busy.listeners.append(listener)
