@@ -72,6 +72,8 @@ class Ticket:
     wake: Callable[[], None] | None = None
     #: When it started waiting in the line (`time.perf_counter()`), for the wait-time histogram.
     since: float = 0.0
+    #: Its turn came (admitted past the gate): asking again returns at once.
+    cleared: bool = False
 
     @property
     def order(self) -> tuple[int, int]:
@@ -113,9 +115,12 @@ class AdmissionQueue:
         """The request is planned: True when it may be dispatched now; otherwise it is in the line
         (its `wake` is called once it is admitted). Raises `LookupError` when it would have to wait
         but the line is full (every engine busy and no room: refuse it)."""
+        if ticket.cleared:
+            return True
         ticket.priority, ticket.gate = priority, gate
         if ticket.state == ADMITTED:
             if gate is None or gate.headroom() > 0:
+                ticket.cleared = True
                 return True
             if self.queued >= self.max_queued:  # every engine busy and nowhere to wait
                 raise LookupError("every engine is busy")
@@ -175,7 +180,7 @@ class AdmissionQueue:
             admitted.append(ticket)
         for ticket in admitted:
             self._remove(ticket)
-            ticket.state = ADMITTED
+            ticket.state, ticket.cleared = ADMITTED, True
             if ticket.wake is not None:
                 ticket.wake()
 

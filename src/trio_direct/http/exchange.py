@@ -174,17 +174,25 @@ class Exchange:
         trace = plan.trace
         if trace is not None:
             trace.planned()  # type: ignore[attr-defined]
-        if self.ticket is not None and self.admission is not None:
-            if trace is None:
-                await self.admission.admit(self.ticket, priority, pool)
-            else:
-                with trace.child("queue", priority=priority or 0):  # type: ignore[attr-defined]
-                    await self.admission.admit(self.ticket, priority, pool)
+        await self.admit(pool, priority, trace)
         if trace is None:
             await self._respond(pool, plan, renderer)
         else:
             with trace.child("response", stream=plan.stream):  # type: ignore[attr-defined]
                 await self._respond(pool, plan, renderer)
+
+    async def admit(self, pool: ModelPool, priority: int | None = None, trace: Any = None) -> None:
+        """Wait for this request's turn (`core.admission`): a slot, and an engine of `pool` below
+        the busy threshold. `respond` does it; a generation handler that does not answer through
+        `respond` must call it before it sends anything to an engine. Raises `OpenAIError` 429/503."""
+        ticket, admission = self.ticket, self.admission
+        if ticket is None or admission is None:
+            return
+        if trace is None:
+            await admission.admit(ticket, priority, pool)
+            return
+        with trace.child("queue", priority=priority or 0):
+            await admission.admit(ticket, priority, pool)
 
     async def _respond(self, pool: ModelPool, plan: RequestPlan, renderer: Renderer) -> None:
         cutter = self.frontend.cutter
