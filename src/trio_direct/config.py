@@ -48,6 +48,10 @@ class ServeConfig:
     max_retries: int = 1
     graceful_shutdown_timeout: float = 30.0
     max_body_bytes: int = 32 * 1024 * 1024
+    header_read_timeout: float = 10.0
+    body_read_timeout: float = 30.0
+    keep_alive_timeout: float = 75.0
+    max_connections: int = 0
     api_key: str | None = None
     max_concurrent_requests: int = 0
     max_queued_requests: int = 0
@@ -118,7 +122,15 @@ _HELP = {
     "sse_keepalive": "seconds a stream may go silent before a ': ping' comment is sent (0 = never)",
     "otlp_traces_endpoint": "OTLP/HTTP endpoint for OpenTelemetry traces (e.g. http://collector:4318/v1/traces); "
     "tracing is also on when the standard OTEL_TRACES_EXPORTER / OTEL_EXPORTER_OTLP_*ENDPOINT variables say so",
-    "max_body_bytes": "largest request body accepted (413 above)",
+    "max_body_bytes": "largest request body accepted (413 above; a larger Content-Length is refused before the body "
+    "is read)",
+    "header_read_timeout": "seconds a request head may take to arrive, from the connection's accept or the head's "
+    "first byte; then 408 and the connection closes (0 = no limit)",
+    "body_read_timeout": "seconds a request body may pause between bytes; then 408 and the connection closes "
+    "(0 = no limit)",
+    "keep_alive_timeout": "seconds an idle kept-alive connection stays open between requests (0 = no limit)",
+    "max_connections": "open client connections per process; more are answered 503 and closed at once "
+    "(0 = the open-file limit less a reserve of max(64, 10%%))",
     "cors_allow_origins": "browser origins allowed to call the API (comma-separated, * for any; default: no CORS)",
     "max_n": "largest `n` accepted",
     "gc_full_collection_growth": "run a full garbage-collector pass when the heap grew by this fraction since the last "

@@ -65,6 +65,18 @@ LOOP_LAG = Histogram(
     buckets=_LOOP_LAG_BUCKETS, registry=REGISTRY,
 )  # fmt: skip
 LOOP_LAG_MAX = Gauge("trio_direct_event_loop_lag_max_seconds", "Worst event-loop lag since start", registry=REGISTRY)
+HTTP_CONNECTIONS = Gauge("trio_direct_http_connections", "Client connections open", registry=REGISTRY)
+HTTP_CONNECTIONS_REFUSED = Counter(
+    "trio_direct_http_connections_refused", "Client connections refused at --max-connections", registry=REGISTRY
+)
+HTTP_ACCEPT_ERRORS = Counter(
+    "trio_direct_http_accept_errors", "Failed accepts for lack of resources (EMFILE, ENFILE, ...)", ["errno"],
+    registry=REGISTRY,
+)  # fmt: skip
+HTTP_TIMEOUTS = Counter(
+    "trio_direct_http_read_timeouts", "Connections closed for a stalled request head or body", ["phase"],
+    registry=REGISTRY,
+)  # fmt: skip
 GC_FULL_COLLECTIONS = Counter(
     "trio_direct_gc_full_collections", "Full garbage-collector passes run on heap growth (frontend/gc_policy.py)",
     registry=REGISTRY,

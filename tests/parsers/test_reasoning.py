@@ -16,7 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trio_direct.parsers.reasoning import (
+    INKLING_CONTROL_TOKENS,
     KNOWN_REASONING_PARSERS,
+    REASONING_FORMATS,
     ReasoningDelta,
     ReasoningParser,
     ThinkTagParser,
@@ -28,18 +30,18 @@ FUZZ = settings(max_examples=250, deadline=None, database=None)
 
 HARMONY = ("<|start|>", "<|channel|>", "<|message|>", "<|constrain|>", "<|end|>", "<|call|>",
            "<|return|>")
+INKLING = INKLING_CONTROL_TOKENS
 # Tags each format reacts to (for the hold-back property and for generating texts).
 TAGS: dict[str, tuple[str, ...]] = {
-    "basic": ("<think>", "</think>"),
-    "deepseek_r1": ("<think>", "</think>"),
-    "step3": ("<think>", "</think>"),
-    "qwen3": ("<think>", "</think>", "<tool_call>"),
-    "qwen3_thinking": ("<think>", "</think>", "<tool_call>"),
-    "glm45": ("<think>", "</think>", "<tool_call>"),
-    "kimi": ("◁think▷", "◁/think▷"),
+    **{name: tuple(dict.fromkeys((f.start, f.end, *f.extra_ends, *f.tool_starts, *f.content_drops)))
+       for name, f in REASONING_FORMATS.items()},
     "gpt_oss": HARMONY,
+    "inkling": INKLING,
+    "minimax_append_think": (),
     "passthrough": (),
 }
+# Formats a start tag, an end tag and tool starts describe (the independent reading below).
+SIMPLE_TAG_FORMATS = [name for name, f in REASONING_FORMATS.items() if not f.extra_ends and not f.content_drops]
 Config = tuple[str, dict[str, Any]]
 CONFIGS: list[Config] = [
     *((name, {}) for name in TAGS),
@@ -69,7 +71,7 @@ def whole(config: Config, text: str) -> tuple[str, str]:
 
 def cut(text: str, points: Iterable[int]) -> list[str]:
     bounds = [0, *sorted(points), len(text)]
-    return [text[a:b] for a, b in zip(bounds, bounds[1:])]
+    return [text[a:b] for a, b in itertools.pairwise(bounds)]
 
 
 # --- golden cases ---------------------------------------------------------------------------
@@ -123,8 +125,8 @@ GOLDEN: list[tuple[Config, str, str, str]] = [
     (("passthrough", {}), "<think>a</think>b", "", "<think>a</think>b"),
     # gpt-oss, from the OpenAI harmony guide (the prompt ends with <|start|>assistant).
     (("gpt_oss", {}),
-     '<|channel|>analysis<|message|>User asks: "What is 2 + 2?" Simple arithmetic. Provide '
-     'answer.<|end|><|start|>assistant<|channel|>final<|message|>2 + 2 = 4.<|return|>',
+     ('<|channel|>analysis<|message|>User asks: "What is 2 + 2?" Simple arithmetic. Provide '
+     'answer.<|end|><|start|>assistant<|channel|>final<|message|>2 + 2 = 4.<|return|>'),
      'User asks: "What is 2 + 2?" Simple arithmetic. Provide answer.', "2 + 2 = 4."),
     (("gpt_oss", {}),
      "<|channel|>analysis<|message|>Need to use function get_weather.<|end|>" + GPT_OSS_CALL,
@@ -145,6 +147,60 @@ GOLDEN: list[tuple[Config, str, str, str]] = [
     (("gpt_oss", {}), "<|channel|>final<|message|>no stop token", "", "no stop token"),
     (("gpt_oss", {}), "<|channel|>analysis<|message|>a<|channel|>final<|message|>b", "a", "b"),
     (("gpt_oss", {}), "plain text, no harmony", "", "plain text, no harmony"),
+    # MiniMax-M2: the template opened <think>; `minimax_append_think` gives it back to the client.
+    (("minimax", {}), "The user greets me.</think>Hello!", "The user greets me.", "Hello!"),
+    (("minimax", {}), "Plan.<minimax:tool_call>\n<invoke", "Plan.", "<minimax:tool_call>\n<invoke"),
+    (("minimax_append_think", {}), "The user greets me.</think>Hello!", "",
+     "<think>The user greets me.</think>Hello!"),
+    # smg's cohere_cmd.rs tests (CMD3/CMD4 framing is dropped here, not left to the tool parser).
+    (("cohere_cmd", {}), "<|START_THINKING|><|END_THINKING|>The answer.", "", "The answer."),
+    (("cohere_cmd", {}), ("<|START_THINKING|>\nLet me analyze this step by step.\n<|END_THINKING|>\n"
+     "<|START_RESPONSE|>The answer is 42.<|END_RESPONSE|>"), "\nLet me analyze this step by step.\n",
+     "\nThe answer is 42."),
+    (("cohere_cmd", {}), "This is a normal response.", "", "This is a normal response."),
+    # SGLang's CohereCommand4Detector docstring: the template opened thinking.
+    (("cohere_command4", {}), "thinking_content<|END_THINKING|><|START_TEXT|>final_answer<|END_TEXT|>",
+     "thinking_content", "final_answer"),
+    (("cohere_command4", {}), "<|START_TEXT|>final_answer<|END_TEXT|>", "", "final_answer"),
+    (("cohere_command4", {}), 'Plan.<|START_ACTION|>[{"tool_name": "f"}]<|END_ACTION|>', "Plan.",
+     '<|START_ACTION|>[{"tool_name": "f"}]<|END_ACTION|>'),
+    # smg's nano_v3.rs: Nemotron's template puts <think> in the prompt when thinking is on.
+    (("nano_v3", {"force_reasoning": True}), "reasoning content</think>answer", "reasoning content", "answer"),
+    (("nano_v3", {}), "<think>a</think>b", "a", "b"),
+    (("deepseek_v31", {}), "<think>a</think>b", "a", "b"),
+    (("deepseek_v31", {}), "No thinking requested.", "", "No thinking requested."),
+    (("deepseek_v4", {}), "<think>a</think>b", "a", "b"),
+    # SGLang's InklingDetector comment, and a tool block passed through for the tool parser.
+    (("inkling", {}), ("<|message_model|><|content_thinking|>reasoning<|end_message|><|message_model|>"
+     "<|content_text|>visible answer<|end_message|><|content_model_end_sampling|>"), "reasoning",
+     "visible answer"),
+    (("inkling", {}), ("<|message_model|><|content_thinking|>plan<|end_message|><|message_model|>search"
+     '<|content_invoke_tool_json|>{"name":"search","args":{}}<|end_message|>'), "plan",
+     '<|message_model|>search<|content_invoke_tool_json|>{"name":"search","args":{}}<|end_message|>'),
+    (("inkling", {}), "plain text", "", "plain text"),
+    # Kimi K2.5 thinks in <think> and may open its tool section without closing it.
+    (("kimi_k25", {}), "<think>a</think>b", "a", "b"),
+    (("kimi_k25", {}), "<think>I'll call it.<|tool_calls_section_begin|><|tool_call_begin|>", "I'll call it.",
+     "<|tool_calls_section_begin|><|tool_call_begin|>"),
+    (("kimi_thinking", {}), "Still thinking.</think>Done.", "Still thinking.", "Done."),
+    # smg's kimi_k3.rs reasoning tests.
+    (("kimi_k3", {}), "<|open|>think<|sep|>step <|close|>think<|sep|><|open|>response<|sep|>answer", "step ", "answer"),
+    (("kimi_k3", {}), ("<|open|>think<|sep|>step<|close|>think<|sep|><|open|>response<|sep|>answer<|close|>response<|sep|><|open|>tools<|sep|>CALLS"
+     "<|close|>tools<|sep|>"), "step", "answer<|open|>tools<|sep|>CALLS<|close|>tools<|sep|>"),
+    (("kimi_k3", {}), "<|open|>think<|sep|>r<|close|>think<|sep|><|open|>message<|sep|>answer<|close|>message<|sep|>", "r", "answer"),
+    (("kimi_k3", {"force_reasoning": True}), ('<|open|>tools<|sep|><|open|>call tool="f" index="1"<|sep|>'
+     "<|close|>call<|sep|><|close|>tools<|sep|><|close|>message<|sep|>"), "",
+     '<|open|>tools<|sep|><|open|>call tool="f" index="1"<|sep|><|close|>call<|sep|><|close|>tools<|sep|>'),
+    (("kimi_k3", {}), "just an answer", "", "just an answer"),
+    # Mistral Small 4 with reasoning_effort="high".
+    (("mistral", {}), "[THINK]The user asks for 2+2.[/THINK]4", "The user asks for 2+2.", "4"),
+    (("hunyuan", {}), "<think>a</think>b", "a", "b"),
+    (("hunyuan", {}), "<think>Call it.<tool_calls>\n<tool_call>f<tool_sep>", "Call it.",
+     "<tool_calls>\n<tool_call>f<tool_sep>"),
+    # vLLM's test_seed_oss_tool_parser.py (thinking budget reflections stay reasoning).
+    (("seed_oss", {}), ("<seed:think>The budget is 512.</seed:cot_budget_reflect>\nCall get_weather.</seed:think>\n"
+     "<seed:tool_call>\n<function=get_weather>"), "The budget is 512.</seed:cot_budget_reflect>\nCall get_weather.",
+     "\n<seed:tool_call>\n<function=get_weather>"),
 ]
 
 
@@ -172,7 +228,9 @@ def test_golden_every_split(config: Config, text: str, reasoning: str, content: 
 # Fragments that make tags, partial tags, look-alikes, whitespace and multi-byte characters.
 FRAGMENTS = ["a", "b", " ", "\n", "<", ">", "/", "<t", "<thin", "think", "</", "</thi", "é",
              "思", "🤔", "◁", "▷", "◁th", "<|", "|>", "<think>", "</think>", "<tool_call>",
-             "◁think▷", "◁/think▷", *HARMONY, "analysis", "final", "commentary", " to=f"]
+             "◁think▷", "◁/think▷", *HARMONY, "analysis", "final", "commentary", " to=f",
+             *sorted({t for tags in TAGS.values() for t in tags} - set(HARMONY)), "<|open|>", "<|sep|>",
+             "[THINK", "<seed:", "<|START_"]
 texts = st.lists(st.sampled_from(FRAGMENTS), max_size=25).map("".join)
 
 
@@ -205,11 +263,10 @@ def _reference_tags(text: str, tags: Sequence[str], in_reasoning: bool) -> tuple
 @FUZZ
 @given(text=texts)
 def test_tag_formats_match_an_independent_reading(text: str) -> None:
-    forced = {"deepseek_r1", "step3", "qwen3_thinking"}
-    for name, tags in TAGS.items():
-        if name in ("gpt_oss", "passthrough"):
-            continue
-        assert whole((name, {}), text) == _reference_tags(text, tags, name in forced), name
+    for name in SIMPLE_TAG_FORMATS:
+        tags = TAGS[name]
+        forced = REASONING_FORMATS[name].starts_in_reasoning
+        assert whole((name, {}), text) == _reference_tags(text, tags, forced), name
     assert whole(("qwen3", {"enable_thinking": False}), text) == _reference_tags(
         text, TAGS["qwen3"], False)
 
@@ -319,6 +376,21 @@ def test_known_names_resolve_to_canonical_formats() -> None:
 def test_unknown_name_lists_the_known_ones() -> None:
     with pytest.raises(UnknownReasoningParser, match="deepseek_r1"):
         reasoning_parser("llama4")
+
+
+@pytest.mark.parametrize(("name", "prompt"), [
+    ("qwen3", "<|im_start|>assistant\n<think>\n"),
+    ("kimi_k3", "<|open|>assistant<|sep|><|open|>think<|sep|>"),
+    ("cohere_cmd", "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|><|START_THINKING|>"),
+    ("seed_oss", "<seed:bos>assistant\n<seed:think>"),
+    ("inkling", "<|message_model|><|content_thinking|>"),
+])
+def test_a_prompt_that_opens_the_block_starts_the_output_in_reasoning(name: str, prompt: str) -> None:
+    parser = reasoning_parser(name, prompt=prompt)
+    delta = parser.feed("thought")
+    assert delta == ReasoningDelta(reasoning="thought")
+    other = reasoning_parser(name, prompt="a prompt that leaves the block closed")
+    assert other.feed("thought") == ReasoningDelta(content="thought")
 
 
 def test_overlapping_markers_are_refused() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import re
@@ -160,6 +161,125 @@ CASES = [
          "</tool_call><tool_call>get_time</tool_call>",
          "On it.",
          (("get_weather", {"city": "Paris"}), ("get_time", {})), WEATHER_TOOLS),
+    # smg's tool_parser_json.rs (test_simple_json_tool_call, test_json_with_parameters_key).
+    Case("json-object", "json",
+         '{"name": "get_weather", "arguments": {"location": "San Francisco"}}', "",
+         (("get_weather", {"location": "San Francisco"}),)),
+    Case("json-array-parameters", "json",
+         '[{"name": "calculate", "parameters": {"x": 10, "y": 20}}, {"name": "ping", "arguments": {}}]', "",
+         (("calculate", {"x": 10, "y": 20}), ("ping", {}))),
+    # smg's tool_parser_deepseek_dsml.rs: V3.2 parameters, typed by `string=`, and direct JSON.
+    Case("deepseek-v32-dsml", "deepseek32",
+         "Let me check that.\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"get_weather\">\n"
+         "<｜DSML｜parameter name=\"location\" string=\"true\">Tokyo</｜DSML｜parameter>\n"
+         "<｜DSML｜parameter name=\"days\" string=\"false\">3</｜DSML｜parameter>\n</｜DSML｜invoke>\n"
+         "<｜DSML｜invoke name=\"get_news\">\n{\"location\": \"Beijing\", \"date\": \"2024-01-16\"}\n"
+         "</｜DSML｜invoke>\n</｜DSML｜function_calls>",
+         "Let me check that.",
+         (("get_weather", {"location": "Tokyo", "days": 3}),
+          ("get_news", {"location": "Beijing", "date": "2024-01-16"}))),
+    Case("deepseek-v4-dsml", "deepseek_v4",
+         "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"search\">\n<｜DSML｜parameter name=\"query\" "
+         "string=\"true\">rust programming</｜DSML｜parameter>\n<｜DSML｜parameter name=\"filters\" "
+         "string=\"false\">{\"lang\": [\"en\"]}</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>",
+         "", (("search", {"query": "rust programming", "filters": {"lang": ["en"]}}),)),
+    # smg's tool_parser_step3.rs (single and typed examples).
+    Case("step3", "step3",
+         "Let me help you.\n<｜tool_calls_begin｜>\n<｜tool_call_begin｜>function<｜tool_sep｜>"
+         "<steptml:invoke name=\"search\">\n<steptml:parameter name=\"query\">rust programming"
+         "</steptml:parameter>\n<steptml:parameter name=\"limit\">10</steptml:parameter>\n</steptml:invoke>"
+         "<｜tool_call_end｜>\n<｜tool_call_begin｜>function<｜tool_sep｜><steptml:invoke name=\"process\">\n"
+         "<steptml:parameter name=\"rate\">2.5</steptml:parameter>\n<steptml:parameter name=\"active\">"
+         "true</steptml:parameter>\n<steptml:parameter name=\"optional\">null</steptml:parameter>\n"
+         "</steptml:invoke><｜tool_call_end｜>\n<｜tool_calls_end｜>",
+         "Let me help you.",
+         (("search", {"query": "rust programming", "limit": 10}),
+          ("process", {"rate": 2.5, "active": True, "optional": None}))),
+    # smg's sarashina.rs tests: with and without the marker, Python literals.
+    Case("sarashina-marker", "sarashina",
+         "Let me check.<|tool_calls|>[{'name': 'get_weather', 'arguments': {'city': 'Tokyo'}}, "
+         "{'name': 'flags', 'arguments': {'a': True, 'b': False, 'c': None}}]",
+         "Let me check.",
+         (("get_weather", {"city": "Tokyo"}), ("flags", {"a": True, "b": False, "c": None}))),
+    Case("sarashina-bare", "sarashina",
+         "[{'name': 'say', 'arguments': {'text': 'it\\'s [done]'}}]", "",
+         (("say", {"text": "it's [done]"}),)),
+    # Kimi K3 XTML (the format in smg's kimi_k3.rs): response channel unwrapped, typed arguments.
+    Case("kimi-k3", "kimi_k3",
+         "<|open|>response<|sep|>Let me check.<|close|>response<|sep|><|open|>tools<|sep|>"
+         "<|open|>call tool=\"get_weather\" index=\"1\"<|sep|><|open|>argument key=\"city\" type=\"string\"<|sep|>"
+         "Paris<|close|>argument<|sep|><|open|>argument key=\"days\" type=\"integer\"<|sep|>3"
+         "<|close|>argument<|sep|><|close|>call<|sep|><|open|>call tool=\"get_time\" index=\"2\"<|sep|>"
+         "<|close|>call<|sep|><|close|>tools<|sep|>",
+         "Let me check.", (("get_weather", {"city": "Paris", "days": 3}), ("get_time", {}))),
+    # smg's tool_parser_inkling.rs (test_inkling_complete_parsing).
+    Case("inkling", "inkling",
+         "<|message_model|><|content_text|>I'll check.<|end_message|><|message_model|>search"
+         "<|content_invoke_tool_json|>{\"name\":\"search\",\"args\":{\"query\":\"Rust {language}\"}}"
+         "<|end_message|><|message_model|>get_weather<|content_invoke_tool_json|>{\"name\":\"get_weather\","
+         "\"args\":{\"city\":\"Tokyo\"}}<|end_message|><|content_model_end_sampling|>",
+         "I'll check.", (("search", {"query": "Rust {language}"}), ("get_weather", {"city": "Tokyo"}))),
+    # smg's tool_parser_minimax_m2.rs (issue #1743's call), with an escaped value and a second invoke.
+    Case("minimax-m2", "minimax_m2",
+         "<minimax:tool_call>\n<invoke name=\"update_task\">\n<parameter name=\"taskId\">3</parameter>\n"
+         "<parameter name=\"subject\">X &amp; Y &lt;b&gt;</parameter>\n</invoke>\n<invoke name=\"get_weather\">\n"
+         "<parameter name=\"days\">3</parameter>\n</invoke>\n</minimax:tool_call>",
+         "", (("update_task", {"taskId": "3", "subject": "X & Y <b>"}), ("get_weather", {"days": 3})),
+         [_tool("update_task", taskId="string", subject="string"), *WEATHER_TOOLS]),
+    # smg's tool_parser_cohere.rs (single and array shapes), Command A's tool_call_id.
+    Case("cohere-single", "cohere",
+         "<|START_RESPONSE|>Let me search for that.<|END_RESPONSE|>\n<|START_ACTION|>\n"
+         "{\"tool_name\": \"search_web\", \"parameters\": {\"query\": \"latest news\", \"max_results\": 5}}\n"
+         "<|END_ACTION|>",
+         "Let me search for that.", (("search_web", {"query": "latest news", "max_results": 5}),)),
+    Case("cohere-command-a-array", "cohere_command4",
+         "<|START_ACTION|>[\n    {\"tool_call_id\": \"0\", \"tool_name\": \"get_weather\", \"parameters\": "
+         "{\"city\": \"Tokyo\", \"units\": \"celsius\"}},\n    {\"tool_call_id\": \"1\", \"tool_name\": "
+         "\"search_news\", \"parameters\": {\"query\": \"AI developments\", \"limit\": 10}}\n]<|END_ACTION|>",
+         "", (("get_weather", {"city": "Tokyo", "units": "celsius"}),
+              ("search_news", {"query": "AI developments", "limit": 10}))),
+    # gpt-oss harmony, as the model writes a call (OpenAI's harmony guide) and as harmony's
+    # encoder renders one (recipient in the role part, `json` without `<|constrain|>`).
+    Case("gpt-oss-harmony", "gpt-oss",
+         "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
+         "{\"location\":\"San Francisco\"}<|call|>",
+         "", (("get_weather", {"location": "San Francisco"}),)),
+    Case("gpt-oss-preamble-and-two-calls", "harmony",
+         "**Action plan**: look it up.<|start|>assistant to=functions.lookup<|channel|>commentary json"
+         "<|message|>{\"q\": \"weather\"}<|call|><|start|>assistant<|channel|>commentary to=functions.get_time"
+         " <|constrain|>json<|message|>{}",
+         "**Action plan**: look it up.", (("lookup", {"q": "weather"}), ("get_time", {}))),
+    # SGLang's HunyuanDetector docstring shape, and the suffixed tags of the shipping tokenizer.
+    Case("hunyuan", "hunyuan",
+         "Checking.\n<tool_calls>\n<tool_call>get_weather<tool_sep>\n<arg_key>city</arg_key>\n"
+         "<arg_value>Paris</arg_value>\n<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call>\n"
+         "<tool_call>get_time<tool_sep>\n</tool_call>\n</tool_calls>",
+         "Checking.", (("get_weather", {"city": "Paris", "days": 3}), ("get_time", {})), WEATHER_TOOLS),
+    Case("hunyuan-suffixed", "hunyuan",
+         "<tool_calls:opensource><tool_call:opensource>get_weather<tool_sep:opensource><arg_key:opensource>"
+         "city</arg_key:opensource><arg_value:opensource>Oslo</arg_value:opensource></tool_call:opensource>"
+         "</tool_calls:opensource>",
+         "", (("get_weather", {"city": "Oslo"}),)),
+    # vLLM's test_seed_oss_tool_parser.py (0 thinking budget; two parameters).
+    Case("seed-oss", "seed_oss",
+         "<seed:tool_call>\n<function=get_weather>\n<parameter=location>Barcelona, Spain</parameter>\n"
+         "<parameter=unit>celsius</parameter>\n</function>\n</seed:tool_call>",
+         "", (("get_weather", {"location": "Barcelona, Spain", "unit": "celsius"}),)),
+    # vLLM's granite tool parser's expected output (Granite 3.0), and 3.1's `<tool_call>`.
+    Case("granite", "granite",
+         "<|tool_call|>[{\"name\": \"get_current_weather\", \"arguments\": {\"city\": \"Dallas\", "
+         "\"state\": \"TX\", \"unit\": \"fahrenheit\"}}, {\"name\": \"get_time\", \"arguments\": {}}]",
+         "", (("get_current_weather", {"city": "Dallas", "state": "TX", "unit": "fahrenheit"}), ("get_time", {}))),
+    Case("granite-31", "granite",
+         "<tool_call>[{\"name\": \"get_time\", \"arguments\": {\"tz\": \"CET\"}}]", "",
+         (("get_time", {"tz": "CET"}),)),
+    # Mistral v11+ tokenizers with a call id; Qwen3-Coder under smg's and vLLM's names.
+    Case("mistral-v11-call-id", "mistral",
+         "[TOOL_CALLS]get_weather[CALL_ID]a1b2c3d4e[ARGS]{\"city\": \"Paris\"}", "",
+         (("get_weather", {"city": "Paris"}),)),
+    Case("qwen-xml-alias", "qwen_xml",
+         "<tool_call>\n<function=get_weather>\n<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>",
+         "", (("get_weather", {"days": 2}),), WEATHER_TOOLS),
 ]
 
 
@@ -211,7 +331,7 @@ def test_one_character_at_a_time_equals_the_whole(case: Case) -> None:
 @given(case=st.sampled_from(CASES), cuts=st.lists(st.integers(0, 10_000), max_size=12))
 def test_random_multi_chunk_splits_equal_the_whole(case: Case, cuts: list[int]) -> None:
     points = sorted({0, len(case.text), *(c % (len(case.text) + 1) for c in cuts)})
-    chunks = [case.text[a:b] for a, b in zip(points, points[1:])]
+    chunks = [case.text[a:b] for a, b in itertools.pairwise(points)]
     assert _stream(case, chunks) == _parser(case).parse_complete(case.text)
 
 

@@ -3,17 +3,19 @@ any chunking; text that holds no call comes back as content, byte for byte."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from trio_direct.parsers.tools import ToolCall, assemble, tool_call_parser
+from trio_direct.parsers.tools import TOOL_CALL_FORMATS, ToolCall, assemble, tool_call_parser
 
-FUZZ = settings(max_examples=40, deadline=None, database=None)
+FUZZ = settings(max_examples=150, deadline=None, database=None)
 
 DS_CALLS_BEGIN = "<｜tool▁calls▁begin｜>"
 DS_CALLS_END = "<｜tool▁calls▁end｜>"
@@ -115,6 +117,87 @@ def _glm47(cs):
     return _glm(cs, newline="")
 
 
+def _bare(v):
+    return v if isinstance(v, str) else _json(v)
+
+
+def _json_calls(cs):
+    return _json([{"name": n, "arguments": a} for n, a in cs])
+
+
+def _cohere(cs):
+    items = [{"tool_call_id": str(i), "tool_name": n, "parameters": a} for i, (n, a) in enumerate(cs)]
+    return "<|START_ACTION|>" + _json(items) + "<|END_ACTION|>"
+
+
+def _inkling(cs):
+    return "".join(f"<|message_model|>{n}<|content_invoke_tool_json|>{_json({'name': n, 'args': a})}"
+                   "<|end_message|>" for n, a in cs)
+
+
+def _granite(cs):
+    return "<|tool_call|>" + _json([{"name": n, "arguments": a} for n, a in cs])
+
+
+def _sarashina(cs):
+    return "<|tool_calls|>" + repr([{"name": n, "arguments": a} for n, a in cs])
+
+
+def _minimax(cs):
+    def esc(v):
+        return _bare(v).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return "<minimax:tool_call>\n" + "".join(
+        f'<invoke name="{n}">\n' + "".join(f'<parameter name="{k}">{esc(v)}</parameter>\n' for k, v in a.items())
+        + "</invoke>\n" for n, a in cs) + "</minimax:tool_call>"
+
+
+def _step3(cs):
+    return "<\uff5ctool_calls_begin\uff5c>\n" + "".join(
+        f'<\uff5ctool_call_begin\uff5c>function<\uff5ctool_sep\uff5c><steptml:invoke name="{n}">\n'
+        + "".join(f'<steptml:parameter name="{k}">{_bare(v)}</steptml:parameter>\n' for k, v in a.items())
+        + "</steptml:invoke><\uff5ctool_call_end\uff5c>\n" for n, a in cs) + "<\uff5ctool_calls_end\uff5c>"
+
+
+def _dsml(cs, block="function_calls"):
+    d = "\uff5cDSML\uff5c"
+    return f"<{d}{block}>\n" + "".join(
+        f'<{d}invoke name="{n}">\n' + "".join(
+            f'<{d}parameter name="{k}" string="{"true" if isinstance(v, str) else "false"}">{_bare(v)}'
+            f"</{d}parameter>\n" for k, v in a.items()) + f"</{d}invoke>\n" for n, a in cs) + f"</{d}{block}>"
+
+
+def _dsml_v4(cs):
+    return _dsml(cs, "tool_calls")
+
+
+def _hunyuan(cs):
+    return "<tool_calls>\n" + "".join(
+        f"<tool_call>{n}<tool_sep>\n" + "".join(
+            f"<arg_key>{k}</arg_key>\n<arg_value>{_bare(v)}</arg_value>\n" for k, v in a.items())
+        + "</tool_call>\n" for n, a in cs) + "</tool_calls>"
+
+
+def _seed_oss(cs):
+    return "\n".join(
+        f"<seed:tool_call>\n<function={n}>\n"
+        + "".join(f"<parameter={k}>\n{_bare(v)}\n</parameter>\n" for k, v in a.items())
+        + "</function>\n</seed:tool_call>" for n, a in cs)
+
+
+def _kimi_k3(cs):
+    def kind(v):
+        return "string" if isinstance(v, str) else _schema(v)["type"]
+    return "<|open|>tools<|sep|>" + "".join(
+        f'<|open|>call tool="{n}" index="{i + 1}"<|sep|>' + "".join(
+            f'<|open|>argument key="{k}" type="{kind(v)}"<|sep|>{_bare(v)}<|close|>argument<|sep|>'
+            for k, v in a.items()) + "<|close|>call<|sep|>" for i, (n, a) in enumerate(cs)) + "<|close|>tools<|sep|>"
+
+
+def _gpt_oss(cs):
+    return "".join(f"<|start|>assistant<|channel|>commentary to=functions.{n} <|constrain|>json<|message|>"
+                   f"{_json(a)}<|call|>" for n, a in cs)
+
+
 RENDERERS: dict[str, tuple[str, Callable[[Any], str]]] = {
     "hermes": ("hermes", _hermes),
     "llama3_json": ("llama3_json", _llama),
@@ -127,13 +210,34 @@ RENDERERS: dict[str, tuple[str, Callable[[Any], str]]] = {
     "qwen3_coder": ("qwen3_coder", _qwen3_coder),
     "glm45": ("glm45", _glm),
     "glm47": ("glm47", _glm47),
+    "cohere": ("cohere", _cohere),
+    "inkling": ("inkling", _inkling),
+    "granite": ("granite", _granite),
+    "sarashina": ("sarashina", _sarashina),
+    "minimax_m2": ("minimax_m2", _minimax),
+    "step3": ("step3", _step3),
+    "deepseek_v32": ("deepseek_v32", _dsml),
+    "deepseek_v4": ("deepseek_v4", _dsml_v4),
+    "hunyuan": ("hunyuan", _hunyuan),
+    "seed_oss": ("seed_oss", _seed_oss),
+    "kimi_k3": ("kimi_k3", _kimi_k3),
+    "gpt_oss": ("gpt_oss", _gpt_oss),
     # Calls that must open the output: no prose before them.
     "pythonic-bare": ("pythonic", _pythonic_bare),
     "llama3_json-bare": ("llama3_json", _llama_bare),
+    "json-bare": ("json", _json_calls),
+    "granite-bare": ("granite", lambda cs: _granite(cs).removeprefix("<|tool_call|>")),
+    "sarashina-bare": ("sarashina", lambda cs: _sarashina(cs).removeprefix("<|tool_calls|>")),
 }
-XML_FORMATS = ("qwen3_coder", "glm45", "glm47")
+# Formats whose values are bare text: a value cannot hold its own closing tag.
+XML_FORMATS = ("qwen3_coder", "glm45", "glm47", "minimax_m2", "step3", "deepseek_v32", "deepseek_v4",
+               "hunyuan", "seed_oss", "kimi_k3")
 XML_TERMINATORS = ("</parameter>", "<parameter=", "</function>", "</tool_call>", "</arg_value>",
-                   "</arg_key>")
+                   "</arg_key>", "</invoke>", "</steptml:parameter>", "</steptml:invoke>",
+                   "</\uff5cDSML\uff5cparameter>", "</\uff5cDSML\uff5cinvoke>", "<|close|>argument<|sep|>",
+                   "</seed:tool_call>")
+# Formats that write arguments themselves (not the model's JSON verbatim).
+CONVERTED = (*XML_FORMATS, "pythonic", "sarashina")
 
 
 def _schema(value: Any) -> dict:
@@ -161,7 +265,7 @@ def _tools_for(cs) -> list[dict]:
 
 def _chunks(text: str, cuts: Sequence[int]) -> list[str]:
     points = sorted({0, len(text), *(c % (len(text) + 1) for c in cuts)})
-    return [text[a:b] for a, b in zip(points, points[1:])]
+    return [text[a:b] for a, b in itertools.pairwise(points)]
 
 
 def _run(parser_name: str, chunks: Sequence[str], tools=None) -> tuple[str, list[ToolCall]]:
@@ -185,13 +289,14 @@ def test_rendered_calls_parse_back_under_any_chunking(style, cs, before, after, 
     after = after.lstrip("{[;,")  # text right after a call list may not continue the list
     if style.endswith("-bare"):
         before = ""
+
     text = before + render(cs) + after
     tools = _tools_for(cs)
     whole = _run(parser_name, [text], tools)
     content, parsed = whole
     assert content == before.rstrip() + after.lstrip()
     assert [(c.name, json.loads(c.arguments_json)) for c in parsed] == cs
-    if parser_name not in (*XML_FORMATS, "pythonic"):
+    if parser_name not in CONVERTED:
         assert [c.arguments_json for c in parsed] == [_json(a) for _, a in cs]  # verbatim
     assert _run(parser_name, _chunks(text, cuts), tools) == whole
 
@@ -202,31 +307,59 @@ MARKUP = ["<tool_call>", "</tool_call>", "<function=", "<parameter=", "</paramet
           "<|tool_calls_section_begin|>", "<|tool_call_begin|>", "<|tool_call_argument_begin|>",
           "<|tool_call_end|>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>",
           '{"name": "f"', '"arguments": ', '"name": ', "f(", "a=1", "```json\n", "functions.f:0",
-          "get_weather\n", "[", "]", "{", "}", '"', ";", ",", "\n", " ", "<", "|", "x"]
+          "get_weather\n", "[", "]", "{", "}", '"', ";", ",", "\n", " ", "<", "|", "x",
+          "<|START_ACTION|>", "<|END_ACTION|>", '"tool_name": ', "<|content_invoke_tool_json|>",
+          "<|message_model|>", "<|end_message|>", '"args": ', "<|tool_call|>", "<|tool_calls|>", "{'name': 'f'",
+          "'arguments': ", "<minimax:tool_call>", '<invoke name="f">', '<parameter name="a">',
+          "</invoke>", "</minimax:tool_call>", "<\uff5ctool_calls_begin\uff5c>",
+          "<\uff5ctool_call_begin\uff5c>function<\uff5ctool_sep\uff5c>", '<steptml:invoke name="f">',
+          '<steptml:parameter name="a">', "</steptml:parameter>", "</steptml:invoke>",
+          "<\uff5cDSML\uff5cfunction_calls>", "<\uff5cDSML\uff5ctool_calls>", '<\uff5cDSML\uff5cinvoke name="f">',
+          '<\uff5cDSML\uff5cparameter name="a" string="false">', "</\uff5cDSML\uff5cinvoke>",
+          "<tool_calls>", "<tool_sep>", "</tool_calls>", "<seed:tool_call>", "</seed:tool_call>",
+          "<|open|>tools<|sep|>", '<|open|>call tool="f"<|sep|>', '<|open|>argument key="a" type="integer"<|sep|>',
+          "<|close|>argument<|sep|>", "<|close|>call<|sep|>", "<|open|>response<|sep|>", "<|open|>",
+          "<|start|>assistant", "<|channel|>commentary to=functions.f", "<|constrain|>json",
+          "<|message|>", "<|call|>", "<|end|>"]
 garbage = st.lists(st.sampled_from(MARKUP), max_size=14).map("".join)
 
 
-@settings(max_examples=150, deadline=None, database=None)
-@given(parser_name=st.sampled_from(["hermes", "qwen3_coder", "llama3_json", "mistral",
-                                    "pythonic", "deepseek_v3", "deepseek_v31", "kimi_k2",
-                                    "glm45"]),
+FORMATS = sorted(TOOL_CALL_FORMATS)
+_INKLING_CONTROL = ("<|message_model|>", "<|content_invoke_tool_json|>", "<|content_invoke_tool_text|>",
+                    "<|content_text|>", "<|content_thinking|>", "<|end_message|>", "<|content_model_end_sampling|>")
+# What each format drops from content although it is not a call: answer framing.
+FRAMING = {
+    "cohere": re.compile(r"<\|(?:START|END)_(?:RESPONSE|TEXT)\|>"),
+    "kimi_k3": re.compile(r"<\|(?:open|close)\|>\s*(?:response|message)\s*<\|sep\|>"),
+    # A header runs from <|message_model|> to the next control token (or the end).
+    "inkling": re.compile(r"<\|message_model\|>(?:(?!" + "|".join(map(re.escape, _INKLING_CONTROL))
+                          + r").)*|<\|content_text\|>|<\|content_thinking\|>|<\|end_message\|>"
+                          r"|<\|content_model_end_sampling\|>", re.DOTALL),
+}
+
+
+def _unframed(parser_name: str, text: str) -> str:
+    framing = FRAMING.get(parser_name)
+    return text if framing is None else framing.sub("", text)
+
+
+@settings(max_examples=500, deadline=None, database=None)
+@given(parser_name=st.sampled_from(FORMATS),
        text=garbage, cuts=st.lists(st.integers(0, 100_000), max_size=8))
 def test_markup_soup_is_chunking_independent_and_loses_nothing(parser_name, text, cuts) -> None:
     whole = _run(parser_name, [text])
     assert _run(parser_name, _chunks(text, cuts)) == whole
     content, parsed = whole
     if not parsed:
-        assert content == text  # nothing was a call, so all of it is content
+        assert content == _unframed(parser_name, text)  # nothing was a call, so all of it is content
     for call in parsed:
         assert call.name and call.arguments_json  # never an empty name or arguments
 
 
 @FUZZ
-@given(parser_name=st.sampled_from(["hermes", "qwen3_coder", "llama3_json", "mistral",
-                                    "pythonic", "deepseek_v3", "deepseek_v31", "kimi_k2",
-                                    "glm45", "passthrough"]),
+@given(parser_name=st.sampled_from(FORMATS),
        text=st.text(max_size=60), cuts=st.lists(st.integers(0, 1000), max_size=8))
 def test_arbitrary_text_without_calls_is_content_unchanged(parser_name, text, cuts) -> None:
     content, parsed = _run(parser_name, _chunks(text, cuts))
     assume(not parsed)
-    assert content == text
+    assert content == _unframed(parser_name, text)

@@ -89,16 +89,23 @@ async def test_the_api_key_scheme_is_case_insensitive(aio_loop, nursery):
         assert (await client.get("/health")).status_code == 200
 
 
+def _counter(metrics: str, labels: str) -> float:
+    """The value of `trio_direct_requests_total{labels}` in an exposition (0 when absent)."""
+    for line in metrics.splitlines():
+        if line.startswith(f"trio_direct_requests_total{{{labels}}} "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
 async def test_requests_refused_at_the_concurrency_limit_are_counted(aio_loop, nursery):
     engine = await start_mock_engine(nursery, "--incremental-streaming-output")  # real speed: slow enough
     base = await start_frontend(nursery, "--engine-url", engine.url, "--max-concurrent-requests", "1")
     async with httpx.AsyncClient(base_url=base, timeout=30) as client:
         model = await model_of(client)
+        refused = 'endpoint="chat",model="",status="429",stream=""'
+        served = f'endpoint="chat",model="{model}",status="200",stream="false"'
+        before = (await client.get("/metrics")).text  # the registry is the process's: count the change
         statuses: list[int] = []
-        refused = 'trio_direct_requests_total{endpoint="chat",model="",status="429",stream=""}'
-        served = f'trio_direct_requests_total{{endpoint="chat",model="{model}",status="200",stream="false"}}'
-        # The registry is the process's: other in-process frontends of this test run count there too.
-        before = await counters(client, refused, served)
 
         async def one() -> None:
             statuses.append((await client.post("/v1/chat/completions", json=chat(model, max_tokens=60))).status_code)
@@ -107,18 +114,9 @@ async def test_requests_refused_at_the_concurrency_limit_are_counted(aio_loop, n
             for _ in range(4):
                 requests.start_soon(one)
         assert sorted(statuses) == [200, 429, 429, 429]
-        after = await counters(client, refused, served)
-        assert (after[refused] - before[refused], after[served] - before[served]) == (3.0, 1.0)
-
-
-async def counters(client: httpx.AsyncClient, *names: str) -> dict[str, float]:
-    """The values of these samples in /metrics (0 for one not exported yet)."""
-    values = dict.fromkeys(names, 0.0)
-    for line in (await client.get("/metrics")).text.splitlines():
-        name, _, value = line.rpartition(" ")
-        if name in values:
-            values[name] = float(value)
-    return values
+        after = (await client.get("/metrics")).text
+        assert _counter(after, refused) - _counter(before, refused) == 3
+        assert _counter(after, served) - _counter(before, served) == 1
 
 
 async def test_cors_is_off_by_default_and_answers_preflights_when_configured(aio_loop, nursery):

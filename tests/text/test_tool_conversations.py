@@ -28,7 +28,7 @@ from trio_direct.engine.types import GenerateChunk
 from trio_direct.core.plan import RequestPlan
 from trio_direct.openai.requests import decode_chat_request
 from trio_direct.surfaces.chat import plan_chat
-from trio_direct.frontend.runtime import ModelPool
+from trio_direct.frontend.runtime import ModelPool, select_model_parsers
 from trio_direct.parsers.tools import ToolCall, ToolDelta, assemble, tool_call_parser
 from trio_direct.routing.policy import RoutingPolicy
 from trio_direct.text.chat_template import render_chat
@@ -316,7 +316,7 @@ def _pool(model: ModelTokenizer, fmt: Format) -> ModelPool:
         context_length=None, tool_call_parser=fmt.parser, reasoning_parser=None,
     )
     return ModelPool(ServeConfig(), Fleet([engine], served), RoutingPolicy(), tokenizer=model,
-                     chat_template_override=None)
+                     chat_template_override=None, parsers=select_model_parsers(ServeConfig(), served))
 
 
 async def _plan(model: ModelTokenizer, fmt: Format, messages: list[dict[str, Any]],

@@ -12,7 +12,7 @@ from typing import Protocol
 
 from trio_direct.engine.types import GenerateChunk, TokenLogprob
 from trio_direct.parsers.reasoning import ReasoningDelta
-from trio_direct.parsers.tools import ToolCall, ToolCallDelta, ToolDelta, assemble
+from trio_direct.parsers.tools import ToolCall, ToolCallDelta, ToolDelta, ToolParser, assemble
 
 __all__ = [
     "ChoiceEvent",
@@ -21,7 +21,6 @@ __all__ = [
     "ReasoningSplitter",
     "StopMatcher",
     "TextDecoder",
-    "ToolCallExtractor",
     "merge_events",
 ]
 
@@ -47,19 +46,12 @@ class StopMatcher(Protocol):
 class ReasoningSplitter(Protocol):
     """Splits reasoning from content (`parsers.reasoning`)."""
 
+    @property
+    def requires_special_tokens(self) -> bool: ...
+
     def feed(self, text: str) -> ReasoningDelta: ...
 
     def finish(self) -> ReasoningDelta: ...
-
-
-class ToolCallExtractor(Protocol):
-    """Takes tool calls out of content (`parsers.tools`: the model's markup, or a forced call)."""
-
-    call_count: int
-
-    def feed(self, text: str) -> ToolDelta: ...
-
-    def finish(self) -> ToolDelta: ...
 
 
 @dataclass(slots=True)
@@ -87,7 +79,7 @@ class ChoiceOutput:
     decoder: TextDecoder
     stops: StopMatcher | None = None
     reasoning_parser: ReasoningSplitter | None = None
-    tool_parser: ToolCallExtractor | None = None
+    tool_parser: ToolParser | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
@@ -152,8 +144,8 @@ class ChoiceOutput:
         if self.reasoning_parser is not None:
             split = self.reasoning_parser.feed(event.text)
             if event.finish_reason is not None:
-                tail = self.reasoning_parser.finish()
-                split = ReasoningDelta(split.reasoning + tail.reasoning, split.content + tail.content)
+                rest = self.reasoning_parser.finish()
+                split = ReasoningDelta(split.reasoning + rest.reasoning, split.content + rest.content)
             event.reasoning, event.text = split.reasoning, split.content
         if self.tool_parser is not None:
             tools = self.tool_parser.feed(event.text)

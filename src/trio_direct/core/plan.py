@@ -13,12 +13,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from trio_direct.core.output import ChoiceOutput, ReasoningSplitter, ToolCallExtractor
+from trio_direct.core.output import ChoiceOutput, ReasoningSplitter
 from trio_direct.core.pool import ServingPool
 from trio_direct.core.request_context import CURRENT, engine_rid, new_request_key
 from trio_direct.engine.types import GenerateInput, SamplingOptions
 from trio_direct.logs import REQUEST_ID
 from trio_direct.openai import errors
+from trio_direct.parsers.selection import skip_special_tokens
+from trio_direct.parsers.tools import ToolParser
 from trio_direct.text.detokenizer import IncrementalDetokenizer
 from trio_direct.text.stop_strings import StopStringMatcher
 
@@ -40,6 +42,9 @@ class Prompt:
 
     token_ids: list[int]
     text: str
+    #: Tokens that end the turn for this prompt's format, beyond the tokenizer's EOS (harmony's
+    #: `<|return|>` and `<|call|>`).
+    stop_token_ids: tuple[int, ...] = ()
 
 
 @dataclass(slots=True)
@@ -107,11 +112,10 @@ class OutputOptions:
     include_stop_str: bool = False
     #: A fresh reasoning parser for a choice of this prompt, or None.
     reasoning_parser: Callable[[Prompt], ReasoningSplitter | None] | None = None
-    #: A fresh tool-call parser for a choice, or None.
-    tool_parser: Callable[[], ToolCallExtractor | None] | None = None
-    #: Whether the tool parser reads the model's own markup, which is often special tokens
-    #: (`<|python_tag|>`, DeepSeek's): then the detokenizer keeps them, as SGLang does.
-    tool_parser_needs_special_tokens: bool = False
+    #: A fresh tool-call parser for a choice, or None. A parser that reads the model's own markup
+    #: (often special tokens: `<|python_tag|>`, DeepSeek's) makes the detokenizer keep them, as
+    #: SGLang does.
+    tool_parser: Callable[[], ToolParser | None] | None = None
 
 
 def plan_request(
@@ -145,9 +149,6 @@ def plan_request(
         REQUEST_ID.set(id_prefix + key)
     else:
         key, tag, trace = context.key, context.tag, context.trace
-    skip_special = output.skip_special_tokens
-    if output.tool_parser is not None and output.tool_parser_needs_special_tokens:
-        skip_special = False
     choices = []
     for prompt_index, prompt in enumerate(prompts):
         options = sampling
@@ -155,6 +156,9 @@ def plan_request(
             room = limit - len(prompt.token_ids)
             if options.max_new_tokens > room:  # SGLang clips too; say so rather than fail the request
                 options = replace(options, max_new_tokens=room)
+        if prompt.stop_token_ids and not options.ignore_eos:
+            extra = [t for t in prompt.stop_token_ids if t not in options.stop_token_ids]
+            options = replace(options, stop_token_ids=(*options.stop_token_ids, *extra))
         for sample in range(n):
             index = prompt_index * n + sample
             request = GenerateInput(
@@ -166,17 +170,17 @@ def plan_request(
                 top_logprobs_num=top_logprobs,
                 original_text=prompt.text,
             )
+            reasoning = output.reasoning_parser(prompt) if output.reasoning_parser is not None else None
+            tools = output.tool_parser() if output.tool_parser is not None else None
             decoder = IncrementalDetokenizer(
                 pool.tokenizer,
-                skip_special_tokens=skip_special,
+                skip_special_tokens=skip_special_tokens(output.skip_special_tokens, (tools, reasoning)),
                 spaces_between_special_tokens=output.spaces_between_special_tokens,
                 prompt_ids=prompt.token_ids,
             )
             stops = (
                 StopStringMatcher(output.stop_strings, output.include_stop_str) if output.stop_strings else None
             )
-            reasoning = output.reasoning_parser(prompt) if output.reasoning_parser is not None else None
-            tools = output.tool_parser() if output.tool_parser is not None else None
             choices.append(ChoicePlan(request, ChoiceOutput(index, decoder, stops, reasoning, tools), prompt_index))
     return RequestPlan(
         id=id_prefix + key,

@@ -29,7 +29,7 @@ from trio_direct.engine.errors import EngineError
 from trio_direct.engine.transport import ChannelPool, client_config, open_asyncio_loop
 from trio_direct.engine.types import EngineClient
 from trio_direct.fleet.card import EngineCard
-from trio_direct.fleet.fleet import Engine, Fleet, FleetError, FleetOverrides, Worker
+from trio_direct.fleet.fleet import Engine, Fleet, FleetError, FleetModel, FleetOverrides, Worker
 from trio_direct.fleet.health import EngineHealth
 from trio_direct.frontend.gc_policy import run_gc_policy
 from trio_direct.frontend.loop_lag import monitor_loop_lag
@@ -37,13 +37,14 @@ from trio_direct.kv_sync.feeds import KvFeeds
 from trio_direct.kv_sync.load_poll import poll_loads
 from trio_direct.openai import errors
 from trio_direct.openai.requests import warm_up_request_decoding
-from trio_direct.parsers.reasoning import KNOWN_REASONING_PARSERS
-from trio_direct.parsers.tools import KNOWN_TOOL_CALL_PARSERS
+from trio_direct.parsers.selection import ParserSelection, select_parsers
+from trio_direct.kv_sync.feeds import KvFeeds
 from trio_direct.routing.block_hash import RoutingKey
 from trio_direct.routing.busy import UNLIMITED, BusyThreshold, EngineLoads
 from trio_direct.routing.kv_routing import KvRouting
 from trio_direct.routing.policy import Candidates, Route, RoutingPolicy
 from trio_direct.text.chat_template import ChatTemplateError, load_chat_template, render_chat
+from trio_direct.text.harmony import harmony_encoding, is_harmony_model
 from trio_direct.text.tokenizer import ModelTokenizer
 
 log = logging.getLogger(__name__)
@@ -85,6 +86,10 @@ class ModelPool:
     tokenizer: ModelTokenizer
     #: The `--chat-template` file's text; None = the model's own templates.
     chat_template_override: str | None
+    #: The tool-call and reasoning parsers this model's output is read with (`select_model_parsers`).
+    parsers: ParserSelection = field(default_factory=lambda: ParserSelection(None, None))
+    #: A gpt-oss model: prompts are written in harmony by openai-harmony's encoder.
+    harmony: bool = False
     #: `--router-mode kv`: the KV-event subscriptions and load polling that feed `routing.kv`.
     kv_feeds: KvFeeds | None = None
     health: EngineHealth | None = None
@@ -114,12 +119,11 @@ class ModelPool:
 
     @property
     def tool_call_parser(self) -> str | None:
-        """The flag wins over what the engines report."""
-        return self.config.tool_call_parser or self.fleet.model.tool_call_parser
+        return self.parsers.tool_call_parser
 
     @property
     def reasoning_parser(self) -> str | None:
-        return self.config.reasoning_parser or self.fleet.model.reasoning_parser
+        return self.parsers.reasoning_parser
 
     @property
     def disaggregated(self) -> bool:
@@ -278,16 +282,29 @@ def route_json(route: Route[Worker]) -> dict:
     }
 
 
-def check_parsers(frontend: ModelPool) -> None:
-    """An unknown parser name stops start-up, listing the known ones."""
-    name = frontend.reasoning_parser
-    if name is not None and name.lower().replace("-", "_") not in KNOWN_REASONING_PARSERS:
-        known = ", ".join(sorted(KNOWN_REASONING_PARSERS))
-        raise FleetError(f"unknown reasoning parser {name!r} (known: {known})")
-    name = frontend.tool_call_parser
-    if name is not None and name.lower().replace("-", "_") not in KNOWN_TOOL_CALL_PARSERS:
-        known = ", ".join(sorted(KNOWN_TOOL_CALL_PARSERS))
-        raise FleetError(f"unknown tool-call parser {name!r} (known: {known})")
+def select_model_parsers(config: ServeConfig, model: FleetModel) -> ParserSelection:
+    """The parsers of a served model: the flag, else what the engines report, else the model's name
+    as smg's factory maps it. An unknown flag value stops start-up, listing every known name."""
+    try:
+        selection = select_parsers(
+            tool_call_flag=config.tool_call_parser,
+            reasoning_flag=config.reasoning_parser,
+            engine_tool_call_parser=model.tool_call_parser,
+            engine_reasoning_parser=model.reasoning_parser,
+            model_path=model.model_path,
+            served_model_name=model.served_model_name,
+        )
+    except ValueError as error:  # UnknownToolCallParser, UnknownReasoningParser
+        raise FleetError(str(error)) from None
+    for warning in selection.warnings:
+        log.warning("model %r: %s", model.served_model_name, warning)
+    for kind, name, source in (
+        ("tool-call", selection.tool_call_parser, selection.tool_call_source),
+        ("reasoning", selection.reasoning_parser, selection.reasoning_source),
+    ):
+        if name is not None:
+            log.info("model %r: %s parser %s (%s)", model.served_model_name, kind, name, source)
+    return selection
 
 
 def check_roles(fleet: Fleet, prefill_urls: list[str]) -> None:
@@ -333,10 +350,13 @@ async def start_mock_engines(count: int, speedup: float, nursery: trio.Nursery) 
 def _warm_up_request_path(frontend: ModelPool) -> None:
     """Do once, before the first request, what the first request would otherwise wait for.
 
-    Jinja compiles a model's template in ~10 ms, and msgspec builds its validators for the request
-    types in ~1 ms; done here, these are also among what start-up keeps out of the cyclic GC.
+    Jinja compiles a model's template in ~10 ms, msgspec builds its validators for the request
+    types in ~1 ms, and openai-harmony loads gpt-oss's encoding in ~0.35 s; done here, these are
+    also among what start-up keeps out of the cyclic GC.
     """
     warm_up_request_decoding()
+    if frontend.harmony:
+        harmony_encoding()
     text = "Hello"
     try:
         messages = [{"role": "user", "content": text}]
@@ -391,12 +411,14 @@ async def run_frontend(config: ServeConfig, *, task_status: trio.TaskStatus[Fron
                 except ValueError as error:
                     raise FleetError(str(error)) from None
             routing = RoutingPolicy(config.router_mode, enforce_disagg=config.enforce_disagg, kv=kv)
-            pool = ModelPool(config, fleet, routing, tokenizer, template)
+            harmony = is_harmony_model(fleet.model.model_path, fleet.model.served_model_name)
+            pool = ModelPool(
+                config, fleet, routing, tokenizer, template, select_model_parsers(config, fleet.model), harmony
+            )
             watch = StreamWatch(keepalive=config.sse_keepalive, stall_timeout=config.stream_idle_timeout)
             pool.watch = watch
             nursery.start_soon(watch.run)
             tracing.configure(config.otlp_traces_endpoint)
-            check_parsers(pool)
             await trio.to_thread.run_sync(_warm_up_request_path, pool)
             await _connect_for_generation(fleet.engines)
             threshold = _busy_threshold(config)

@@ -1,12 +1,14 @@
 """The one HTTP layer: an ASGI app that serves the route table (`http.routes`).
 
-Every request passes the same rules, written once, in this order: route lookup (404, 405), CORS
-preflight, API key, "server is starting" (503), admission against ``--max-concurrent-requests`` and
-``--max-queued-requests`` (429 with Retry-After at once, generation routes; see `core.admission`),
-the body read within ``--max-body-bytes`` (413, refused up front when the declared Content-Length is
-over), the client-disconnect watch, then the handler; whatever it raises as `OpenAIError` is written
-in the route's own error envelope, and anything else is logged and answered 500 in that envelope.
-Nothing answers a bare error page.
+Every request passes the same rules, written once, in this order: the protocol guard
+(`http/asgi_guard.py`: a declared Content-Length over ``--max-body-bytes`` is a 413 before any body
+is read, Content-Length with Transfer-Encoding a 400 and a closed connection, a WebSocket handshake a
+400), route lookup (404, 405), CORS preflight, API key, "server is starting" (503), admission
+against ``--max-concurrent-requests`` and ``--max-queued-requests`` (429 with Retry-After at once,
+generation routes; see `core.admission`), the body read within ``--max-body-bytes`` (413 for a
+chunked body that grows past it), the client-disconnect watch, then the handler; whatever it raises
+as `OpenAIError` is written in the route's own error envelope, and anything else is logged and
+answered 500 in that envelope. Nothing answers a bare error page.
 
 A generation request is named on arrival (`core.request_context`: the client's ``X-Request-Id`` or
 a generated id), which every log line about it carries and every response to it returns in
@@ -19,7 +21,7 @@ cancels the request's scope; engine calls then end through `core.engine_call.ope
 ``finally`` (an `Abort` each).
 
 The ASGI lifespan protocol starts the frontend when the app is served by ``hypercorn
-trio_direct.app:app`` (`create_app(..., start=...)`); WebSocket connections are refused (403).
+trio_direct.app:app`` (`create_app(..., start=...)`).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from trio_direct import metrics, tracing
 from trio_direct.config import ServeConfig
 from trio_direct.core.admission import Admission
 from trio_direct.core.request_context import CURRENT, RequestContext
+from trio_direct.http.asgi_guard import ProtocolGuard
 from trio_direct.http.exchange import Exchange, Receive, Scope, Send
 from trio_direct.http.routes import ROUTES
 from trio_direct.http.routing_table import Route, RouteTable
@@ -79,8 +82,6 @@ def create_app(
             await serve_http(scope, receive, send)
         elif kind == "lifespan":
             await _lifespan(receive, send, start)
-        else:  # a WebSocket: refused before it is accepted (the server answers 403)
-            await send({"type": "websocket.close", "code": 1008})
 
     async def serve_http(scope: Scope, receive: Receive, send: Send) -> None:
         path, method = scope["path"], scope["method"]
@@ -143,15 +144,12 @@ def create_app(
             if context.trace is not None:
                 context.trace.end(status, exchange.model)
 
-    return app
+    return ProtocolGuard(app, max_body_bytes=max_body)
 
 
 async def _run(route: Route, exchange: Exchange, receive: Receive, max_body: int) -> None:
     """Read the body, watch for the client leaving, run the handler; errors in the route's envelope."""
     try:
-        declared = _content_length(exchange)
-        if declared is not None and declared > max_body:
-            raise errors.payload_too_large(max_body)
         async with trio.open_nursery() as nursery:
             body = await _read_body(receive, max_body)
             if body is None:
@@ -196,16 +194,6 @@ async def _cancel_on_disconnect(receive: Receive, scope: trio.CancelScope) -> No
     while (await receive())["type"] != "http.disconnect":
         pass
     scope.cancel()
-
-
-def _content_length(exchange: Exchange) -> int | None:
-    value = exchange.header(b"content-length")
-    if value is None:
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        return None  # the server's HTTP parser answers malformed framing itself
 
 
 def _authorized(exchange: Exchange, route: Route, expected: bytes) -> bool:

@@ -11,7 +11,7 @@ HTTP layer writes them in the route's own envelope.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -150,7 +150,7 @@ class Exchange:
         await _shielded_last(self._send, {"type": "http.response.body", "body": data, "more_body": False})
 
     async def json(
-        self, status: int, payload: bytes, *, headers: list[tuple[bytes, bytes]] = (), close: bool = False
+        self, status: int, payload: bytes, *, headers: Sequence[tuple[bytes, bytes]] = (), close: bool = False
     ) -> None:
         """A whole JSON response. After a stream's headers went out, only ends the stream."""
         if self.ended:

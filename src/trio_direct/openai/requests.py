@@ -191,6 +191,8 @@ class ChatCompletionRequest(GenerationRequest, kw_only=True):
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    #: OpenAI's reasoning effort (low, medium, high): gpt-oss prompts carry it.
+    reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = None
     separate_reasoning: bool = True
     continue_final_message: bool = False
 

@@ -13,19 +13,20 @@ No marker of a state may contain another of the same state; then "the earliest c
 wins" gives the same answer for every chunking of the text (property-tested), equal to
 parsing the whole text at once.
 
-Formats (names as SGLang, smg and Dynamo spell them are aliases, see `KNOWN_REASONING_PARSERS`):
+Formats (names as SGLang, smg, vLLM and Dynamo spell them are aliases, see
+`KNOWN_REASONING_PARSERS`; `REASONING_FORMATS` says each one's markup):
 
-* `basic`: `<think>...</think>`, reasoning only inside explicit tags.
-* `deepseek_r1`, `step3`: reasoning starts implicitly; everything before `</think>` is
-  reasoning and a leading `<think>` is optional (R1 omits it, R1-0528 emits it).
-* `qwen3`, `glm45`: `<think>...</think>`. With thinking on (the default, as in SGLang) the
-  output starts in reasoning, because newer templates put `<think>` in the prompt; with
-  `enable_thinking=False` the template has closed the block already and output starts as
-  content. `<tool_call>` inside reasoning ends it and stays in content for the tool parser
-  (Qwen3.5 and GLM open tool calls without `</think>`).
-* `qwen3_thinking`: `qwen3` that always starts in reasoning (SGLang's `qwen3-thinking`).
-* `kimi`: `◁think▷...◁/think▷`, explicit tags only.
+* think-tag formats (`ThinkTagParser`): a start and an end tag, e.g. `<think>...</think>`,
+  `[THINK]...[/THINK]`, `<|START_THINKING|>...<|END_THINKING|>`, Kimi K3's XTML think channel.
+  Some start in reasoning (the template opened the block: `deepseek_r1`, `step3`, `minimax`,
+  `qwen3_thinking`, `kimi_thinking`, `cohere_command4`), the others only at the model's start tag
+  or when the prompt ends with it. A format's *tool start* (`<tool_call>`, Kimi's section token)
+  inside reasoning ends it and stays in content for the tool-call parser (models open calls
+  without closing the block); framing tokens around the answer (Cohere's `<|START_TEXT|>`, K3's
+  `response` channel) are dropped.
 * `gpt_oss`: harmony channels, see `HarmonyParser`.
+* `inkling`: typed TML blocks, see `InklingBlocksParser`.
+* `minimax_append_think`: no split; the answer gets back the `<think>` its template consumed.
 * `passthrough`: everything is content.
 
 Deliberate differences from SGLang's detectors (whose streaming and one-shot results disagree
@@ -37,7 +38,7 @@ inside reasoning are dropped instead of shown; text before a mid-stream `<think>
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from types import MappingProxyType
@@ -46,10 +47,15 @@ from typing import Final
 from trio_direct.parsers.markers import first_marker, partial_marker_length
 
 __all__ = [
+    "INKLING_CONTROL_TOKENS",
     "KNOWN_REASONING_PARSERS",
+    "REASONING_FORMATS",
     "HarmonyParser",
+    "InklingBlocksParser",
     "PassthroughParser",
+    "PrefixedContentParser",
     "ReasoningDelta",
+    "ReasoningFormat",
     "ReasoningParser",
     "ThinkTagParser",
     "UnknownReasoningParser",
@@ -77,11 +83,14 @@ class ReasoningParser:
 
     Subclasses describe a format through four hooks: the markers active in the current state,
     what to do with plain text, what a complete marker does, and what to flush at the end.
+    `requires_special_tokens` tells the caller that the detokenizer must keep special tokens:
+    the format's markers are special tokens (harmony's, Cohere's, ...), or there is nothing to see.
     """
 
-    __slots__ = ("_pending", "_reasoning", "_content", "_finished")
+    __slots__ = ("_content", "_finished", "_pending", "_reasoning", "requires_special_tokens")
 
-    def __init__(self) -> None:
+    def __init__(self, *, requires_special_tokens: bool = False) -> None:
+        self.requires_special_tokens = requires_special_tokens
         self._pending = ""  # a possible partial marker, held until the next delta decides
         self._reasoning: list[str] = []
         self._content: list[str] = []
@@ -164,23 +173,35 @@ class PassthroughParser(ReasoningParser):
 class ThinkTagParser(ReasoningParser):
     """Reasoning between a start and an end tag, e.g. `<think>...</think>`.
 
-    In reasoning, the end tag switches to content and a repeated start tag is dropped; an
-    optional `tool_start` (e.g. `<tool_call>`) also ends reasoning but is kept, in content, for
-    the tool-call parser. In content, the start tag opens reasoning again and a stray end tag
-    is dropped. `in_reasoning=True` starts in reasoning (the prompt opened the block).
+    In reasoning, the end tag (or one of `extra_ends`) switches to content and a repeated start
+    tag is dropped; a *tool start* (`tool_start`, `tool_starts`: e.g. `<tool_call>`) also ends
+    reasoning but is kept, in content, for the tool-call parser. In content, the start tag opens
+    reasoning again, and a stray end tag and the `content_drops` (answer framing) are dropped.
+    `in_reasoning=True` starts in reasoning (the prompt opened the block).
     """
 
-    __slots__ = ("_start", "_end", "_tool_start", "_in_reasoning", "_reasoning_markers",
-                 "_content_markers")
+    __slots__ = (
+        "_content_markers",
+        "_ends",
+        "_in_reasoning",
+        "_reasoning_markers",
+        "_start",
+        "_tool_starts",
+    )
 
     def __init__(self, start: str, end: str, *, in_reasoning: bool = False,
-                 tool_start: str | None = None) -> None:
-        super().__init__()
-        self._start, self._end, self._tool_start = start, end, tool_start
+                 tool_start: str | None = None, tool_starts: Sequence[str] = (),
+                 extra_ends: Sequence[str] = (), content_drops: Sequence[str] = (),
+                 requires_special_tokens: bool = False) -> None:
+        super().__init__(requires_special_tokens=requires_special_tokens)
+        self._start = start
+        self._ends = (end, *extra_ends)
+        self._tool_starts = (*((tool_start,) if tool_start else ()), *tool_starts)
         self._in_reasoning = in_reasoning
-        self._reasoning_markers = (end, start) + ((tool_start,) if tool_start else ())
-        self._content_markers = (start, end)
+        self._reasoning_markers = (*self._ends, start, *self._tool_starts)
+        self._content_markers = tuple(dict.fromkeys((start, end, *content_drops)))
         _check_markers(self._reasoning_markers)
+        _check_markers(self._content_markers)
 
     def _markers(self) -> Sequence[str]:
         return self._reasoning_markers if self._in_reasoning else self._content_markers
@@ -194,11 +215,43 @@ class ThinkTagParser(ReasoningParser):
     def _marker(self, marker: str) -> None:
         if marker == self._start:
             self._in_reasoning = True
-        elif marker == self._end:
+        elif not self._in_reasoning:
+            pass  # a stray end tag or answer framing: not text
+        elif marker in self._ends:
             self._in_reasoning = False
-        else:  # tool_start, only active in reasoning
+        else:  # a tool start, only active in reasoning
             self._in_reasoning = False
             self._emit_content(marker)
+
+
+class PrefixedContentParser(ReasoningParser):
+    """No split: everything is content, after `prefix` (MiniMax's `minimax-append-think` gives the
+    answer back the `<think>` its template put in the prompt, for clients that split it themselves).
+
+    The prefix goes out with the first text, or at the end when there was none, as SGLang's
+    parser does for a whole response.
+    """
+
+    __slots__ = ("_prefix",)
+
+    def __init__(self, prefix: str) -> None:
+        super().__init__()
+        self._prefix = prefix
+
+    def _markers(self) -> Sequence[str]:
+        return ()
+
+    def _text(self, text: str) -> None:
+        self._emit_content(self._prefix + text)
+        self._prefix = ""
+
+    def _marker(self, marker: str) -> None:  # pragma: no cover - there are no markers
+        raise AssertionError(marker)
+
+    def _close(self) -> None:
+        if self._prefix:
+            self._emit_content(self._prefix)
+            self._prefix = ""
 
 
 class _Harmony(Enum):
@@ -242,14 +295,14 @@ class HarmonyParser(ReasoningParser):
     * every other marker is dropped; text between messages is content.
 
     A header still open at the end of the stream (cut by `max_tokens`) has no body and is
-    dropped, as is a header that a terminator ends before `<|message|>`. The detokenizer must
-    keep special tokens for this format, or there are no markers to see.
+    dropped, as is a header that a terminator ends before `<|message|>`. The markers are plain
+    strings here: special-token text and text from a tokenizer without the tokens read alike.
     """
 
-    __slots__ = ("_state", "_body", "_header")
+    __slots__ = ("_body", "_header", "_state")
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__(requires_special_tokens=True)
         self._state = _Harmony.OUTSIDE
         self._body = _Body.CONTENT
         self._header = ""
@@ -322,38 +375,196 @@ def _check_markers(markers: Sequence[str]) -> None:
 _check_markers(_HARMONY_MARKERS)
 
 
+class _Block(Enum):
+    NONE = "none"  # between blocks
+    HEADER = "header"  # after <|message_model|>, before its content type
+    REASONING = "reasoning"
+    CONTENT = "content"
+    TOOL = "tool"
+
+
+_MESSAGE_MODEL: Final = "<|message_model|>"
+_CONTENT_THINKING: Final = "<|content_thinking|>"
+_CONTENT_TEXT: Final = "<|content_text|>"
+_INVOKE_JSON: Final = "<|content_invoke_tool_json|>"
+_INVOKE_TEXT: Final = "<|content_invoke_tool_text|>"
+_BLOCK_ENDS: Final = ("<|end_message|>", "<|content_model_end_sampling|>")
+# The TML tokenizer's control tokens (all of them are recognised, so none leaks into text).
+INKLING_CONTROL_TOKENS: Final = (
+    "<|endoftext|>", "<|message_user|>", _MESSAGE_MODEL, "<|message_system|>", "<|message_tool|>",
+    _CONTENT_TEXT, "<|content_image|>", _CONTENT_THINKING, "<|content_audio_input|>",
+    "<|content_tool_error|>", "<|content_xml|>", _INVOKE_JSON, _INVOKE_TEXT, *_BLOCK_ENDS,
+    "<|audio_end|>",
+)
+_check_markers(INKLING_CONTROL_TOKENS)
+
+
+class InklingBlocksParser(ReasoningParser):
+    """Inkling's typed TML blocks: `<|message_model|><|content_thinking|>...<|end_message|>`
+    is reasoning, `<|content_text|>` blocks are content.
+
+    Tool-invocation blocks (`<|content_invoke_tool_json|>` / `_text|>`) pass through raw, with
+    their header, for the inkling tool-call parser. Headers (the author between
+    `<|message_model|>` and the content type) and other control tokens are dropped; a
+    `<|message_model|>` inside an open block is the model quoting the protocol and stays text,
+    as in SGLang's parser. Text outside any block is content.
+    """
+
+    __slots__ = ("_block", "_header")
+
+    def __init__(self, *, in_reasoning: bool = False) -> None:
+        super().__init__(requires_special_tokens=True)
+        self._block = _Block.REASONING if in_reasoning else _Block.NONE
+        self._header = ""
+
+    def _markers(self) -> Sequence[str]:
+        return INKLING_CONTROL_TOKENS
+
+    def _text(self, text: str) -> None:
+        if self._block is _Block.HEADER:
+            self._header += text
+        elif self._block is _Block.REASONING:
+            self._emit_reasoning(text)
+        else:
+            self._emit_content(text)
+
+    def _marker(self, marker: str) -> None:
+        block = self._block
+        if marker == _MESSAGE_MODEL:
+            if block in (_Block.NONE, _Block.HEADER):
+                self._block, self._header = _Block.HEADER, ""
+            else:
+                self._text(marker)
+        elif marker in (_INVOKE_JSON, _INVOKE_TEXT):
+            if block is _Block.HEADER:
+                self._emit_content(_MESSAGE_MODEL + self._header)
+            self._emit_content(marker)
+            self._block, self._header = _Block.TOOL, ""
+        elif block is _Block.TOOL:
+            self._emit_content(marker)
+            if marker in _BLOCK_ENDS:
+                self._block = _Block.NONE
+        elif marker == _CONTENT_THINKING:
+            self._block, self._header = _Block.REASONING, ""
+        elif marker == _CONTENT_TEXT:
+            self._block, self._header = _Block.CONTENT, ""
+        elif marker in _BLOCK_ENDS:
+            self._block, self._header = _Block.NONE, ""
+        # Other control tokens are framing: dropped.
+
+    def _close(self) -> None:
+        self._header = ""  # a header cut off before its content type shows nothing
 
 
 _THINK: Final = "<think>"
 _END_THINK: Final = "</think>"
 _TOOL_CALL: Final = "<tool_call>"
+_KIMI_SECTION: Final = "<|tool_calls_section_begin|>"
+_COHERE_TEXT: Final = ("<|START_TEXT|>", "<|END_TEXT|>", "<|START_RESPONSE|>", "<|END_RESPONSE|>")
+_K3_RESPONSE: Final = ("<|open|>response<|sep|>", "<|open|>message<|sep|>")
+_K3_FRAMING: Final = (*_K3_RESPONSE, "<|close|>response<|sep|>", "<|close|>message<|sep|>")
+
+
+@dataclass(frozen=True, slots=True)
+class ReasoningFormat:
+    """A think-tag format: its markup, and whether the output starts inside reasoning."""
+
+    start: str
+    end: str
+    starts_in_reasoning: bool = False  # the chat template always opens the block
+    tool_starts: tuple[str, ...] = ()
+    extra_ends: tuple[str, ...] = ()
+    content_drops: tuple[str, ...] = ()
+    requires_special_tokens: bool = False
+
+
+# The think-tag formats by canonical name (`gpt_oss`, `inkling`, `minimax_append_think` and
+# `passthrough` have their own parsers).
+REASONING_FORMATS: Final[Mapping[str, ReasoningFormat]] = MappingProxyType({
+    "basic": ReasoningFormat(_THINK, _END_THINK),
+    "deepseek_r1": ReasoningFormat(_THINK, _END_THINK, starts_in_reasoning=True),
+    "step3": ReasoningFormat(_THINK, _END_THINK, starts_in_reasoning=True),
+    "qwen3": ReasoningFormat(_THINK, _END_THINK, tool_starts=(_TOOL_CALL,)),
+    "qwen3_thinking": ReasoningFormat(_THINK, _END_THINK, starts_in_reasoning=True,
+                                      tool_starts=(_TOOL_CALL,)),
+    "glm45": ReasoningFormat(_THINK, _END_THINK, tool_starts=(_TOOL_CALL,)),
+    "nano_v3": ReasoningFormat(_THINK, _END_THINK, tool_starts=(_TOOL_CALL,)),
+    "deepseek_v31": ReasoningFormat(_THINK, _END_THINK),
+    "deepseek_v4": ReasoningFormat(_THINK, _END_THINK),
+    "kimi": ReasoningFormat("\u25c1think\u25b7", "\u25c1/think\u25b7"),
+    "kimi_k25": ReasoningFormat(_THINK, _END_THINK, tool_starts=(_KIMI_SECTION,)),
+    "kimi_thinking": ReasoningFormat(_THINK, _END_THINK, starts_in_reasoning=True,
+                                     tool_starts=(_KIMI_SECTION,)),
+    "kimi_k3": ReasoningFormat("<|open|>think<|sep|>", "<|close|>think<|sep|>",
+                               tool_starts=("<|open|>tools<|sep|>",), extra_ends=_K3_RESPONSE,
+                               content_drops=_K3_FRAMING, requires_special_tokens=True),
+    "minimax": ReasoningFormat(_THINK, _END_THINK, starts_in_reasoning=True,
+                               tool_starts=("<minimax:tool_call>",)),
+    "cohere_cmd": ReasoningFormat("<|START_THINKING|>", "<|END_THINKING|>",
+                                  tool_starts=("<|START_ACTION|>",), extra_ends=_COHERE_TEXT[::2],
+                                  content_drops=_COHERE_TEXT, requires_special_tokens=True),
+    "cohere_command4": ReasoningFormat("<|START_THINKING|>", "<|END_THINKING|>",
+                                       starts_in_reasoning=True, tool_starts=("<|START_ACTION|>",),
+                                       extra_ends=_COHERE_TEXT[::2], content_drops=_COHERE_TEXT,
+                                       requires_special_tokens=True),
+    "mistral": ReasoningFormat("[THINK]", "[/THINK]", requires_special_tokens=True),
+    "hunyuan": ReasoningFormat(_THINK, _END_THINK, tool_starts=("<tool_calls>",)),
+    "seed_oss": ReasoningFormat("<seed:think>", "</seed:think>", tool_starts=("<seed:tool_call>",),
+                                requires_special_tokens=True),
+})
 
 # Every accepted name (after lower-casing and `-` -> `_`) to its format: the canonical names
-# plus the spellings of SGLang (`--reasoning-parser`), smg and Dynamo for the same format.
+# plus the spellings of SGLang (`--reasoning-parser`), smg, vLLM and Dynamo for the same format.
 KNOWN_REASONING_PARSERS: Final = MappingProxyType({
-    "basic": "basic",
+    "basic": "basic",  # Dynamo
     "base": "basic",  # smg
-    "deepseek_r1": "deepseek_r1",  # SGLang spells it deepseek-r1
+    "passthrough": "passthrough",  # smg
+    "deepseek_r1": "deepseek_r1",  # everyone; SGLang spells it deepseek-r1
     "qwen3": "qwen3",
-    "qwen3_thinking": "qwen3_thinking",  # SGLang qwen3-thinking
-    "kimi": "kimi",
+    "interns1": "qwen3",  # SGLang: same tags
+    "mimo": "qwen3",  # SGLang: same tags
+    "poolside_v1": "qwen3",  # SGLang: same tags
+    "telechat4": "qwen3",  # SGLang: same tags
+    "qwen3_thinking": "qwen3_thinking",  # smg; SGLang qwen3-thinking
     "glm45": "glm45",
+    "nano_v3": "nano_v3",  # smg
+    "nemotron_3": "nano_v3",  # SGLang
+    "nemotron3": "nano_v3",  # Dynamo
+    "nemotron_nano": "nano_v3",  # Dynamo
     "step3": "step3",
     "step3p5": "step3",  # SGLang
-    "gpt_oss": "gpt_oss",  # SGLang gpt-oss
-    "passthrough": "passthrough",  # smg
+    "kimi": "kimi",
+    "kimi_k25": "kimi_k25",  # smg, Dynamo
+    "kimi_k2": "kimi_k25",  # SGLang: the same tags and section token
+    "kimi_thinking": "kimi_thinking",  # smg
+    "kimi_k3": "kimi_k3",  # smg, SGLang
+    "deepseek_v31": "deepseek_v31",  # smg
+    "deepseek_v3": "deepseek_v31",  # SGLang deepseek-v3
+    "deepseek_v4": "deepseek_v4",  # smg, Dynamo; SGLang deepseek-v4
+    "minimax": "minimax",  # smg, SGLang
+    "minimax_append_think": "minimax_append_think",  # Dynamo; SGLang minimax-append-think
+    "cohere_cmd": "cohere_cmd",  # smg
+    "cohere_command4": "cohere_command4",  # SGLang
+    "inkling": "inkling",  # smg, SGLang
+    "mistral": "mistral",  # SGLang, Dynamo, vLLM
+    "hunyuan": "hunyuan",  # SGLang
+    "seed_oss": "seed_oss",  # vLLM
+    "gpt_oss": "gpt_oss",  # SGLang gpt-oss, Dynamo
 })
 
 
 def reasoning_parser(name: str, *, enable_thinking: bool | None = None,
-                     force_reasoning: bool = False) -> ReasoningParser:
+                     force_reasoning: bool = False, prompt: str | None = None) -> ReasoningParser:
     """A fresh parser for one choice of one request (parsers hold per-stream state).
 
-    `enable_thinking` is the request's `chat_template_kwargs` switch; only `qwen3` and `glm45`
-    read it (`False`: no reasoning section; otherwise reasoning begins at the model's `<think>`). `force_reasoning=True` says the
-    rendered prompt already opened the reasoning block, so output starts in reasoning for every
-    tag format. Both are ignored by `gpt_oss` and `passthrough`.
+    The output starts in reasoning when the format always does, when `force_reasoning` says the
+    rendered prompt opened the block, or when `prompt` (the rendered prompt's text) ends with the
+    format's own start tag. `enable_thinking` is the request's `chat_template_kwargs` switch; it is
+    accepted for the record but changes nothing: with thinking off the template writes no open
+    block and the model no start tag, which the parser sees by itself. Ignored by `gpt_oss` and
+    `passthrough`.
     """
+    del enable_thinking
     key = name.strip().lower().replace("-", "_")
     kind = KNOWN_REASONING_PARSERS.get(key)
     if kind is None:
@@ -363,14 +574,24 @@ def reasoning_parser(name: str, *, enable_thinking: bool | None = None,
         return HarmonyParser()
     if kind == "passthrough":
         return PassthroughParser()
-    if kind == "kimi":
-        return ThinkTagParser("◁think▷", "◁/think▷", in_reasoning=force_reasoning)
-    if kind == "basic":
-        return ThinkTagParser(_THINK, _END_THINK, in_reasoning=force_reasoning)
-    if kind in ("deepseek_r1", "step3"):
-        return ThinkTagParser(_THINK, _END_THINK, in_reasoning=True)
-    # qwen3, glm45: the model opens `<think>` itself (as smg's parsers expect), so output without
-    # tags stays content, thinking on or off (`enable_thinking=False` just means no tags come).
-    # qwen3_thinking models' templates open the block in the prompt: output starts in reasoning.
-    thinking = force_reasoning or kind == "qwen3_thinking"
-    return ThinkTagParser(_THINK, _END_THINK, in_reasoning=thinking, tool_start=_TOOL_CALL)
+    if kind == "minimax_append_think":
+        return PrefixedContentParser(_THINK)
+    opened = prompt is not None and _ends_with_open_block(prompt, kind)
+    if kind == "inkling":
+        return InklingBlocksParser(in_reasoning=force_reasoning or opened)
+    spec = REASONING_FORMATS[kind]
+    return ThinkTagParser(
+        spec.start, spec.end,
+        in_reasoning=spec.starts_in_reasoning or force_reasoning or opened,
+        tool_starts=spec.tool_starts, extra_ends=spec.extra_ends, content_drops=spec.content_drops,
+        requires_special_tokens=spec.requires_special_tokens,
+    )
+
+
+def _ends_with_open_block(prompt: str, kind: str) -> bool:
+    """The rendered prompt ends inside a reasoning block of format `kind`."""
+    tail = prompt.rstrip()
+    if kind == "inkling":
+        return tail.endswith(_CONTENT_THINKING)
+    spec = REASONING_FORMATS[kind]
+    return tail.endswith(spec.start)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from trio_direct.core.output import ChoiceEvent, ChoiceResult, ReasoningSplitter, ToolCallExtractor, merge_events
+from trio_direct.core.output import ChoiceEvent, ChoiceResult, ReasoningSplitter, merge_events
 from trio_direct.core.plan import OutputOptions, Prompt, RequestPlan, Usage, plan_request
 from trio_direct.openai import errors, responses
 from trio_direct.openai.errors import OpenAIError
@@ -23,10 +23,11 @@ from trio_direct.openai.requests import ChatCompletionRequest, decode_chat_reque
 from trio_direct.openai.sampling import logprob_options, sampling_options, stop_strings
 from trio_direct.openai.tool_choice import forced_tool_name, tool_choice_schema
 from trio_direct.parsers.reasoning import reasoning_parser
-from trio_direct.parsers.tools import ToolCall, ToolCallDelta, tool_call_parser
+from trio_direct.parsers.tools import ToolCall, ToolCallDelta, ToolParser, tool_call_parser
 from trio_direct.parsers.tools.forced import NamedToolCallParser, RequiredToolCallsParser
 from trio_direct.surfaces.prompting import in_thread_if_long
 from trio_direct.text.chat_template import ChatTemplateError, render_chat
+from trio_direct.text.harmony import HarmonyRenderError, render_harmony_chat
 
 if TYPE_CHECKING:
     from trio_direct.frontend.runtime import ModelPool
@@ -53,6 +54,7 @@ async def plan_chat(pool: ModelPool, request: ChatCompletionRequest, *, session_
         tools,
         continue_final_message=request.continue_final_message,
         chat_template_kwargs=request.chat_template_kwargs,
+        reasoning_effort=request.reasoning_effort,
     )
     sampling = sampling_options(request, eos_token_ids=pool.tokenizer.eos_token_ids)
     if (schema := tool_choice_schema(request)) is not None:
@@ -107,12 +109,29 @@ async def chat_prompt(
     *,
     continue_final_message: bool = False,
     chat_template_kwargs: Mapping[str, Any] | None = None,
+    reasoning_effort: str | None = None,
 ) -> Prompt:
-    """The chat template rendered over `messages` and tokenized (on a thread when long)."""
+    """The chat template rendered over `messages` and tokenized (on a thread when long).
+
+    A gpt-oss model's prompt is written in harmony by openai-harmony's own encoder, as upstream
+    gateways do, rather than through its Jinja template.
+    """
     size = sum(len(str(m.get("content") or "")) for m in messages)
+    if pool.harmony:
+        return await in_thread_if_long(size, _render_harmony, messages, tools, reasoning_effort)
     return await in_thread_if_long(
         size, _render_and_tokenize, pool, messages, tools, continue_final_message, chat_template_kwargs
     )
+
+
+def _render_harmony(
+    messages: Sequence[Mapping[str, Any]], tools: list[dict[str, Any]] | None, reasoning_effort: str | None
+) -> Prompt:
+    try:
+        rendered = render_harmony_chat(messages, tools=tools, reasoning_effort=reasoning_effort)
+    except HarmonyRenderError as error:
+        raise errors.invalid_request(f"Cannot write this conversation for gpt-oss: {error}", param="messages") from None
+    return Prompt(rendered.token_ids, rendered.text, tuple(rendered.stop_token_ids))
 
 
 def _render_and_tokenize(
@@ -160,32 +179,28 @@ def chat_output(
         name = reasoning_name
 
         def reasoning(prompt: Prompt) -> ReasoningSplitter | None:
-            # A template that opens the reasoning block itself (the prompt ends in <think>) means
-            # the output starts inside it.
+            # A template that opens the reasoning block itself (the prompt ends in the format's
+            # start tag) means the output starts inside it.
             return reasoning_parser(
-                name,
-                enable_thinking=thinking if isinstance(thinking, bool) else None,
-                force_reasoning=prompt.text.rstrip().endswith("<think>"),
+                name, enable_thinking=thinking if isinstance(thinking, bool) else None, prompt=prompt.text
             )
 
     tool_factory = None
-    reads_markup = False
     if tools:
         if forced_tool is not None:  # the output is constrained to the arguments JSON (openai.tool_choice)
 
-            def tool_factory() -> ToolCallExtractor | None:
+            def tool_factory() -> ToolParser | None:
                 return NamedToolCallParser(forced_tool)
 
         elif tools_required:
 
-            def tool_factory() -> ToolCallExtractor | None:
+            def tool_factory() -> ToolParser | None:
                 return RequiredToolCallsParser()
 
         elif pool.tool_call_parser is not None:
             parser_name = pool.tool_call_parser
-            reads_markup = True
 
-            def tool_factory() -> ToolCallExtractor | None:
+            def tool_factory() -> ToolParser | None:
                 return tool_call_parser(parser_name, tools)
 
     return OutputOptions(
@@ -195,7 +210,6 @@ def chat_output(
         include_stop_str=include_stop_str,
         reasoning_parser=reasoning,
         tool_parser=tool_factory,
-        tool_parser_needs_special_tokens=reads_markup,
     )
 
 
@@ -232,11 +246,11 @@ class ChatRenderer:
             if event.reasoning:
                 out.append(responses.chat_chunk(cid, created, model, event.index, {"reasoning_content": event.reasoning}))
             if event.text or logprobs:
-                delta = {"content": event.text}
-                out.append(responses.chat_chunk(cid, created, model, event.index, delta, logprobs=logprobs))
+                content = {"content": event.text}
+                out.append(responses.chat_chunk(cid, created, model, event.index, content, logprobs=logprobs))
             if event.tool_calls:
-                delta = {"tool_calls": [tool_call_delta(call) for call in event.tool_calls]}
-                out.append(responses.chat_chunk(cid, created, model, event.index, delta))
+                calls = {"tool_calls": [tool_call_delta(call) for call in event.tool_calls]}
+                out.append(responses.chat_chunk(cid, created, model, event.index, calls))
             if event.finish_reason is not None:
                 out.append(responses.chat_chunk(cid, created, model, event.index, {}, event.finish_reason))
         return b"".join(out)

@@ -1,11 +1,13 @@
-"""Calls as JSON objects `{"name": ..., "arguments": {...}}`: hermes, llama3_json, mistral.
+"""Calls as JSON objects `{"name": ..., "arguments": {...}}`: hermes, llama3_json, mistral, json,
+cohere, inkling, granite.
 
 The object is read key by key. The call commits as soon as its `"name"` string is complete
 (llama3_json also waits for the arguments key), so the name streams first; the `"arguments"`
 (or `"parameters"`) object then streams as raw text, exactly as the model wrote it. Arguments
 written as a JSON *string* (`"arguments": "{...}"`) are decoded once complete; `null` or
 missing arguments become `{}`. A key before `"name"` other than the arguments, `type` or `id`
-means the object is not a call: the attempt rolls back and the text is content.
+means the object is not a call: the attempt rolls back and the text is content. Formats differ in
+where the objects sit and in their key names (`tool_name`, `args`), which are class attributes.
 """
 
 from __future__ import annotations
@@ -14,15 +16,28 @@ import json
 import re
 import string
 from collections.abc import Callable
-from typing import Final
+from typing import ClassVar, Final
 
-from trio_direct.parsers.tools.stream import MALFORMED, Malformed, ToolCallParser
+from trio_direct.parsers.tools.stream import (
+    MALFORMED,
+    Malformed,
+    ToolCallParser,
+    first_marker,
+    partial_marker_length,
+)
 from trio_direct.parsers.tools.value_scan import BROKEN, JsonValueScanner
 
-__all__ = ["HermesParser", "JsonObjectCalls", "Llama3JsonParser", "MistralParser"]
+__all__ = [
+    "CohereParser",
+    "GraniteParser",
+    "HermesParser",
+    "InklingParser",
+    "JsonObjectCalls",
+    "JsonParser",
+    "Llama3JsonParser",
+    "MistralParser",
+]
 
-_ARGUMENT_KEYS: Final = ("arguments", "parameters")
-_EXTRA_KEYS: Final = frozenset({"type", "id"})
 _NAME_CHARS: Final = re.compile(r"[\w.\-]*")
 _CALL_ID_CHARS: Final = re.compile(r"[A-Za-z0-9_\-]*")
 _MISTRAL_ID_CHARS: Final = string.ascii_letters + string.digits
@@ -31,9 +46,13 @@ _MISTRAL_ID_CHARS: Final = string.ascii_letters + string.digits
 class JsonObjectCalls(ToolCallParser):
     """Reads call objects and arrays of them; subclasses say where they sit in the text."""
 
+    requires_special_tokens = True
     # Commit only once the arguments key is seen too: for formats whose calls are bare JSON,
     # where `{"name": "john", "age": 3}` is more likely an answer than a call.
     _NEEDS_ARGUMENTS_KEY: bool = False
+    _NAME_KEYS: tuple[str, ...] = ("name",)
+    _ARGUMENT_KEYS: tuple[str, ...] = ("arguments", "parameters")
+    _EXTRA_KEYS: frozenset[str] = frozenset({"type", "id"})  # may come before the name
 
     def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
         super().__init__(*args, **kwargs)
@@ -93,7 +112,7 @@ class JsonObjectCalls(ToolCallParser):
         if not self._skip_ws():
             return self._starved()
         key = self._key
-        if key == "name" and not self._name_seen:
+        if key in self._NAME_KEYS and not self._name_seen:
             name = self._json_string()
             if name is None:
                 return self._starved()
@@ -105,7 +124,7 @@ class JsonObjectCalls(ToolCallParser):
                 self._emit_arguments(self._pending_arguments or "")
             self._state = self._object_next
             return True
-        if key in _ARGUMENT_KEYS and not self._arguments_seen:
+        if key in self._ARGUMENT_KEYS and not self._arguments_seen:
             self._arguments_seen = True
             if self._open is None and self._name_seen:
                 self._open_call(self._name)  # the commit waited for the arguments key
@@ -114,7 +133,7 @@ class JsonObjectCalls(ToolCallParser):
                 return True
             self._capture_value(self._arguments_captured)
             return True
-        if self._open is None and key not in _EXTRA_KEYS:
+        if self._open is None and key not in self._EXTRA_KEYS:
             return self._fail()  # some other JSON object, not a call
         self._capture_value(self._to_object_next_ignoring)
         return True
@@ -302,7 +321,7 @@ class Llama3JsonParser(JsonObjectCalls):
     """
 
     format = "llama3_json"
-    MARKERS = ("<|python_tag|>",)
+    MARKERS: ClassVar[tuple[str, ...]] = ("<|python_tag|>",)
     _NEEDS_ARGUMENTS_KEY = True
 
     def _start(self) -> bool:
@@ -460,3 +479,212 @@ def _arguments_text(raw: str) -> str | Malformed:
     if raw[:1] in "{[":
         return raw
     return MALFORMED
+
+
+class JsonParser(Llama3JsonParser):
+    """smg's `json`: the output opens (after spaces) with a call object `{"name": ...,
+    "arguments": {...}}` or an array of them; `"parameters"` may stand for `"arguments"` and
+    `"function"` for `"name"`.
+
+    The call commits on its name, as smg's parser does. Malformed: output that does not open
+    with a call object is content.
+    """
+
+    format = "json"
+    MARKERS: ClassVar[tuple[str, ...]] = ()
+    _NEEDS_ARGUMENTS_KEY = False
+    _NAME_KEYS = ("name", "function")
+
+
+class CohereParser(JsonObjectCalls):
+    """Cohere Command R / A: `<|START_ACTION|>[{"tool_call_id": "0", "tool_name": ...,
+    "parameters": {...}}, ...]<|END_ACTION|>` (a single object is accepted too).
+
+    `name` may stand for `tool_name` and `arguments` for `parameters`. The response framing
+    (`<|START_RESPONSE|>`, `<|END_RESPONSE|>`, `<|START_TEXT|>`, `<|END_TEXT|>`) is dropped from
+    content. Malformed: an action block without a call stays content; junk after the calls is
+    skipped to `<|END_ACTION|>`.
+    """
+
+    format = "cohere"
+    _START: Final = "<|START_ACTION|>"
+    _END: Final = "<|END_ACTION|>"
+    MARKERS = (_START, "<|START_RESPONSE|>", "<|END_RESPONSE|>", "<|START_TEXT|>", "<|END_TEXT|>")
+    _NAME_KEYS = ("tool_name", "name")
+    _EXTRA_KEYS = frozenset({"type", "id", "tool_call_id"})
+
+    def _on_marker(self, marker: str, at: int) -> None:
+        if marker != self._START:
+            return  # response framing: not content
+        self._begin_attempt(at, self._pos)
+        self._state = self._action
+
+    def _action(self) -> bool:
+        if not self._skip_ws():
+            return self._starved()
+        char = self._buf[self._pos]
+        if char == "[":
+            self._read_array(self._to_action_end)
+        elif char == "{":
+            self._read_object(self._close_then_action_end)
+        else:
+            return self._fail()
+        return True
+
+    def _to_action_end(self) -> None:
+        self._state = self._action_end
+
+    def _close_then_action_end(self) -> None:
+        self._close_call()
+        self._state = self._action_end
+
+    def _action_end(self) -> bool:
+        if not self._skip_ws():
+            return self._starved()
+        found = self._match(self._END, self._START)
+        if found is None:
+            return self._starved()
+        if not found:
+            return self._fail()
+        if found == self._START:
+            self._on_marker(found, self._pos - len(found))
+        else:
+            self._state = self._content
+        return True
+
+    def _recover(self) -> bool:
+        self._anomaly("malformed action block; skipped to its end")
+        if self._open is not None:
+            self._close_call()
+        self._state = self._skip_to_end
+        return True
+
+    def _skip_to_end(self) -> bool:
+        at = self._buf.find(self._END, self._pos)
+        if at < 0:
+            self._pos = max(self._pos, len(self._buf) - len(self._END) + 1)
+            return self._starved()
+        self._pos = at + len(self._END)
+        self._state = self._content
+        return True
+
+
+class InklingParser(JsonObjectCalls):
+    """Inkling (TML): `<|message_model|>NAME<|content_invoke_tool_json|>{"name": ..., "args":
+    {...}}<|end_message|>`, typed blocks around the answer.
+
+    Message headers (`<|message_model|>` up to the next control token) and the typed-block
+    tokens are framing and dropped from content. A text-mode invocation
+    (`<|content_invoke_tool_text|>`), which OpenAI tool calls cannot carry, stays content and is
+    reported. Malformed: a JSON block that is not `{"name": ..., "args": ...}` stays content.
+    """
+
+    format = "inkling"
+    _HEADER: Final = "<|message_model|>"
+    _JSON_CALL: Final = "<|content_invoke_tool_json|>"
+    _TEXT_CALL: Final = "<|content_invoke_tool_text|>"
+    _ENDS: Final = ("<|end_message|>", "<|content_model_end_sampling|>")
+    MARKERS = (_HEADER, _JSON_CALL, _TEXT_CALL, "<|content_text|>", "<|content_thinking|>", *_ENDS)
+    _ARGUMENT_KEYS = ("args", "arguments")
+
+    def _on_marker(self, marker: str, at: int) -> None:
+        if marker == self._HEADER:
+            self._state = self._header
+        elif marker == self._JSON_CALL:
+            self._begin_attempt(at, self._pos)
+            self._read_object(self._to_block_end)
+        elif marker == self._TEXT_CALL:
+            self._anomaly("text-mode tool invocation kept as content")
+            self._emit_content(marker)
+        # Other typed-block tokens are framing: dropped.
+
+    def _header(self) -> bool:
+        hit = first_marker(self._buf, self._pos, self.MARKERS)
+        if hit is None:
+            if not self._final:  # drop the header so far, but not a control token's beginning
+                self._pos = len(self._buf) - partial_marker_length(self._buf, self._pos, self.MARKERS)
+                return False
+            if self._pos < len(self._buf):
+                self._anomaly(f"unfinished message header dropped: {self._buf[self._pos:]!r}")
+            self._pos = len(self._buf)
+            self._state = self._content
+            return True
+        at, marker = hit
+        self._pos = at + len(marker)  # the header itself (author, tool name) is not content
+        self._state = self._content
+        self._on_marker(marker, at)
+        return True
+
+    def _to_block_end(self) -> None:
+        self._close_call()
+        self._state = self._block_end
+
+    def _block_end(self) -> bool:
+        if not self._skip_ws():
+            return self._starved()
+        if self._match(*self._ENDS) is None:
+            return self._starved()
+        self._state = self._content  # a missing end token is forgiven
+        return True
+
+
+class GraniteParser(JsonObjectCalls):
+    """IBM Granite: `<|tool_call|>[{"name": ..., "arguments": {...}}, ...]` (3.0; 3.1 writes
+    `<tool_call>`); the array may also open the output without the token, and a single object
+    may stand for the array (an optional `</tool_call>` after it is markup).
+
+    Malformed: a token not followed by call objects stays content.
+    """
+
+    format = "granite"
+    MARKERS = ("<|tool_call|>", "<tool_call>")
+    _END: Final = "</tool_call>"
+
+    def _start(self) -> bool:
+        buf = self._buf
+        first = self._pos
+        while first < len(buf) and buf[first].isspace():
+            first += 1
+        if first == len(buf):
+            if not self._final:
+                return False
+            self._state = self._content
+            return True
+        if buf[first] == "[":
+            self._begin_attempt(self._pos, first + 1, markup=False)
+            self._pos = first
+            self._read_array(self._to_after_calls)
+        else:
+            self._state = self._content
+        return True
+
+    def _on_marker(self, marker: str, at: int) -> None:
+        self._begin_attempt(at, self._pos)
+        self._state = self._after_marker
+
+    def _after_marker(self) -> bool:
+        if not self._skip_ws():
+            return self._starved()
+        char = self._buf[self._pos]
+        if char == "[":
+            self._read_array(self._to_after_calls)
+        elif char == "{":
+            self._read_object(self._close_then_after_calls)
+        else:
+            return self._fail()
+        return True
+
+    def _to_after_calls(self) -> None:
+        self._state = self._after_calls
+
+    def _close_then_after_calls(self) -> None:
+        self._close_call()
+        self._state = self._after_calls
+
+    def _after_calls(self) -> bool:
+        if not self._skip_ws():
+            return self._starved()
+        if self._match(self._END) is None:
+            return self._starved()
+        self._state = self._content
+        return True

@@ -17,7 +17,7 @@ from typing import Any, Final
 from trio_direct.parsers.tools.stream import ToolCallParser
 from trio_direct.parsers.tools.value_scan import PythonValueScanner
 
-__all__ = ["PythonicParser"]
+__all__ = ["PythonicParser", "SarashinaParser"]
 
 _PYTHON_START: Final = "<|python_start|>"
 _PYTHON_END: Final = "<|python_end|>"
@@ -38,6 +38,7 @@ class PythonicParser(ToolCallParser):
     """
 
     format = "pythonic"
+    requires_special_tokens = True
     MARKERS = (_PYTHON_START,)
 
     def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
@@ -193,3 +194,113 @@ class PythonicParser(ToolCallParser):
         except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
             self._anomaly(f"argument {self._key!r} is not a Python literal; kept as text")
             return json.dumps(source, ensure_ascii=False)
+
+
+class SarashinaParser(ToolCallParser):
+    """SoftBank Sarashina: a Python list of call dicts, `[{'name': 'get_weather', 'arguments':
+    {'city': 'Tokyo'}}]`, after `<|tool_calls|>` or opening the output (the token is special and
+    often detokenized away).
+
+    Each dict is read whole, then converted (`True` -> `true`): a call goes out when its dict is
+    complete. Malformed: a dict without a string `name` (or with arguments that are not a dict)
+    stays content, from that dict on.
+    """
+
+    format = "sarashina"
+    requires_special_tokens = True
+    MARKERS = ("<|tool_calls|>",)
+
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self._dict_scanner = PythonValueScanner()
+        self._source: list[str] = []
+
+    def _start(self) -> bool:
+        buf, pos = self._buf, self._pos
+        first = pos
+        while first < len(buf) and buf[first].isspace():
+            first += 1
+        if first == len(buf):
+            if not self._final:
+                return False
+            self._state = self._content
+            return True
+        if buf[first] == "[":
+            self._begin_attempt(pos, first + 1, markup=False)
+            self._pos = first + 1
+            self._state = self._element
+        else:
+            self._state = self._content
+        return True
+
+    def _on_marker(self, marker: str, at: int) -> None:
+        self._begin_attempt(at, self._pos)
+        self._state = self._list_open
+
+    def _list_open(self) -> bool:
+        if not self._skip_ws():
+            return self._starved()
+        if self._buf[self._pos] != "[":
+            return self._fail()
+        self._pos += 1
+        self._state = self._element
+        return True
+
+    def _element(self) -> bool:
+        if not self._skip_ws():
+            return self._starved()
+        if self._buf[self._pos] != "{":
+            return self._fail()
+        if self._mark is None:
+            self._begin_attempt(self._pos, self._pos + 1)
+        self._dict_scanner = PythonValueScanner()
+        self._source = []
+        self._state = self._element_text
+        return True
+
+    def _element_text(self) -> bool:
+        buf, start = self._buf, self._pos
+        end = self._dict_scanner.scan(buf, start)
+        if end is None:
+            self._source.append(buf[start:])
+            self._pos = len(buf)
+            return self._starved()
+        self._source.append(buf[start:end])
+        call = _call_from_dict("".join(self._source))
+        if call is None:
+            return self._fail()
+        self._pos = end
+        self._open_call(call[0])
+        self._emit_arguments(call[1])
+        self._close_call()
+        self._state = self._after_element
+        return True
+
+    def _after_element(self) -> bool:
+        if not self._skip_ws():
+            return self._starved()
+        char = self._buf[self._pos]
+        self._pos += 1
+        self._state = self._element if char == "," else self._content
+        if char not in ",]":
+            self._pos -= 1
+        return True
+
+
+def _call_from_dict(source: str) -> tuple[str, str] | None:
+    """`(name, arguments JSON)` for a Python dict literal that is a call, else None."""
+    try:
+        value = ast.literal_eval(source.strip())
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return None
+    if not isinstance(value, dict) or not isinstance(value.get("name"), str):
+        return None
+    arguments = value.get("arguments")
+    if arguments is None:
+        arguments = {}
+    if not isinstance(arguments, dict) or not ToolCallParser._valid_name(value["name"]):
+        return None
+    try:
+        return value["name"], json.dumps(arguments, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError):
+        return None

@@ -32,6 +32,8 @@ _SPACES: Final = re.compile(r"\s*")
 class SectionCalls(ToolCallParser):
     """Section and call tokens around each call; subclasses read the header and commit."""
 
+    requires_special_tokens = True
+
     SECTION_BEGIN: ClassVar[tuple[str, ...]]
     SECTION_END: ClassVar[tuple[str, ...]]
     CALL_BEGIN: ClassVar[str]

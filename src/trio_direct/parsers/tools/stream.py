@@ -71,6 +71,9 @@ class ToolCallParser:
 
     format: ClassVar[str] = "passthrough"
     MARKERS: ClassVar[tuple[str, ...]] = ()  # start markers recognised in content
+    # Markup formats set this: their markers are (or may be) special tokens, which the
+    # detokenizer drops unless told to keep them (see `ToolParser.requires_special_tokens`).
+    requires_special_tokens: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Final
 
-__all__ = ["JsonValueScanner", "PythonValueScanner", "BROKEN"]
+__all__ = ["BROKEN", "JsonValueScanner", "PythonValueScanner"]
 
 # `scan()` result: the value cannot continue at this index (a character no JSON value has
 # outside strings, such as the `<` of a closing tag); the value is malformed up to there.
@@ -30,7 +30,7 @@ class JsonValueScanner:
     A scalar (`12`, `true`) only ends at a delimiter, so it ends at `len(text)` when `final`.
     """
 
-    __slots__ = ("_kind", "_depth", "_in_string", "_escape", "broken_at")
+    __slots__ = ("_depth", "_escape", "_in_string", "_kind", "broken_at")
 
     def __init__(self) -> None:
         self._kind = ""  # "" before the first character, then "container", "string" or "scalar"
@@ -108,7 +108,7 @@ class PythonValueScanner:
     backslash escapes; brackets of all three kinds nest.
     """
 
-    __slots__ = ("_depth", "_quote", "_escape")
+    __slots__ = ("_depth", "_escape", "_quote")
 
     _SPECIAL: Final = re.compile(r"""[()\[\]{},'"]""")
 

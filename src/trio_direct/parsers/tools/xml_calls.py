@@ -1,22 +1,23 @@
-"""Calls with one tag per argument: qwen3_coder and glm45.
+"""Calls with one tag per argument: qwen3_coder, seed_oss, glm45 and hunyuan.
 
 Values are bare text between tags; the tool's JSON schema types them (`schema_types`). The
 JSON arguments object is written as the tags arrive: `{` when the call commits, each key when
 its value opens, and a string value character by character (escaped for JSON). Values of
 other types are held until their closing tag, then converted. Junk between argument tags is
-skipped (reported in `anomalies`); arguments already seen are kept.
+skipped (reported in `anomalies`); arguments already seen are kept. `XmlArgumentCalls` is
+shared with the `<invoke name=...>` formats (`invoke_calls`) and Kimi K3 (`xtml_calls`).
 """
 
 from __future__ import annotations
 
 import json
 import re
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 
 from trio_direct.parsers.tools.schema_types import coerce_value
 from trio_direct.parsers.tools.stream import ToolCallParser, first_marker, partial_marker_length
 
-__all__ = ["Glm45Parser", "Qwen3CoderParser", "XmlArgumentCalls"]
+__all__ = ["Glm45Parser", "HunyuanParser", "Qwen3CoderParser", "SeedOssParser", "XmlArgumentCalls"]
 
 _TOOL_CALL: Final = "<tool_call>"
 _END_TOOL_CALL: Final = "</tool_call>"
@@ -27,8 +28,12 @@ _LINE_TEXT: Final = re.compile(r"[^<\n]*")
 class XmlArgumentCalls(ToolCallParser):
     """Writes the JSON arguments object for tag-per-argument formats."""
 
+    requires_special_tokens = True
     _INFER_UNTYPED: bool = False  # how a value of an unknown parameter is read
     _STRING_TYPES: tuple[tuple[str, ...], ...] = (("string",),)  # types streamed as strings
+    # Write `{` as soon as the call commits (the name and the object start go out together);
+    # formats whose body may be a raw JSON object instead wait for the first argument.
+    _EAGER_OBJECT: bool = True
 
     def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
         super().__init__(*args, **kwargs)
@@ -44,13 +49,19 @@ class XmlArgumentCalls(ToolCallParser):
     def _commit(self, name: str) -> None:
         self._open_call(name)
         self._function, self._count = name, 0
-        self._emit_arguments("{")
-        self._object_open = True
+        if self._EAGER_OBJECT:
+            self._emit_arguments("{")
+            self._object_open = True
 
-    def _begin_value(self) -> None:
-        self._types = self._schemas.types_of(self._function, self._key)
+    def _begin_value(self, types: tuple[str, ...] | None = None) -> None:
+        """An argument `self._key` starts; `types` overrides the schema's (a format that says
+        the value's type in its markup)."""
+        self._types = self._schemas.types_of(self._function, self._key) if types is None else types
         self._streaming_string = self._types in self._STRING_TYPES
         separator = ", " if self._count else ""
+        if not self._object_open:
+            separator = "{"
+            self._object_open = True
         self._count += 1
         self._in_value = True
         self._searched = 0
@@ -60,7 +71,7 @@ class XmlArgumentCalls(ToolCallParser):
 
     def _string_piece(self, text: str) -> None:
         if text:
-            self._emit_arguments(json.dumps(text, ensure_ascii=False)[1:-1])
+            self._emit_arguments(json.dumps(self._decode(text), ensure_ascii=False)[1:-1])
 
     def _end_value(self, raw: str) -> None:
         """Close the value: `raw` is the text not yet written (all of it, if not streamed)."""
@@ -69,8 +80,24 @@ class XmlArgumentCalls(ToolCallParser):
             self._string_piece(raw)
             self._emit_arguments('"')
         else:
-            value: Any = coerce_value(raw, self._types, infer=self._INFER_UNTYPED)
+            raw = self._decode(raw)
+            value: Any = (coerce_value(raw, self._types, infer=self._INFER_UNTYPED) if self._types
+                          else self._untyped_value(raw))
             self._emit_arguments(json.dumps(value, ensure_ascii=False))
+
+    # Format hooks for values.
+
+    def _untyped_value(self, raw: str) -> Any:
+        """The value of a parameter the schema does not type."""
+        return coerce_value(raw, (), infer=self._INFER_UNTYPED)
+
+    def _decode(self, text: str) -> str:
+        """Undo the format's escaping of value text (none by default)."""
+        return text
+
+    def _decodable_end(self, text: str, start: int, end: int) -> int:
+        """Where a streamed piece `text[start:end]` may end without cutting an escape in two."""
+        return end
 
     def _starved(self) -> bool:
         if self._final and self._open is not None and self._in_value:
@@ -107,7 +134,7 @@ class XmlArgumentCalls(ToolCallParser):
         hit = first_marker(buf, pos, terminators)
         if hit is not None:
             return hit
-        safe = len(buf) - partial_marker_length(buf, pos, terminators)
+        safe = self._decodable_end(buf, pos, len(buf) - partial_marker_length(buf, pos, terminators))
         if strip_newline and safe > pos and buf[safe - 1] == "\n":
             safe -= 1  # may be the newline before the closing tag, which is not part of it
         self._string_piece(buf[pos:safe])
@@ -133,8 +160,9 @@ class Qwen3CoderParser(XmlArgumentCalls):
     """
 
     format = "qwen3_coder"
-    MARKERS = (_TOOL_CALL,)
-    _VALUE_ENDS: Final = ("</parameter>", "<parameter=", "</function>", _END_TOOL_CALL)
+    MARKERS: ClassVar[tuple[str, ...]] = (_TOOL_CALL,)
+    _BLOCK_END: ClassVar[str] = _END_TOOL_CALL
+    _VALUE_ENDS: ClassVar[tuple[str, ...]] = ("</parameter>", "<parameter=", "</function>", _END_TOOL_CALL)
     _STRING_TYPES = ((), ("string",))
     _INFER_UNTYPED = False
 
@@ -169,7 +197,7 @@ class Qwen3CoderParser(XmlArgumentCalls):
     def _body(self) -> bool:
         if not self._skip_ws():
             return self._starved()
-        found = self._match("<parameter=", "</function>", _END_TOOL_CALL)
+        found = self._match("<parameter=", "</function>", self._BLOCK_END)
         if found is None:
             return self._starved()
         if found == "<parameter=":
@@ -213,7 +241,7 @@ class Qwen3CoderParser(XmlArgumentCalls):
             return self._starved()
         at, terminator = hit
         raw = self._buf[self._pos:at]
-        self._end_value(raw[:-1] if raw.endswith("\n") else raw)
+        self._end_value(raw.removesuffix("\n"))
         self._pos = at + (len(terminator) if terminator == "</parameter>" else 0)
         self._state = self._body
         return True
@@ -221,7 +249,7 @@ class Qwen3CoderParser(XmlArgumentCalls):
     def _after_function(self) -> bool:
         if not self._skip_ws():
             return self._starved()
-        found = self._match(_END_TOOL_CALL, "<function=")
+        found = self._match(self._BLOCK_END, "<function=")
         if found is None:
             return self._starved()
         if found == "<function=":  # another call in the same block
@@ -230,6 +258,20 @@ class Qwen3CoderParser(XmlArgumentCalls):
         else:
             self._state = self._content
         return True
+
+
+class SeedOssParser(Qwen3CoderParser):
+    """ByteDance Seed-OSS: Qwen3-Coder's tags inside `<seed:tool_call>` ... `</seed:tool_call>`.
+
+    Values go without framing newlines (`<parameter=city>Paris</parameter>`); one is dropped
+    when present, as for Qwen3-Coder. Malformed: `<seed:tool_call>` without a `<function=NAME>`
+    stays content.
+    """
+
+    format = "seed_oss"
+    MARKERS = ("<seed:tool_call>",)
+    _BLOCK_END = "</seed:tool_call>"
+    _VALUE_ENDS = ("</parameter>", "<parameter=", "</function>", "</seed:tool_call>")
 
 
 class Glm45Parser(XmlArgumentCalls):
@@ -318,5 +360,140 @@ class Glm45Parser(XmlArgumentCalls):
         at, terminator = hit
         self._end_value(self._buf[self._pos:at])
         self._pos = at + len(terminator)
+        self._state = self._body
+        return True
+
+
+class HunyuanParser(XmlArgumentCalls):
+    """Tencent Hunyuan (Hy3): `<tool_calls>\\n<tool_call>NAME<tool_sep>\\n<arg_key>KEY</arg_key>\\n
+    <arg_value>VALUE</arg_value>\\n</tool_call>\\n</tool_calls>`.
+
+    Shipping tokenizers suffix every tag (`<tool_calls:opensource>`); the suffix on the opening
+    `<tool_calls...>` is the one expected on every later tag. Values are typed by the schema, and
+    untyped ones read as JSON when they parse (else strings). Malformed: `<tool_calls>` not followed
+    by `<tool_call>NAME<tool_sep>` stays content.
+    """
+
+    format = "hunyuan"
+    MARKERS = ("<tool_calls",)
+    _INFER_UNTYPED = True
+    _SUFFIX: Final = re.compile(r"(?::[^<>\s]*)?>")
+    _SUFFIX_PREFIX: Final = re.compile(r"(?::[^<>\s]*)?")
+
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self._tags: dict[str, str] = {}
+
+    def _on_marker(self, marker: str, at: int) -> None:
+        self._begin_attempt(at, self._pos)
+        self._state = self._section_suffix
+
+    def _section_suffix(self) -> bool:
+        buf, pos = self._buf, self._pos
+        found = self._SUFFIX.match(buf, pos)
+        if found is None:
+            grows = self._SUFFIX_PREFIX.match(buf, pos)
+            if grows is not None and grows.end() == len(buf):
+                return self._starved()
+            return self._fail()  # `<tool_callsXYZ`: not this markup
+        suffix = buf[pos:found.end() - 1]
+        self._pos = found.end()
+        self._tags = {name: f"<{name}{suffix}>" for name in ("tool_call", "tool_sep", "arg_key", "arg_value")}
+        self._tags.update({f"/{name}": f"</{name}{suffix}>"
+                           for name in ("tool_calls", "tool_call", "arg_key", "arg_value")})
+        self._state = self._between
+        return True
+
+    def _between(self) -> bool:
+        if not self._skip_ws():
+            return self._starved()
+        found = self._match(self._tags["tool_call"], self._tags["/tool_calls"])
+        if found is None:
+            return self._starved()
+        if found == self._tags["tool_call"]:
+            if self._mark is None:
+                self._begin_attempt(self._pos - len(found), self._pos)
+            self._state = self._name
+        elif found:
+            self._state = self._content
+        elif self._mark is not None:
+            return self._fail()
+        else:  # text after an unclosed section: content
+            self._state = self._content
+        return True
+
+    def _name(self) -> bool:
+        buf, pos = self._buf, self._pos
+        sep = self._tags["tool_sep"]
+        end = _LINE_TEXT.match(buf, pos).end()  # type: ignore[union-attr]
+        name = buf[pos:end].strip()
+        if name and not self._valid_name(name):
+            return self._fail()
+        if end == len(buf):
+            return self._starved()
+        rest = buf[end:end + len(sep)]
+        if not buf.startswith(sep, end):
+            if not self._final and sep.startswith(rest) and len(rest) < len(sep):
+                return self._starved()
+            return self._fail()
+        if not name:
+            return self._fail()
+        self._pos = end + len(sep)
+        self._commit(name)
+        self._state = self._body
+        return True
+
+    def _body(self) -> bool:
+        if not self._skip_ws():
+            return self._starved()
+        found = self._match(self._tags["arg_key"], self._tags["/tool_call"])
+        if found is None:
+            return self._starved()
+        if found == self._tags["arg_key"]:
+            self._state = self._key_text
+        elif found:
+            self._end_call()
+            self._state = self._between
+        else:
+            self._skip_junk()
+        return True
+
+    def _key_text(self) -> bool:
+        end_tag = self._tags["/arg_key"]
+        at = self._buf.find(end_tag, self._pos)
+        if at < 0:
+            return self._starved()
+        self._key = self._buf[self._pos:at].strip()
+        self._pos = at + len(end_tag)
+        self._state = self._value_open
+        return True
+
+    def _value_open(self) -> bool:
+        if not self._skip_ws():
+            return self._starved()
+        found = self._match(self._tags["arg_value"], self._tags["arg_key"], self._tags["/tool_call"])
+        if found is None:
+            return self._starved()
+        if found == self._tags["arg_value"]:
+            self._begin_value()
+            self._state = self._value
+        elif found == self._tags["arg_key"]:
+            self._anomaly(f"argument {self._key!r} has no value; dropped")
+            self._state = self._key_text
+        elif found:
+            self._end_call()
+            self._state = self._between
+        else:
+            self._skip_junk()
+        return True
+
+    def _value(self) -> bool:
+        end_tag = self._tags["/arg_value"]
+        hit = self._stream_value((end_tag,), strip_newline=False)
+        if hit is None:
+            return self._starved()
+        at, _ = hit
+        self._end_value(self._buf[self._pos:at])
+        self._pos = at + len(end_tag)
         self._state = self._body
         return True
