@@ -99,12 +99,11 @@ async def run_disaggregated_choice(
         watcher = trio.CancelScope()
         nursery.start_soon(_watch, leg, watcher)
         try:
-            with trio.CancelScope(shield=True):
-                with leg.scope:
-                    await stream_choice(
-                        run, control, abort_timeout, send, written=legs_written.done,
-                        on_first_message=leg.saw_first_message, on_migrate=migrated, readers=readers,
-                    )  # fmt: skip
+            with trio.CancelScope(shield=True), leg.scope:
+                await stream_choice(
+                    run, control, abort_timeout, send, written=legs_written.done,
+                    on_first_message=leg.saw_first_message, on_migrate=migrated, readers=readers,
+                )  # fmt: skip
         finally:
             leg.done = True
             watcher.cancel()

@@ -74,7 +74,11 @@ class EventBatches(Protocol):
     def __aiter__(self) -> EventBatches: ...
 
     async def __anext__(self) -> list[ChoiceEvent]:
-        """The next batch; raises a choice's `EngineError` after every event that came before it."""
+        """The next batch; raises a choice's `EngineError` after every event that came before it,
+        and `StreamWakeup` when woken with nothing new (after which it reads on)."""
+
+    def wake(self) -> bool:
+        """Interrupt a wait for the next batch with `StreamWakeup` (False: nothing to wake)."""
 
 
 def client_error(error: EngineError) -> OpenAIError:
@@ -177,7 +181,7 @@ class Dispatcher:
         run.plan.request, run.client, run.prefill, run.route_key = request, route.decode.engine.client, prefill, key
         metrics.ROUTED.labels(route.decode.engine.id, route.decode.engine.card.role).inc()
         metrics.MIGRATIONS.labels("migrated").inc()
-        where = route.decode.engine.id if prefill is None else f"{route.prefill.engine.id} + {route.decode.engine.id}"
+        where = route.decode.engine.id if route.prefill is None else f"{route.prefill.engine.id} + {route.decode.engine.id}"
         log.warning(
             "choice %d: engine %s failed after %d tokens (%s); continuing on %s as %s",
             output.index, failed.name, len(output.generated), error, where, request.rid,
@@ -227,7 +231,7 @@ def assign(pool: ServingPool, plan: RequestPlan, route: Route[Worker]) -> list[C
     return runs
 
 
-def _pair_with_prefill(decode_request, route: Route[Worker]) -> EngineLeg:  # noqa: ANN001 - GenerateInput
+def _pair_with_prefill(decode_request: GenerateInput, route: Route[Worker]) -> EngineLeg:
     """Give the decode request and its prefill twin the same rid and bootstrap triple."""
     prefill_worker = route.prefill
     assert prefill_worker is not None

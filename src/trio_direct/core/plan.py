@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from trio_direct.core.output import ChoiceOutput, ReasoningSplitter
 from trio_direct.core.pool import ServingPool
@@ -89,7 +90,7 @@ class RequestPlan:
     #: The request's `priority` (SGLang's extension field; higher is served first), if given.
     priority: int | None = None
     #: The request's `tracing.RequestTrace`, when tracing is on.
-    trace: object = None
+    trace: Any = None
 
     def usage(self) -> Usage:
         outputs = [choice.output for choice in self.choices]

@@ -38,7 +38,6 @@ from trio_direct.kv_sync.load_poll import poll_loads
 from trio_direct.openai import errors
 from trio_direct.openai.requests import warm_up_request_decoding
 from trio_direct.parsers.selection import ParserSelection, select_parsers
-from trio_direct.kv_sync.feeds import KvFeeds
 from trio_direct.routing.block_hash import RoutingKey
 from trio_direct.routing.busy import UNLIMITED, BusyThreshold, EngineLoads
 from trio_direct.routing.kv_routing import KvRouting
@@ -133,9 +132,9 @@ class ModelPool:
     def candidates(self) -> Candidates[Worker]:
         """The healthy workers of each role, as routing sees them."""
         workers = self.fleet.workers()
-        aggregated = [w for w in workers if w.engine.card.role == "aggregated"]
-        prefill = self.fleet.prefill_workers()
-        decode = [w for w in workers if w.engine.card.role == "decode"]
+        aggregated: Sequence[Worker] = [w for w in workers if w.engine.card.role == "aggregated"]
+        prefill: Sequence[Worker] = self.fleet.prefill_workers()
+        decode: Sequence[Worker] = [w for w in workers if w.engine.card.role == "decode"]
         busy = self.busy
         if busy is not None:  # busy workers get nothing new while another is not busy
             aggregated = busy.prefer_idle(aggregated, routing_key)

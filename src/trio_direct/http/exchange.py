@@ -173,12 +173,12 @@ class Exchange:
                 choice.request.priority = priority
         trace = plan.trace
         if trace is not None:
-            trace.planned()  # type: ignore[attr-defined]
+            trace.planned()
         await self.admit(pool, priority, trace)
         if trace is None:
             await self._respond(pool, plan, renderer)
         else:
-            with trace.child("response", stream=plan.stream):  # type: ignore[attr-defined]
+            with trace.child("response", stream=plan.stream):
                 await self._respond(pool, plan, renderer)
 
     async def admit(self, pool: ModelPool, priority: int | None = None, trace: Any = None) -> None:
