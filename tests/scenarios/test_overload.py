@@ -272,6 +272,22 @@ def assert_whole(stream: dict, expected_text: str) -> None:
     assert stream["usage"]["completion_tokens"] == MAX_TOKENS
 
 
+async def under_way_on(url: str, streams: list[dict], timeout: float = 60.0) -> int:
+    """Wait until at least half the streams are under way and some of those run on the engine at
+    `url`, not finished yet; returns how many do. (Under load streams start far apart: waiting for
+    every one to start could let the first ones finish.)"""
+    for _ in range(int(timeout / 0.02)):
+        if sum(s.get("chunks", 0) >= 3 for s in streams) >= len(streams) // 2:
+            served = set((await engine_accounting(url))["first_output_at"])
+            running = [
+                s for s in streams if s.get("chunks", 0) >= 3 and not s["finishes"] and served_rid(s["id"]) in served
+            ]
+            if running:
+                return len(running)
+        await trio.sleep(0.02)
+    raise AssertionError(f"no stream under way on {url} within {timeout:g}s")
+
+
 def continuations(account: dict, streams: list[dict]) -> list[str]:
     """The rids an engine served that no client request started: the migrated streams' continuations."""
     originals = {served_rid(s["id"]) for s in streams}
@@ -280,7 +296,7 @@ def continuations(account: dict, streams: list[dict]) -> list[str]:
 
 @pytest.mark.slow
 async def test_streams_of_an_engine_killed_mid_way_complete_on_the_other(aio_loop, nursery, script, expected_text):
-    args = (INCREMENTAL, "--scripted-outputs", str(script), "--speedup", "0.5")  # ~12 ms a token
+    args = (INCREMENTAL, "--scripted-outputs", str(script), "--speedup", "0.25")  # ~24 ms a token
     flaky, steady = await start_mock_engine(nursery, *args), await start_mock_engine(nursery, *args)
     base = await start_frontend(
         nursery, "--engine-url", flaky.url, "--engine-url", steady.url, "--health-interval", "0.3",
@@ -293,20 +309,17 @@ async def test_streams_of_an_engine_killed_mid_way_complete_on_the_other(aio_loo
         async with trio.open_nursery() as reading:
             for i, into in enumerate(streams):
                 reading.start_soon(stream_chat, client, chat(model, f"story {i}"), into)
-            await wait_until(lambda: all(s.get("chunks", 0) >= 3 for s in streams), timeout=60)
-            on_flaky = set((await engine_accounting(flaky.url))["first_output_at"])
-            doomed = [served_rid(s["id"]) in on_flaky for s in streams]
-            assert 0 < sum(doomed) < len(streams), doomed
-            flaky.process.kill()  # SIGKILL, mid-stream for every one of them
+            running = await under_way_on(flaky.url, streams)
+            flaky.process.kill()  # SIGKILL, mid-stream
             await flaky.process.wait()
         for stream in streams:
             assert_whole(stream, expected_text)
-        assert "e0" not in await routable(client)
         (account,) = await settle([steady.url])
         assert account["started"] == ended(account)
         moved = continuations(account, streams)  # the killed engine's streams that had not finished
-        assert 0 < len(moved) <= sum(doomed)
+        assert len(moved) >= running
         assert await metric(client, 'trio_direct_migrations_total{outcome="migrated"}') == migrated + len(moved)
+        assert "e0" not in await routable(client)
         await until(lambda: metric_is(client, "trio_direct_requests_in_flight", 0))
 
 
@@ -326,10 +339,7 @@ async def test_streams_of_a_stopped_engine_move_within_the_idle_timeout(aio_loop
             async with trio.open_nursery() as reading:
                 for i, into in enumerate(streams):
                     reading.start_soon(stream_chat, client, chat(model, f"story {i}"), into)
-                await wait_until(lambda: all(s.get("chunks", 0) >= 3 for s in streams), timeout=30)
-                on_flaky = set((await engine_accounting(flaky.url))["first_output_at"])
-                doomed = [served_rid(s["id"]) in on_flaky for s in streams]
-                assert 0 < sum(doomed) < len(streams), doomed
+                running = await under_way_on(flaky.url, streams)
                 flaky.process.send_signal(signal.SIGSTOP)  # alive to TCP, silent to everyone
                 await wait_until(lambda: all(s.get("done") for s in streams), timeout=30)
             for stream in streams:
@@ -337,7 +347,7 @@ async def test_streams_of_a_stopped_engine_move_within_the_idle_timeout(aio_loop
             assert "e0" not in await routable(client), "the hung engine was marked down"
             (account,) = await settle([steady.url])
             moved = continuations(account, streams)
-            assert 0 < len(moved) <= sum(doomed)
+            assert len(moved) >= running
             assert await metric(client, "trio_direct_engine_stalls_total") == stalls + len(moved)
         finally:
             flaky.process.send_signal(signal.SIGCONT)
@@ -360,9 +370,7 @@ async def test_keepalive_pings_notice_a_dead_connection_and_its_streams_move(aio
             async with trio.open_nursery() as reading:
                 for i, into in enumerate(streams):
                     reading.start_soon(stream_chat, client, chat(model, f"story {i}"), into)
-                await wait_until(lambda: all(s.get("chunks", 0) >= 3 for s in streams), timeout=30)
-                on_flaky = set((await engine_accounting(flaky.url))["first_output_at"])
-                assert any(served_rid(s["id"]) in on_flaky for s in streams)
+                await under_way_on(flaky.url, streams)
                 flaky.process.send_signal(signal.SIGSTOP)
                 await wait_until(lambda: all(s.get("done") for s in streams), timeout=30)
             for stream in streams:
@@ -387,17 +395,14 @@ async def test_a_decode_engine_lost_mid_stream_continues_through_a_fresh_prefill
         async with trio.open_nursery() as reading:
             for i, into in enumerate(streams):
                 reading.start_soon(stream_chat, client, chat(model, f"story {i}"), into)
-            await wait_until(lambda: all(s.get("chunks", 0) >= 3 for s in streams), timeout=30)
-            on_lost = set((await engine_accounting(decodes[0].url))["first_output_at"])
-            doomed = sum(served_rid(s["id"]) in on_lost for s in streams)
-            assert 0 < doomed < len(streams)
+            running = await under_way_on(decodes[0].url, streams)
             decodes[0].process.kill()
             await decodes[0].process.wait()
         for stream in streams:
             assert_whole(stream, expected_text)
         prefill_account, decode_account = await settle([prefill.url, decodes[1].url])
         moved = continuations(decode_account, streams)
-        assert 0 < len(moved) <= doomed
+        assert len(moved) >= running
         # Each continuation was prefilled afresh (its prompt: the original plus what was generated).
         assert prefill_account["started"] == len(streams) + len(moved) == ended(prefill_account)
         assert set(moved) <= set(continuations(prefill_account, streams))
