@@ -161,27 +161,26 @@ async def stream_response(
                 if watch is not None:
                     watched = watch.stream_opened(batches.wake)
                 opening = renderer.opening()
-                while True:
+                while True:  # the `async for` resumes after a keep-alive: no extra cost per batch
                     try:
-                        batch = await batches.__anext__()
-                    except StopAsyncIteration:
-                        break
+                        async for batch in batches:
+                            aborted = next((e for e in batch if e.finish_reason == "abort"), None)
+                            if aborted is not None:
+                                batch = batch[: batch.index(aborted)]
+                                failure = abort_error(aborted)
+                            data = renderer.events(batch) if batch else b""
+                            if opening:
+                                data, opening = opening + data, b""
+                            if data:
+                                await write(data)
+                            if failure is not None:
+                                break
                     except StreamWakeup:  # quiet for --sse-keepalive: a comment keeps proxies patient
                         await writer.send(KEEPALIVE)
                         if watched is not None:
                             watched.last_write = time.perf_counter()
                         continue
-                    aborted = next((e for e in batch if e.finish_reason == "abort"), None)
-                    if aborted is not None:
-                        batch = batch[: batch.index(aborted)]
-                        failure = abort_error(aborted)
-                    data = renderer.events(batch) if batch else b""
-                    if opening:
-                        data, opening = opening + data, b""
-                    if data:
-                        await write(data)
-                    if failure is not None:
-                        break
+                    break
         except EngineError as error:
             if not headers_sent:
                 raise client_error(error) from None
