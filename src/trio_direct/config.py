@@ -42,7 +42,7 @@ class ServeConfig:
     router_ttl_secs: float = 120.0
     router_session_ttl: float = 300.0
     router_affinity_from_user: bool = False
-    engine_busy_threshold: float = 0.95
+    router_session_busy_fraction: float = 0.95
     load_poll_interval: float = 1.0
     health_interval: float = 5.0
     health_timeout: float = 2.0
@@ -58,6 +58,15 @@ class ServeConfig:
     max_connections: int = 0
     api_key: str | None = None
     max_concurrent_requests: int = 0
+    max_queued_requests: int = 0
+    queue_timeout: float = 30.0
+    engine_busy_threshold: str = ""
+    migration_limit: int = 1
+    stream_idle_timeout: float = 120.0
+    engine_keepalive_interval: float = 360.0
+    engine_keepalive_timeout: float = 20.0
+    sse_keepalive: float = 15.0
+    otlp_traces_endpoint: str | None = None
     cors_allow_origins: str = ""
     max_n: int = 128
     allow_image_fetch: bool = False
@@ -102,19 +111,37 @@ _HELP = {
     "router_session_ttl": "seconds a session (X-Session-ID header) sticks to its engine after its last request, "
     "unless that engine is down or busy (0 = no session affinity)",
     "router_affinity_from_user": "also take the OpenAI `user` field as the session key",
-    "engine_busy_threshold": "an engine whose polled KV cache use is at or above this fraction is busy: sessions "
-    "pinned to it go elsewhere",
+    "router_session_busy_fraction": "a session leaves its engine when the engine's polled KV cache use is at or above "
+    "this fraction (engines over --engine-busy-threshold, when set, are left too)",
     "health_interval": "seconds between HealthCheck calls per engine (0 = no health checks)",
     "health_timeout": "seconds a HealthCheck may take before it counts as failed",
-    "load_poll_interval": "kv, least-load, power-of-two: seconds between GetLoad polls, the engines' load as every "
-    "frontend sees it, corrected by this one's own requests since (0 = off: own requests only)",
+    "load_poll_interval": "seconds between GetLoad polls: the engines' load as every frontend sees it, corrected by "
+    "this one's own requests since (kv, least-load, power-of-two), and which engines are busy (with "
+    "--engine-busy-threshold); 0 = off",
     "tool_call_parser": "tool-call parser name (default: the engines'); alias --dyn-tool-call-parser",
     "reasoning_parser": "reasoning parser name (default: the engines'); alias --dyn-reasoning-parser",
     "graceful_shutdown_timeout": "on SIGTERM/SIGINT: seconds in-flight requests may take to finish before they are aborted",
     "max_retries": "times a request whose engine cannot be reached is retried on another engine, before its first token",
     "abort_timeout": "seconds an Abort to an engine may take before it is given up",
     "api_key": "require this Bearer token on /v1/* and /debug/* (/health, /live, /metrics stay open)",
-    "max_concurrent_requests": "completion requests served at once; more get 429 with Retry-After (0 = no limit)",
+    "max_concurrent_requests": "completion requests served at once; more wait in the queue (--max-queued-requests) "
+    "or get 429 with Retry-After (0 = no limit)",
+    "max_queued_requests": "requests that may wait for a slot (or for an engine below --engine-busy-threshold), "
+    "by priority then arrival; more get 429 at once (0 = no queue)",
+    "queue_timeout": "seconds a queued request waits before it is answered 503 with Retry-After",
+    "engine_busy_threshold": "an engine is busy at this many running + waiting requests (e.g. 64), at this KV usage "
+    "fraction (e.g. 0.9), or either (64,0.9), from GetLoad polls and this frontend's own requests: busy engines get no "
+    "new requests while another is not busy, and requests queue while all are (empty = off)",
+    "migration_limit": "times a stream whose engine fails after its first token continues on another engine "
+    "(0 = the stream ends with an error event)",
+    "stream_idle_timeout": "seconds an engine may send nothing on a request, and nothing on any other, before it "
+    "counts as hung: marked down, its requests migrated (0 = off)",
+    "engine_keepalive_interval": "seconds between HTTP/2 pings on an engine connection with open calls (keep it above "
+    "the engine's grpc.http2.min_ping_interval_without_data_ms, 300 s by default; 0 = no pings)",
+    "engine_keepalive_timeout": "seconds a ping may go unanswered before the connection counts as dead",
+    "sse_keepalive": "seconds a stream may go silent before a ': ping' comment is sent (0 = never)",
+    "otlp_traces_endpoint": "OTLP/HTTP endpoint for OpenTelemetry traces (e.g. http://collector:4318/v1/traces); "
+    "tracing is also on when the standard OTEL_TRACES_EXPORTER / OTEL_EXPORTER_OTLP_*ENDPOINT variables say so",
     "max_body_bytes": "largest request body accepted (413 above; a larger Content-Length is refused before the body "
     "is read)",
     "header_read_timeout": "seconds a request head may take to arrive, from the connection's accept or the head's "

@@ -45,6 +45,26 @@ TOKENS = Counter("trio_direct_tokens", "Tokens by kind: input, output, cached", 
 ROUTED = Counter("trio_direct_routing_decisions", "Requests routed, by engine and role", ["engine", "role"], registry=REGISTRY)
 ABORTS = Counter("trio_direct_engine_aborts", "Abort RPCs sent to engines", ["outcome"], registry=REGISTRY)
 RETRIES = Counter("trio_direct_retries", "Requests retried on another engine before their first token", registry=REGISTRY)
+MIGRATIONS = Counter(
+    "trio_direct_migrations", "Streams moved to another engine after their engine failed mid-stream, by outcome "
+    "(migrated; refused: guided decoding or no engine left; exhausted: --migration-limit reached)", ["outcome"],
+    registry=REGISTRY,
+)  # fmt: skip
+QUEUE_DEPTH = Gauge("trio_direct_queue_depth", "Requests waiting for admission (--max-queued-requests)", registry=REGISTRY)
+_QUEUE_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+QUEUE_WAIT = Histogram(
+    "trio_direct_queue_wait_seconds", "Time requests waited in the admission queue", buckets=_QUEUE_BUCKETS,
+    registry=REGISTRY,
+)  # fmt: skip
+ADMISSION_REJECTIONS = Counter(
+    "trio_direct_admission_rejections", "Requests refused at admission, by reason (limit: past --max-concurrent-requests "
+    "and --max-queued-requests, 429; busy: every engine busy and the queue full, 429; timeout: --queue-timeout, 503)",
+    ["reason"], registry=REGISTRY,
+)  # fmt: skip
+STALLED_ENGINES = Counter(
+    "trio_direct_engine_stalls", "Engine calls ended because their engine sent nothing for --stream-idle-timeout",
+    ["engine"], registry=REGISTRY,
+)  # fmt: skip
 #: Event-loop lag (`frontend/loop_lag.py`): 0.1 s is a bucket edge, the soak benchmark's stall target.
 _LOOP_LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1)
 LOOP_LAG = Histogram(

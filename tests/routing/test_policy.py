@@ -61,7 +61,7 @@ def test_weighing_a_route_for_debug_pins_nothing():
 
 
 def test_in_kv_mode_a_session_overrides_the_cost_and_leaves_a_busy_engine():
-    kv = kv_routing(engine_busy_threshold=0.9)
+    kv = kv_routing(router_session_busy_fraction=0.9)
     policy = RoutingPolicy("kv", kv=kv, affinity=SessionAffinity(60))
     first = policy.choose(candidates(), prompt(0), "r0", session_key="s")
     pinned = first.decode

@@ -2,8 +2,8 @@
 and KV-event publishers that restart, skip sequence numbers or send garbage.
 
 What a user would notice is what is asserted: nothing keeps running on an engine for a client that
-left, streams of a dead engine end cleanly, routing moves on and comes back, and the frontend keeps
-answering whatever arrives on its KV-event sockets.
+left, streams of a dead engine finish on another (migration, issue #19), routing moves on and comes
+back, and the frontend keeps answering whatever arrives on its KV-event sockets.
 """
 
 from __future__ import annotations
@@ -375,14 +375,12 @@ async def kill_and_restart_an_engine(nursery, *, new_kv_port: bool) -> None:
             assert 0 < sum(doomed) < len(streams), f"load spread the streams over both engines: {doomed}"
             flaky.process.kill()  # SIGKILL
             await flaky.process.wait()
-        for events, was_on_flaky in zip(streams, doomed, strict=True):
+        # Every stream completes: those of the killed engine continue on the steady one (migration).
+        for events in streams:
             assert events[-1] == "[DONE]"
-            errors = [e for e in events[:-1] if "error" in e]
-            if was_on_flaky:
-                assert len(errors) == 1 and events[-2] is errors[0], events[-3:]
-                assert errors[0]["error"]["message"]
-            else:
-                assert not errors and events[-2]["choices"][0]["finish_reason"] in ("length", "stop")
+            assert not [e for e in events[:-1] if "error" in e], events[-3:]
+            finishes = [c["finish_reason"] for e in events[:-1] for c in e["choices"] if c["finish_reason"]]
+            assert finishes in (["length"], ["stop"]), events[-3:]
 
         # New requests go to the steady engine: a request that meets the dead one is retried there.
         before = (await engine_accounting(steady.url))["started"]
@@ -407,7 +405,7 @@ async def kill_and_restart_an_engine(nursery, *, new_kv_port: bool) -> None:
         assert await on_restarted(served_rid(again)), "the cached prefix goes to the restarted engine"
 
 
-async def test_an_engine_killed_mid_stream_fails_its_streams_cleanly_and_rejoins(aio_loop, nursery):
+async def test_an_engine_killed_mid_stream_has_its_streams_completed_elsewhere_and_rejoins(aio_loop, nursery):
     await kill_and_restart_an_engine(nursery, new_kv_port=False)
 
 

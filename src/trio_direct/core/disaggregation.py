@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 import trio
 
-from trio_direct.core.choices import ChoiceFailed, ChoiceRun, RunControl, offer, stream_choice
+from trio_direct.core.choices import ChoiceFailed, ChoiceReader, ChoiceRun, EngineLeg, RunControl, offer, stream_choice
 from trio_direct.core.engine_call import open_engine_call
 from trio_direct.engine.errors import EngineError, EngineInternal, EngineUnavailable
 from trio_direct.engine.types import EngineClient
@@ -76,21 +76,34 @@ async def run_disaggregated_choice(
     decode_abort_deadline: float,
     send: trio.MemorySendChannel,
     written: Callable[[], None],
+    readers: list[ChoiceReader] | None = None,
 ) -> None:
     """Run both legs of one choice; events and failures go to `send`; `written` is called once
-    both requests are on the wire (or could not be sent)."""
+    both requests are on the wire (or could not be sent).
+
+    A decode leg that fails mid-stream continues on a fresh prefill + decode pair (or an aggregated
+    engine, as routing decides): its prefill leg starts here, and the new decode leg is shielded
+    like the first until its own first message."""
     leg = DecodeLeg(decode_abort_deadline)
     legs_written = _Countdown(2, written)
     async with send, trio.open_nursery() as nursery:
-        nursery.start_soon(_prefill_leg, run, control, abort_timeout, send.clone(), legs_written.done)
+        prefill = run.prefill
+        assert prefill is not None
+        nursery.start_soon(_prefill_leg, prefill, run, control, abort_timeout, send.clone(), legs_written.done)
+
+        def migrated(prefill: EngineLeg | None) -> None:
+            if prefill is not None:
+                leg.first_message = False  # a KV transfer is coming again: shielded until it arrived
+                nursery.start_soon(_prefill_leg, prefill, run, control, abort_timeout, send.clone(), _nothing, False)
+
         watcher = trio.CancelScope()
         nursery.start_soon(_watch, leg, watcher)
         try:
-            with trio.CancelScope(shield=True):
-                with leg.scope:
-                    await stream_choice(
-                        run, control, abort_timeout, send, written=legs_written.done, on_first_message=leg.saw_first_message
-                    )
+            with trio.CancelScope(shield=True), leg.scope:
+                await stream_choice(
+                    run, control, abort_timeout, send, written=legs_written.done,
+                    on_first_message=leg.saw_first_message, on_migrate=migrated, readers=readers,
+                )  # fmt: skip
         finally:
             leg.done = True
             watcher.cancel()
@@ -122,15 +135,27 @@ async def _watch(leg: DecodeLeg, scope: trio.CancelScope) -> None:
             leg.abandon()
 
 
+def _nothing() -> None:
+    pass
+
+
 async def _prefill_leg(
-    run: ChoiceRun, control: RunControl, abort_timeout: float, send: trio.MemorySendChannel, written: Callable[[], None]
+    prefill: EngineLeg,
+    run: ChoiceRun,
+    control: RunControl,
+    abort_timeout: float,
+    send: trio.MemorySendChannel,
+    written: Callable[[], None],
+    first: bool = True,
 ) -> None:
-    prefill = run.prefill
-    assert prefill is not None
+    """One prefill leg; the `first` one's cache hit is the choice's (a continuation's is not the client's)."""
     announced = False
     async with send:
         try:
-            async with open_engine_call(prefill.client, prefill.request, abort_timeout=abort_timeout) as call:
+            async with open_engine_call(
+                prefill.client, prefill.request, abort_timeout=abort_timeout, watch=control.watch,
+                trace=control.trace, role="prefill",
+            ) as call:  # fmt: skip
                 try:
                     await call.wait_written()
                 finally:
@@ -140,7 +165,8 @@ async def _prefill_leg(
                     last = batch[-1]
                     if last.finish_reason is None:
                         continue
-                    run.plan.output.prompt_cached_tokens = last.cached_tokens
+                    if first:
+                        run.plan.output.prompt_cached_tokens = last.cached_tokens
                     if last.finish_reason == "abort":
                         raise EngineInternal(f"prefill aborted: {last.abort_message or 'no reason given'}")
         except EngineError as error:

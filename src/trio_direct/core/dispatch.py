@@ -13,14 +13,16 @@ Leaving the block (all done, client gone, shutdown, a failure) cancels the reque
 engine call then ends through `open_engine_call`, whose ``finally`` sends its `Abort` when the engine
 had not ended the request. An engine that cannot be reached before a choice's first output is taken
 out of routing and the choice retried on another aggregated engine (`Dispatcher.reroute`); a
-disaggregated pair is not retried, its two legs would need a new rendezvous.
+disaggregated pair is not retried, its two legs would need a new rendezvous. An engine that fails
+after a choice's first output hands the choice to another engine (`Dispatcher.migrate`, at most
+``--migration-limit`` times; `core.migration`): an aggregated one, or a fresh prefill + decode pair.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from functools import partial
@@ -29,14 +31,30 @@ from typing import Protocol
 import trio
 
 from trio_direct import metrics
-from trio_direct.core.choices import ChoiceFailed, ChoiceReader, ChoiceRun, EngineLeg, stream_choice
+from trio_direct.core.choices import (
+    BUDGET_SPENT,
+    ChoiceFailed,
+    ChoiceReader,
+    ChoiceRun,
+    Continuation,
+    EngineLeg,
+    stream_choice,
+)  # fmt: skip
 from trio_direct.core.disaggregation import new_room, run_disaggregated_choice
+from trio_direct.core.migration import continuation_request, migration_refusal
 from trio_direct.core.output import ChoiceEvent
-from trio_direct.core.pool import ServingPool
 from trio_direct.core.plan import RequestPlan
+from trio_direct.core.pool import ServingPool
+from trio_direct.core.request_context import engine_rid, new_request_key
 from trio_direct.deferred import DeferredError
-from trio_direct.engine.errors import EngineError, EngineInvalidArgument, EngineResourceExhausted, EngineUnavailable
-from trio_direct.engine.types import Bootstrap, EngineClient
+from trio_direct.engine.errors import (
+    EngineError,
+    EngineInvalidArgument,
+    EngineResourceExhausted,
+    EngineUnavailable,
+    StreamWakeup,
+)  # fmt: skip
+from trio_direct.engine.types import Bootstrap, EngineClient, GenerateInput
 from trio_direct.exception_groups import unwrap_single_exception
 from trio_direct.fleet.card import DEFAULT_BOOTSTRAP_PORT
 from trio_direct.fleet.fleet import Worker
@@ -44,7 +62,6 @@ from trio_direct.openai import errors
 from trio_direct.openai.errors import OpenAIError
 from trio_direct.routing.policy import Route
 from trio_direct.routing.simple import NoWorkerAvailable
-
 
 __all__ = ["EventBatches", "abort_error", "client_error", "dispatch"]
 
@@ -57,7 +74,11 @@ class EventBatches(Protocol):
     def __aiter__(self) -> EventBatches: ...
 
     async def __anext__(self) -> list[ChoiceEvent]:
-        """The next batch; raises a choice's `EngineError` after every event that came before it."""
+        """The next batch; raises a choice's `EngineError` after every event that came before it,
+        and `StreamWakeup` when woken with nothing new (after which it reads on)."""
+
+    def wake(self) -> bool:
+        """Interrupt a wait for the next batch with `StreamWakeup` (False: nothing to wake)."""
 
 
 def client_error(error: EngineError) -> OpenAIError:
@@ -81,20 +102,33 @@ def abort_error(event: ChoiceEvent) -> OpenAIError:
 class Dispatcher:
     """One request's routing as its choices run: the `RunControl` every choice reader asks."""
 
-    __slots__ = ("_pool", "_plan", "_first_output_seen")
+    __slots__ = ("_pool", "_plan", "_first_output_seen", "_route_keys", "watch", "trace")
 
     def __init__(self, pool: ServingPool, plan: RequestPlan) -> None:
         self._pool = pool
         self._plan = plan
         self._first_output_seen = False
+        #: Routing ids of continuations (each counts as load until the request ends).
+        self._route_keys: list[str] = []
+        self.watch = getattr(pool, "watch", None)
+        self.trace = plan.trace
 
-    def first_output(self) -> None:
-        if not self._first_output_seen:
+    def first_output(self, run: ChoiceRun) -> None:
+        if run.route_key is not None:
+            self._pool.first_token(run.route_key)
+        elif not self._first_output_seen:
             self._first_output_seen = True
             self._pool.first_token(self._plan.key)
 
     def unreachable(self, client: EngineClient, error: EngineError) -> None:
         self._pool.engine_unreachable(client, error)
+
+    def release(self) -> None:
+        """The request ended: its load (and its continuations') leaves its engines."""
+        pool = self._pool
+        pool.release(self._plan.key)
+        for key in self._route_keys:
+            pool.release(key)
 
     def reroute(self, run: ChoiceRun) -> bool:
         """Another aggregated engine for `run` (the failed one is already out of routing)."""
@@ -111,6 +145,66 @@ class Dispatcher:
         run.plan.request.routed_dp_rank = route.decode.dp_rank
         return True
 
+    def migrate(
+        self, run: ChoiceRun, error: EngineError, failed: EngineClient, *, can_pair: bool = True
+    ) -> Continuation | None:
+        """Point `run` at another engine to continue after `failed` broke it mid-stream (see
+        `core.migration`); the failed call has already ended. None when it cannot continue.
+        `can_pair`: whether the choice's reader can start a prefill leg (else aggregated engines only)."""
+        plan = self._plan
+        output = run.plan.output
+        refusal = migration_refusal(run.plan.request, error)
+        if refusal is not None:
+            log.warning("choice %d failed after %d tokens (%s); not migrated: %s",
+                        output.index, len(output.generated), error, refusal)  # fmt: skip
+            metrics.MIGRATIONS.labels("refused").inc()
+            return None
+        prompt = plan.prompts[run.plan.prompt_index].token_ids
+        key = new_request_key()
+        request = continuation_request(run.plan.request, prompt, output.continue_elsewhere(), engine_rid(plan.tag, key, output.index))
+        if request is None:
+            log.info("choice %d: engine failed after its last token (%s); ending it", output.index, error)
+            metrics.MIGRATIONS.labels("migrated").inc()
+            return BUDGET_SPENT
+        route = self._route_elsewhere(request, key, failed)
+        if route is not None and route.prefill is not None and not can_pair:
+            self._pool.release(key)
+            self._route_keys.remove(key)
+            route = None
+        if route is None:
+            log.warning("choice %d failed after %d tokens (%s); no other engine to continue on",
+                        output.index, len(output.generated), error)  # fmt: skip
+            metrics.MIGRATIONS.labels("refused").inc()
+            return None
+        request.routed_dp_rank = route.decode.dp_rank
+        prefill = _pair_with_prefill(request, route) if route.prefill is not None else None
+        run.plan.request, run.client, run.prefill, run.route_key = request, route.decode.engine.client, prefill, key
+        metrics.ROUTED.labels(route.decode.engine.id, route.decode.engine.card.role).inc()
+        metrics.MIGRATIONS.labels("migrated").inc()
+        where = route.decode.engine.id if route.prefill is None else f"{route.prefill.engine.id} + {route.decode.engine.id}"
+        log.warning(
+            "choice %d: engine %s failed after %d tokens (%s); continuing on %s as %s",
+            output.index, failed.name, len(output.generated), error, where, request.rid,
+        )  # fmt: skip
+        if self.trace is not None:
+            self.trace.event("migration", engine=failed.name, tokens=len(output.generated), to=where)
+        return Continuation(prefill)
+
+    def _route_elsewhere(self, request: GenerateInput, key: str, failed: EngineClient) -> Route[Worker] | None:
+        """A route for the continuation that avoids `failed` (marked down when unreachable; an engine
+        that failed otherwise, or whose health checks are off, is skipped by asking again)."""
+        plan, pool = self._plan, self._pool
+        for _ in range(2):
+            try:
+                route = pool.choose_route(request.input_ids, key, plan.session_key)
+            except NoWorkerAvailable:
+                return None
+            if route.decode.engine.client is not failed:
+                self._route_keys.append(key)
+                return route
+            pool.release(key)
+        return None
+
 
 def assign(pool: ServingPool, plan: RequestPlan, route: Route[Worker]) -> list[ChoiceRun]:
     """Point every choice at the route's engines (and pair it with its prefill leg)."""
@@ -119,12 +213,14 @@ def assign(pool: ServingPool, plan: RequestPlan, route: Route[Worker]) -> list[C
     if route.prefill is not None:
         metrics.ROUTED.labels(route.prefill.engine.id, "prefill").inc()
     runs = []
+    migrations = pool.config.migration_limit
     for choice in plan.choices:
         choice.request.routed_dp_rank = worker.dp_rank
         if route.prefill is None:
-            runs.append(ChoiceRun(choice, worker.engine.client, retries=pool.config.max_retries))
+            runs.append(ChoiceRun(choice, worker.engine.client, retries=pool.config.max_retries, migrations=migrations))
         else:
-            runs.append(ChoiceRun(choice, worker.engine.client, _pair_with_prefill(choice.request, route)))
+            leg = _pair_with_prefill(choice.request, route)
+            runs.append(ChoiceRun(choice, worker.engine.client, leg, migrations=migrations))
     if route.prefill is None:
         log.debug("request %s: %d choice(s) on %s rank %s", plan.key, len(runs), worker.engine.id, worker.dp_rank)
     else:
@@ -135,7 +231,7 @@ def assign(pool: ServingPool, plan: RequestPlan, route: Route[Worker]) -> list[C
     return runs
 
 
-def _pair_with_prefill(decode_request, route: Route[Worker]) -> EngineLeg:  # noqa: ANN001 - GenerateInput
+def _pair_with_prefill(decode_request: GenerateInput, route: Route[Worker]) -> EngineLeg:
     """Give the decode request and its prefill twin the same rid and bootstrap triple."""
     prefill_worker = route.prefill
     assert prefill_worker is not None
@@ -158,17 +254,18 @@ async def dispatch(pool: ServingPool, plan: RequestPlan) -> AsyncIterator[EventB
         route = pool.choose_route(plan.prompts[0].token_ids, plan.key, plan.session_key)
     except NoWorkerAvailable:
         raise errors.service_unavailable("No engine is available to serve the request.") from None
+    control = Dispatcher(pool, plan)
     try:
         runs = assign(pool, plan, route)
         async with run_choices(
             runs,
-            Dispatcher(pool, plan),
+            control,
             abort_timeout=pool.config.abort_timeout,
             decode_abort_deadline=pool.config.decode_abort_deadline,
         ) as batches:
             yield batches
     finally:
-        pool.release(plan.key)
+        control.release()
 
 
 @asynccontextmanager
@@ -190,6 +287,7 @@ async def run_choices(
     send, receive = trio.open_memory_channel(math.inf)
     all_written = trio.Event()
     waiting = len(runs)
+    readers: list[ChoiceReader] = []
 
     def written() -> None:
         nonlocal waiting
@@ -202,7 +300,7 @@ async def run_choices(
         async with trio.open_nursery() as nursery:
             for run in runs:
                 if run.prefill is None:
-                    nursery.start_soon(partial(_run_choice, run, control, abort_timeout, send.clone(), written))
+                    nursery.start_soon(partial(_run_choice, run, control, abort_timeout, send.clone(), written, readers))
                 else:
                     nursery.start_soon(
                         partial(
@@ -213,21 +311,27 @@ async def run_choices(
                             decode_abort_deadline=decode_abort_deadline,
                             send=send.clone(),
                             written=written,
+                            readers=readers,
                         )
                     )
             send.close()
             try:
                 await all_written.wait()
-                yield ChoiceEvents(receive)
+                yield ChoiceEvents(receive, readers)
             finally:
                 nursery.cancel_scope.cancel()
 
 
 async def _run_choice(
-    run: ChoiceRun, control: Dispatcher, abort_timeout: float, send: trio.MemorySendChannel, written
-) -> None:  # noqa: ANN001
+    run: ChoiceRun,
+    control: Dispatcher,
+    abort_timeout: float,
+    send: trio.MemorySendChannel,
+    written: Callable[[], None],
+    readers: list[ChoiceReader],
+) -> None:
     async with send:
-        await stream_choice(run, control, abort_timeout, send, written=written)
+        await stream_choice(run, control, abort_timeout, send, written=written, readers=readers)
 
 
 class ChoiceEvents:
@@ -235,14 +339,19 @@ class ChoiceEvents:
     it happened. A failure behind events of the same batch is raised on the next call, so the events
     before it still go out."""
 
-    __slots__ = ("_receive", "_failure")
+    __slots__ = ("_receive", "_failure", "_readers")
 
-    def __init__(self, receive: trio.MemoryReceiveChannel) -> None:
+    def __init__(self, receive: trio.MemoryReceiveChannel, readers: list[ChoiceReader] | None = None) -> None:
         self._receive = receive
         self._failure = DeferredError()
+        self._readers = readers if readers is not None else []
 
     def __aiter__(self) -> ChoiceEvents:
         return self
+
+    def wake(self) -> bool:
+        """Have the next read raise `StreamWakeup` (through one choice's reader) unless output comes first."""
+        return any(reader.wake() for reader in self._readers)
 
     async def __anext__(self) -> list[ChoiceEvent]:
         self._failure.raise_held()
@@ -257,11 +366,29 @@ class ChoiceEvents:
                 break
         for position, item in enumerate(batch):
             if type(item) is ChoiceFailed:
+                if item.error is None:  # a wake-up: moot when events came with it
+                    return self._without_wakeups(batch, position)
                 if position == 0:
                     raise item.error
                 self._failure.hold(item.error)
                 return batch[:position]
         return batch
+
+    def _without_wakeups(self, batch: list, position: int) -> list[ChoiceEvent]:
+        rest = batch[position + 1 :]
+        events = batch[:position]
+        for item in rest:
+            if type(item) is ChoiceFailed:
+                if item.error is None:
+                    continue
+                if not events:
+                    raise item.error
+                self._failure.hold(item.error)
+                break
+            events.append(item)
+        if not events:
+            raise StreamWakeup
+        return events
 
 
 class _OneChoiceEvents:
@@ -278,6 +405,9 @@ class _OneChoiceEvents:
 
     def __aiter__(self) -> _OneChoiceEvents:
         return self
+
+    def wake(self) -> bool:
+        return self._reader.wake()
 
     async def __anext__(self) -> list[ChoiceEvent]:
         event = await self._reader.next_event()

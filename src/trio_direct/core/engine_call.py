@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any, Protocol
 
 import trio
 
@@ -27,10 +28,18 @@ log = logging.getLogger(__name__)
 _ENGINE_MAY_STILL_RUN = (EngineUnavailable, EngineDeadlineExceeded)
 
 
+class CallWatch(Protocol):
+    """Where open engine calls are watched for hung engines (`core.watch.StreamWatch`)."""
+
+    def call_opened(self, call: EngineCall) -> None: ...
+
+    def call_closed(self, call: EngineCall) -> None: ...
+
+
 class EngineCall:
     """The state of one engine request, read by the cancellation decision."""
 
-    __slots__ = ("client", "request", "ended_at_engine", "first_chunk_at", "_chunks", "_failure")
+    __slots__ = ("client", "request", "ended_at_engine", "first_chunk_at", "opened_at", "span", "_chunks", "_failure")
 
     def __init__(self, client: EngineClient, request: GenerateInput, chunks: GenerateStream) -> None:
         self.client = client
@@ -38,10 +47,24 @@ class EngineCall:
         #: True once the engine itself ended the request (finish reason, or an error it reported).
         self.ended_at_engine = False
         self.first_chunk_at: float | None = None
+        #: When the call was opened (trio time): a hung engine is judged from here or its last output.
+        self.opened_at = trio.current_time()
+        #: The call's trace span, when tracing is on.
+        self.span: Any = None
         self._chunks = chunks
         #: An engine error that arrived behind chunks of a batch: raised by the next call, so the
         #: chunks before it still reach the client.
         self._failure = DeferredError()
+
+    def stall(self, error: EngineError) -> bool:
+        """Fail the call with `error` (its engine is hung); False when that cannot reach its reader."""
+        fail = getattr(self._chunks, "fail", None)
+        return fail is not None and fail(error)
+
+    def wake(self) -> bool:
+        """Interrupt the reader waiting on this call with `StreamWakeup` (for an SSE keep-alive)."""
+        wake = getattr(self._chunks, "wake", None)
+        return wake is not None and wake()
 
     async def wait_written(self) -> None:
         """Return once the request is on the wire (or the call ended before it could be)."""
@@ -99,20 +122,40 @@ class EngineCall:
 
 @asynccontextmanager
 async def open_engine_call(
-    client: EngineClient, request: GenerateInput, *, abort_timeout: float = 5.0
+    client: EngineClient,
+    request: GenerateInput,
+    *,
+    abort_timeout: float = 5.0,
+    watch: CallWatch | None = None,
+    trace: Any = None,
+    role: str = "aggregated",
 ) -> AsyncIterator[EngineCall]:
-    """Dispatch `request` to `client`; on leaving before the engine ended it, abort it there."""
+    """Dispatch `request` to `client`; on leaving before the engine ended it, abort it there.
+
+    `watch`, when given, watches the open call for a hung engine; `trace` (a `tracing.RequestTrace`)
+    gives it a span, whose context the engine gets in the request's trace headers.
+    """
     call: EngineCall | None = None
+    span = None
+    if trace is not None:
+        span = trace.engine_span(client.name, role, request)
     try:
         async with client.generate(request) as chunks:
             call = EngineCall(client, request, chunks)
+            call.span = span
+            if watch is not None:
+                watch.call_opened(call)
             try:
                 yield call
             finally:
                 call.drain_arrived()
+                if watch is not None:
+                    watch.call_closed(call)
     finally:
         if call is None or not call.ended_at_engine:
             await abort_on_engine(client, request.rid, abort_timeout)
+        if span is not None:
+            trace.end_engine_span(span, ended=call is not None and call.ended_at_engine)
 
 
 async def abort_on_engine(client: EngineClient, rid: str, timeout: float) -> None:

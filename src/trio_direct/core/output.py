@@ -87,6 +87,13 @@ class ChoiceOutput:
     finish_reason: str | None = None
     #: Disaggregated serving: the prefill leg's cache hit (the decode leg reports the whole prompt).
     prompt_cached_tokens: int | None = None
+    #: Every token id generated so far, over all engine calls: a migrated stream continues from them.
+    generated: list[int] = field(default_factory=list)
+    #: Reasoning tokens generated before the current engine call, whose own count starts again from
+    #: 0; and whether the call is a continuation (its prompt and cache counts are then its own, not
+    #: the client's: the first call's stay).
+    _reasoning_base: int = field(default=0, init=False, repr=False)
+    _continued: bool = field(default=False, init=False, repr=False)
 
     @property
     def usage_cached_tokens(self) -> int:
@@ -96,16 +103,31 @@ class ChoiceOutput:
         """Set up what only the output needs; called once the engine call is on its way."""
         self.decoder.prepare()
 
+    def continue_elsewhere(self) -> list[int]:
+        """The stream moves to another engine (migration): the generated ids, which the next call's
+        prompt repeats. Text state (detokenizer, stop strings, parsers) carries on untouched: the
+        next call's tokens read as the rest of one stream."""
+        self._reasoning_base = self.reasoning_tokens
+        self._continued = True
+        return self.generated
+
     def push(self, batch: list[GenerateChunk]) -> ChoiceEvent:
         token_ids = [token for chunk in batch for token in chunk.token_ids]
+        self.generated += token_ids
         last = batch[-1]
         text_ids = token_ids
         if last.finish_reason == "stop" and isinstance(last.matched_stop, int) and token_ids[-1:] == [last.matched_stop]:
             text_ids = token_ids[:-1]  # the stop token (EOS) ends the text, it is not part of it
-        self.prompt_tokens = last.prompt_tokens or self.prompt_tokens
-        self.completion_tokens = last.completion_tokens or self.completion_tokens + len(token_ids)
-        self.cached_tokens = last.cached_tokens or self.cached_tokens
-        self.reasoning_tokens = last.reasoning_tokens or self.reasoning_tokens
+        if self._continued:
+            # The engine counts from the continuation's start; its prompt and cache hit are not the client's.
+            self.completion_tokens = len(self.generated)
+            if last.reasoning_tokens:
+                self.reasoning_tokens = self._reasoning_base + last.reasoning_tokens
+        else:
+            self.prompt_tokens = last.prompt_tokens or self.prompt_tokens
+            self.completion_tokens = last.completion_tokens or self.completion_tokens + len(token_ids)
+            self.cached_tokens = last.cached_tokens or self.cached_tokens
+            self.reasoning_tokens = last.reasoning_tokens or self.reasoning_tokens
         text = self.decoder.push(text_ids)
         finish = last.finish_reason
         if finish is not None:

@@ -9,13 +9,14 @@ counted for a request that will release it.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from trio_direct.core.output import ChoiceOutput, ReasoningSplitter
 from trio_direct.core.pool import ServingPool
+from trio_direct.core.request_context import CURRENT, engine_rid, new_request_key
 from trio_direct.engine.types import GenerateInput, SamplingOptions
 from trio_direct.logs import REQUEST_ID
 from trio_direct.openai import errors
@@ -73,7 +74,8 @@ class RequestPlan:
     """A planned request: what dispatch runs and a renderer writes."""
 
     id: str
-    #: 32 hex characters; each choice's rid is this plus 4 hex digits (never a prefix of another).
+    #: 32 hex characters; each choice's rid is `tag` + this + 4 hex digits (never a prefix of another:
+    #: see `core.request_context`).
     key: str
     #: When the request was created (Unix seconds): every chunk and body of it carries this.
     created: int
@@ -85,6 +87,12 @@ class RequestPlan:
     include_usage: bool = False
     #: Routing affinity: requests with the same key prefer the same engine (`X-Session-ID`).
     session_key: str | None = None
+    #: The rid prefix derived from the client's `X-Request-Id` ("" without one).
+    tag: str = ""
+    #: The request's `priority` (SGLang's extension field; higher is served first), if given.
+    priority: int | None = None
+    #: The request's `tracing.RequestTrace`, when tracing is on.
+    trace: Any = None
 
     def usage(self) -> Usage:
         outputs = [choice.output for choice in self.choices]
@@ -116,11 +124,6 @@ class OutputOptions:
     tool_parser: Callable[[], ToolParser | None] | None = None
 
 
-def new_request_key() -> str:
-    """32 random hex characters (as random as uuid4().hex, without building a UUID)."""
-    return os.urandom(16).hex()
-
-
 def plan_request(
     pool: ServingPool,
     prompts: list[Prompt],
@@ -148,8 +151,12 @@ def plan_request(
             raise errors.invalid_request("The prompt is empty after tokenization.", param=prompt_param)
         if limit is not None and len(prompt.token_ids) >= limit:
             raise errors.context_length_exceeded(len(prompt.token_ids), limit, sampling.max_new_tokens, param=prompt_param)
-    key = new_request_key()
-    REQUEST_ID.set(id_prefix + key)
+    context = CURRENT.get()
+    if context is None:  # planned outside the HTTP layer (tests, benchmarks)
+        key, tag, trace = new_request_key(), "", None
+        REQUEST_ID.set(id_prefix + key)
+    else:
+        key, tag, trace = context.key, context.tag, context.trace
     choices = []
     for prompt_index, prompt in enumerate(prompts):
         options = sampling
@@ -163,7 +170,7 @@ def plan_request(
         for sample in range(n):
             index = prompt_index * n + sample
             request = GenerateInput(
-                rid=f"{key}{index:04x}",  # fixed length: never a prefix of another rid
+                rid=engine_rid(tag, key, index),  # fixed length: never a prefix of another rid
                 input_ids=prompt.token_ids,
                 sampling=options,
                 stream=True,
@@ -195,6 +202,8 @@ def plan_request(
         stream=stream,
         include_usage=include_usage,
         session_key=session_key,
+        tag=tag,
+        trace=trace,
     )
 
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 from trio_direct.config import ServeConfig
 from trio_direct.engine.errors import EngineError
@@ -16,10 +16,12 @@ __all__ = ["ServingPool"]
 
 
 class ServingPool(Protocol):
-    """One model's settings, tokenizer and routing, as planning and dispatch use them."""
+    """One model's settings, tokenizer and routing, as planning, admission and dispatch use them."""
 
     config: ServeConfig
     tokenizer: ModelTokenizer
+    #: The frontend's `core.watch.StreamWatch` (SSE keep-alives, hung engines), or None.
+    watch: Any
 
     @property
     def name(self) -> str: ...
@@ -41,3 +43,9 @@ class ServingPool(Protocol):
     def release(self, request_id: str) -> None: ...
 
     def engine_unreachable(self, client: EngineClient, error: EngineError) -> None: ...
+
+    def headroom(self) -> int:
+        """Requests the engines take before every one is busy (`--engine-busy-threshold`; 0: all busy)."""
+
+    def on_load_change(self, listener: Callable[[], None]) -> None:
+        """Call `listener` after every round of engine load polls."""

@@ -22,14 +22,17 @@ from prometheus_client import Histogram
 from trio_direct import metrics
 from trio_direct.core.dispatch import abort_error, client_error, dispatch
 from trio_direct.core.output import ChoiceEvent, ChoiceResult
-from trio_direct.core.pool import ServingPool
 from trio_direct.core.plan import RequestPlan, Usage
-from trio_direct.engine.errors import EngineError
+from trio_direct.core.pool import ServingPool
+from trio_direct.core.watch import WatchedStream
+from trio_direct.engine.errors import EngineError, StreamWakeup
 from trio_direct.openai import errors
 from trio_direct.openai.errors import OpenAIError
 
+__all__ = ["KEEPALIVE", "SSE_HEADERS", "Renderer", "ResponseWriter", "StreamCutter", "stream_response", "unary_response"]
 
-__all__ = ["SSE_HEADERS", "Renderer", "ResponseWriter", "StreamCutter", "stream_response", "unary_response"]
+#: What a stream that has been quiet for ``--sse-keepalive`` seconds sends: an SSE comment.
+KEEPALIVE = b": ping\n\n"
 
 SSE_HEADERS = [
     (b"content-type", b"text/event-stream"),
@@ -128,6 +131,8 @@ async def stream_response(
     ttft: Histogram | None = None
     gaps: Histogram | None = None
     last: float | None = None
+    watch = getattr(pool, "watch", None)
+    watched: WatchedStream | None = None
 
     async def write(data: bytes) -> None:
         # Timed as the data is handed to the server, recorded once it is out: the histograms'
@@ -141,6 +146,8 @@ async def stream_response(
         elif gaps is not None:
             gaps.observe(now - last)
         last = now
+        if watched is not None:
+            watched.last_write = now
 
     with cutter.guard() as guard:
         try:
@@ -151,19 +158,29 @@ async def stream_response(
                 gaps = metrics.INTER_TOKEN.labels(plan.model)
                 await writer.start(200, SSE_HEADERS)
                 headers_sent = True
+                if watch is not None:
+                    watched = watch.stream_opened(batches.wake)
                 opening = renderer.opening()
-                async for batch in batches:
-                    aborted = next((e for e in batch if e.finish_reason == "abort"), None)
-                    if aborted is not None:
-                        batch = batch[: batch.index(aborted)]
-                        failure = abort_error(aborted)
-                    data = renderer.events(batch) if batch else b""
-                    if opening:
-                        data, opening = opening + data, b""
-                    if data:
-                        await write(data)
-                    if failure is not None:
-                        break
+                while True:  # the `async for` resumes after a keep-alive: no extra cost per batch
+                    try:
+                        async for batch in batches:
+                            aborted = next((e for e in batch if e.finish_reason == "abort"), None)
+                            if aborted is not None:
+                                batch = batch[: batch.index(aborted)]
+                                failure = abort_error(aborted)
+                            data = renderer.events(batch) if batch else b""
+                            if opening:
+                                data, opening = opening + data, b""
+                            if data:
+                                await write(data)
+                            if failure is not None:
+                                break
+                    except StreamWakeup:  # quiet for --sse-keepalive: a comment keeps proxies patient
+                        await writer.send(KEEPALIVE)
+                        if watched is not None:
+                            watched.last_write = time.perf_counter()
+                        continue
+                    break
         except EngineError as error:
             if not headers_sent:
                 raise client_error(error) from None
@@ -172,6 +189,10 @@ async def stream_response(
             if not headers_sent:
                 raise
             failure = error
+        finally:
+            if watch is not None:
+                watch.stream_closed(watched)
+                watched = None
     if guard.cancelled_caught:
         if not headers_sent:
             raise _shutdown_error(cutter)

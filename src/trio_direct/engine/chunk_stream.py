@@ -6,7 +6,7 @@ from typing import Any, Protocol
 
 import trio
 
-from trio_direct.engine.errors import EngineInternal
+from trio_direct.engine.errors import EngineError, EngineInternal
 from trio_direct.engine.transport import MessageStream
 from trio_direct.engine.types import GenerateChunk
 
@@ -50,6 +50,14 @@ class ChunkStream:
 
     async def wait_written(self) -> None:
         await self._stream.written.wait()
+
+    def fail(self, error: EngineError) -> bool:
+        """End the stream for its reader with `error`, after what already arrived (a hung engine)."""
+        return self._stream.fail(error)
+
+    def wake(self) -> bool:
+        """Interrupt a reader waiting for the next chunk with `StreamWakeup` (an SSE keep-alive)."""
+        return self._stream.wake()
 
     def next_nowait(self) -> GenerateChunk:
         """The next chunk if its message already arrived; raises trio.WouldBlock otherwise."""

@@ -35,6 +35,10 @@ class EngineDeadlineExceeded(EngineError):
     status = "DEADLINE_EXCEEDED"
 
 
+class EngineStalled(EngineDeadlineExceeded):
+    """The engine sent nothing for ``--stream-idle-timeout``, on this call or any other: hung."""
+
+
 class EngineResourceExhausted(EngineError):
     """The engine refused for capacity (queue full, rate limit)."""
 
@@ -84,3 +88,7 @@ _BY_STATUS: dict[str, type[EngineError]] = {
 def error_for_status(status: str, message: str, *, engine: str = "") -> EngineError:
     """Build the typed error for a gRPC status name."""
     return _BY_STATUS.get(status, EngineInternal)(message, engine=engine)
+
+
+class StreamWakeup(Exception):
+    """A reader woken with nothing new (to send an SSE keep-alive): read again. Not an `EngineError`."""

@@ -79,6 +79,10 @@ def generate_request(request: GenerateInput) -> pb.GenerateRequest:
         message.routed_dp_rank = request.routed_dp_rank
     if request.image_data:
         message.image_data.extend(request.image_data)
+    if request.priority is not None:
+        message.priority = request.priority
+    if request.trace_headers:
+        message.trace_headers.update(request.trace_headers)
     if request.bootstrap is not None:
         bootstrap = request.bootstrap
         message.disaggregated_params.bootstrap_host = bootstrap.host

@@ -67,6 +67,10 @@ class GenerateInput:
     #: Images as the client gave them (http(s) or ``data:`` URLs), in prompt order: the native
     #: API's ``GenerateRequest.image_data``. The prompt holds the model's placeholder for each.
     image_data: Sequence[str] = ()
+    #: The request's priority (SGLang's `priority`; the native API carries it, SMG's has no field).
+    priority: int | None = None
+    #: W3C trace context (`traceparent`, `tracestate`) for the engine's own tracing (native API only).
+    trace_headers: dict[str, str] | None = None
 
 
 @dataclass(slots=True)
@@ -132,6 +136,9 @@ class GenerateStream(Protocol):
 
     async def wait_written(self) -> None:
         """Return once the request is on the wire (or the call ended before it could be)."""
+
+    # Optional (`ChunkStream` has them): `fail(error) -> bool` ends the stream for its reader with
+    # `error` (a hung engine); `wake() -> bool` makes a waiting reader raise `StreamWakeup`.
 
 
 class EngineClient(Protocol):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import gc
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -23,10 +23,12 @@ from typing import Any
 
 import trio
 
+from trio_direct import tracing
 from trio_direct.config import ServeConfig
 from trio_direct.core.render import StreamCutter
+from trio_direct.core.watch import StreamWatch
 from trio_direct.engine.errors import EngineError
-from trio_direct.engine.transport import ChannelPool, open_asyncio_loop
+from trio_direct.engine.transport import ChannelPool, client_config, open_asyncio_loop
 from trio_direct.engine.types import EngineClient
 from trio_direct.fleet.card import EngineCard
 from trio_direct.fleet.fleet import Engine, Fleet, FleetError, FleetModel, FleetOverrides, Worker
@@ -34,12 +36,14 @@ from trio_direct.fleet.health import EngineHealth
 from trio_direct.frontend.gc_policy import run_gc_policy
 from trio_direct.frontend.loop_lag import monitor_loop_lag
 from trio_direct.kv_sync.feeds import KvFeeds
+from trio_direct.kv_sync.load_poll import poll_loads
 from trio_direct.mock import MOCK_MODEL_NAME  # the built-in mocks' model name (light: no mock engine loaded)
 from trio_direct.openai import errors
 from trio_direct.openai.requests import warm_up_request_decoding
 from trio_direct.parsers.selection import ParserSelection, select_parsers
 from trio_direct.routing.affinity import SessionAffinity
 from trio_direct.routing.block_hash import RoutingKey
+from trio_direct.routing.busy import UNLIMITED, BusyThreshold, EngineLoads
 from trio_direct.routing.kv_routing import LOAD_MODES, KvRouting
 from trio_direct.routing.policy import Candidates, Route, RoutingPolicy
 from trio_direct.surfaces.response_store import ResponseStore
@@ -98,6 +102,10 @@ class ModelPool:
     health: EngineHealth | None = None
     #: The model directory's `config.json` (`hidden_size`, Matryoshka dimensions of an embedding model).
     model_config: Mapping[str, Any] = field(default_factory=dict)
+    #: `--engine-busy-threshold`: polled and own load per worker, and which workers are busy.
+    busy: EngineLoads | None = None
+    #: The frontend's watch over open streams and engine calls (keep-alives, hung engines).
+    watch: StreamWatch | None = None
     _token_texts: dict[int, str] = field(default_factory=dict)
 
     @property
@@ -144,13 +152,15 @@ class ModelPool:
     def candidates(self) -> Candidates[Worker]:
         """The healthy workers of each role, as routing sees them."""
         workers = self.fleet.workers()
-        return Candidates(
-            aggregated=[w for w in workers if w.engine.card.role == "aggregated"],
-            prefill=self.fleet.prefill_workers(),
-            decode=[w for w in workers if w.engine.card.role == "decode"],
-            key=routing_key,
-            disaggregated=self.disaggregated,
-        )
+        aggregated: Sequence[Worker] = [w for w in workers if w.engine.card.role == "aggregated"]
+        prefill: Sequence[Worker] = self.fleet.prefill_workers()
+        decode: Sequence[Worker] = [w for w in workers if w.engine.card.role == "decode"]
+        busy = self.busy
+        if busy is not None:  # busy workers get nothing new while another is not busy
+            aggregated = busy.prefer_idle(aggregated, routing_key)
+            prefill = busy.prefer_idle(prefill, routing_key)
+            decode = busy.prefer_idle(decode, routing_key)
+        return Candidates(aggregated, prefill, decode, key=routing_key, disaggregated=self.disaggregated)
 
     def healthy(self) -> bool:
         return self.routing.can_route(self.candidates())
@@ -163,12 +173,48 @@ class ModelPool:
 
         `session_key`: the request's ``X-Session-ID`` header, else (with
         `--router-affinity-from-user`) its ``user`` field: see `session_key`."""
-        return self.routing.choose(self.candidates(), token_ids, request_id, session_key)
+        route = self.routing.choose(self.candidates(), token_ids, request_id, session_key)
+        if self.busy is not None and request_id is not None:
+            self.busy.routed(request_id, [routing_key(w) for w in (route.prefill, route.decode) if w is not None])
+        return route
 
     def session_key(self, header: str | None, user: object = None) -> str | None:
         """The session key of a request, from its ``X-Session-ID`` header value and its body's
         ``user`` field (used only with `--router-affinity-from-user`); ``None``: no affinity."""
         return session_key(header, user, from_user=self.config.router_affinity_from_user)
+
+    def headroom(self) -> int:
+        """How many more requests the engines take before every one that could serve is busy
+        (`--engine-busy-threshold`; without one, or with no engine up at all, no limit: dispatch
+        then answers for itself)."""
+        busy = self.busy
+        if busy is None:
+            return UNLIMITED
+        fleet = self.fleet
+        workers = fleet.workers()
+        aggregated = [w for w in workers if w.engine.card.role == "aggregated"]
+        decode = [w for w in workers if w.engine.card.role == "decode"]
+        prefill = fleet.prefill_workers()
+        if self.disaggregated and prefill and decode:
+            # A decode engine at its threshold is not paired: no prefill starts for it.
+            return min(busy.headroom(prefill, routing_key), busy.headroom(decode, routing_key))
+        if not aggregated:
+            return UNLIMITED
+        return busy.headroom(aggregated, routing_key)
+
+    def on_load_change(self, listener: Callable[[], None]) -> None:
+        """Call `listener` after every round of load polls (admission re-checks its waiters)."""
+        if self.busy is not None:
+            self.busy.listeners.append(listener)
+
+    def apply_load(self, engine: Engine, loads: list[dict]) -> None:
+        """An engine's `GetLoad` answer, per DP rank (`--engine-busy-threshold`)."""
+        if self.busy is None:
+            return
+        for load in loads:
+            rank = load.get("dp_rank")
+            key = RoutingKey(engine.id, rank if engine.card.dp_size > 1 else None)
+            self.busy.apply_poll(key, load)
 
     def explain_route(self, token_ids: Sequence[int] | None = None) -> dict:
         """What `GET/POST /debug/routing` shows: the mode, the workers, and in kv mode the index
@@ -220,14 +266,28 @@ class ModelPool:
         """What an engine going down means beyond routing: its KV index entries are stale."""
         if self.kv_feeds is not None:
             self.kv_feeds.engine_down(engine)
+        if self.busy is not None:
+            for rank in range(engine.card.dp_size) if engine.card.dp_size > 1 else (None,):
+                self.busy.forget(RoutingKey(engine.id, rank))
 
     def first_token(self, request_id: str) -> None:
         """The request's first output arrived: its prefill no longer loads its engine."""
         self.routing.first_token(request_id)
+        if self.busy is not None:
+            self.busy.first_token(request_id)
 
     def release(self, request_id: str) -> None:
         """The request ended (completion, abort or error): its load leaves its engines."""
         self.routing.release(request_id)
+        if self.busy is not None:
+            self.busy.released(request_id)
+
+
+def _busy_threshold(config: ServeConfig) -> BusyThreshold | None:
+    try:
+        return BusyThreshold.parse(config.engine_busy_threshold)
+    except ValueError as error:
+        raise FleetError(f"--engine-busy-threshold: {error}") from None
 
 
 def read_model_config(directory: Path) -> dict[str, Any]:
@@ -372,7 +432,8 @@ async def run_frontend(config: ServeConfig, *, task_status: trio.TaskStatus[Fron
         urls = config.engine_url + config.prefill_engine_url
         if not urls:
             urls = await start_mock_engines(config.mock_engines, config.mock_speedup, nursery)
-        channels = ChannelPool(connect_timeout=config.connect_timeout)
+        keepalive = client_config(config.engine_keepalive_interval, config.engine_keepalive_timeout)
+        channels = ChannelPool(connect_timeout=config.connect_timeout, config=keepalive)
         try:
             fleet = await Fleet.connect(
                 urls,
@@ -398,13 +459,28 @@ async def run_frontend(config: ServeConfig, *, task_status: trio.TaskStatus[Fron
                 config, fleet, routing, tokenizer, template, select_model_parsers(config, fleet.model), harmony
             )
             pool.model_config = await trio.to_thread.run_sync(read_model_config, Path(fleet.model.tokenizer_path))
+            watch = StreamWatch(keepalive=config.sse_keepalive, stall_timeout=config.stream_idle_timeout)
+            pool.watch = watch
+            nursery.start_soon(watch.run)
+            tracing.configure(config.otlp_traces_endpoint)
             await trio.to_thread.run_sync(_warm_up_request_path, pool)
             await _connect_for_generation(fleet.engines)
+            threshold = _busy_threshold(config)
+            # One GetLoad poll feeds both KV routing and the busy threshold when both want it.
+            kv_polls = config.load_poll_interval if threshold is None else 0.0
             # KV routing first: an engine that joins (through health checking) is indexed at once.
             if kv is not None:
-                pool.kv_feeds = KvFeeds(kv, fleet, load_poll_interval=config.load_poll_interval)
+                pool.kv_feeds = KvFeeds(kv, fleet, load_poll_interval=kv_polls)
                 await nursery.start(pool.kv_feeds.run)
                 log.info("%s routing: %s", config.router_mode, pool.kv_feeds.stats())
+            if threshold is not None:
+                pool.busy = busy = EngineLoads(threshold)
+                consumers = [pool.apply_load]
+                if kv is not None:
+                    consumers.append(lambda engine, loads: kv.apply_load(engine.id, engine.card, loads))
+                interval = config.load_poll_interval or 1.0
+                nursery.start_soon(poll_loads, fleet, interval, consumers, busy.polled)
+                log.info("engines count as busy at %s (GetLoad every %gs)", threshold.describe(), interval)
             if config.health_interval > 0:
                 pool.health = EngineHealth(
                     fleet,

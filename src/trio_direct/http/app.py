@@ -4,11 +4,17 @@ Every request passes the same rules, written once, in this order: the protocol g
 (`http/asgi_guard.py`: a declared Content-Length over ``--max-body-bytes`` is a 413 before any body
 is read, Content-Length with Transfer-Encoding a 400 and a closed connection, a WebSocket handshake a
 400), route lookup (404, 405), CORS preflight, API key, "server is starting" (503), admission
-against ``--max-concurrent-requests`` (429 with Retry-After, generation routes), the body read
-within ``--max-body-bytes`` (413 for a chunked body that grows past it), the client-disconnect
-watch, then the handler;
-whatever it raises as `OpenAIError` is written in the route's own error envelope, and anything else
-is logged and answered 500 in that envelope. Nothing answers a bare error page.
+against ``--max-concurrent-requests`` and ``--max-queued-requests`` (429 with Retry-After at once,
+generation routes; see `core.admission`), the body read within ``--max-body-bytes`` (413 for a
+chunked body that grows past it), the client-disconnect watch, then the handler; whatever it raises
+as `OpenAIError` is written in the route's own error envelope, and anything else is logged and
+answered 500 in that envelope. Nothing answers a bare error page.
+
+A generation request is named on arrival (`core.request_context`: the client's ``X-Request-Id`` or
+a generated id), which every log line about it carries and every response to it returns in
+``x-request-id``; with tracing on (`tracing`), its span starts here too, continuing the client's
+``traceparent``. A request that must wait for a slot waits after its body is read and planned
+(its ``priority`` is in the body), in `Exchange.respond`, before anything is sent to an engine.
 
 A client that disconnects is noticed by a task reading ASGI messages once the body is read, which
 cancels the request's scope; engine calls then end through `core.engine_call.open_engine_call`'s
@@ -28,12 +34,15 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from trio_direct import metrics
+from trio_direct import metrics, tracing
 from trio_direct.config import ServeConfig
+from trio_direct.core.admission import Admission
+from trio_direct.core.request_context import CURRENT, RequestContext
 from trio_direct.http.asgi_guard import ProtocolGuard
 from trio_direct.http.exchange import Exchange, Receive, Scope, Send
 from trio_direct.http.routes import ROUTES
 from trio_direct.http.routing_table import ErrorFormat, Route, RouteTable, openai_error_body
+from trio_direct.logs import REQUEST_ID
 from trio_direct.openai import errors
 from trio_direct.openai.errors import OpenAIError
 
@@ -63,7 +72,7 @@ def create_app(
     `start`, when given, runs the frontend for the lifespan of the app (the hypercorn CLI entry)."""
     api_key = config.api_key.encode() if config.api_key else None
     origins = _origins(config.cors_allow_origins)
-    limit = _Limit(config.max_concurrent_requests)
+    admission = Admission(config.max_concurrent_requests, config.max_queued_requests, config.queue_timeout)
     max_body = config.max_body_bytes
     metrics.watch_frontend(get_frontend)
 
@@ -102,23 +111,38 @@ def create_app(
         if route.endpoint is None:
             await _run(route, exchange, receive, max_body)
             return
-        if not limit.enter():
+        context = RequestContext.for_client_id(exchange.header(b"x-request-id"))
+        exchange.extra_headers.append((b"x-request-id", context.request_id.encode()))
+        context_token, id_token = CURRENT.set(context), REQUEST_ID.set(context.request_id)
+        try:
+            await serve_generation(route, exchange, receive, context)
+        finally:
+            CURRENT.reset(context_token)
+            REQUEST_ID.reset(id_token)
+
+    async def serve_generation(route: Route, exchange: Exchange, receive: Receive, context: RequestContext) -> None:
+        ticket = admission.arrive()
+        if ticket is None:
             error = errors.rate_limited(
-                f"The server is at its limit of {limit.limit} concurrent requests; retry later."
+                f"The server is at its limit of {admission.max_active} concurrent requests; retry later."
             )
             await exchange.json(error.status, route.error_body(error), headers=[(b"retry-after", b"1")])
             metrics.REQUESTS.labels(model="", endpoint=route.endpoint, stream="", status="429").inc()
             return
+        exchange.admission, exchange.ticket = admission, ticket
+        context.trace = tracing.start_request(exchange.scope, context.request_id) if tracing.ENABLED else None
         metrics.IN_FLIGHT.inc()
         try:
             await _run(route, exchange, receive, max_body)
         finally:
-            limit.leave()
+            admission.leave(ticket)
             metrics.IN_FLIGHT.dec()
             status = exchange.status if exchange.ended else 499  # 499: the client went away
             stream = "true" if exchange.stream else "false"
             metrics.REQUESTS.labels(model=exchange.model, endpoint=route.endpoint, stream=stream, status=str(status)).inc()
             metrics.DURATION.labels(exchange.model, route.endpoint).observe(time.perf_counter() - exchange.started)
+            if context.trace is not None:
+                context.trace.end(status, exchange.model)
 
     def error_body_for(scope: Scope) -> ErrorFormat:
         route = routes.match(scope["method"], scope["path"]).route
@@ -135,6 +159,9 @@ async def _run(route: Route, exchange: Exchange, receive: Receive, max_body: int
             if body is None:
                 return  # the client left before sending its request
             exchange.body = body
+            context = CURRENT.get()
+            if context is not None and context.trace is not None:
+                context.trace.body_read_at = time.time_ns()
             nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope)
             await route.handler(exchange)
             nursery.cancel_scope.cancel()
@@ -149,7 +176,9 @@ async def _answer_error(exchange: Exchange, route: Route, error: OpenAIError) ->
     # Not a local of `_run`: the error's traceback holds that frame, so a local there would keep the
     # request, its exchange and the error alive in a reference cycle until a full garbage collection.
     close = error.status == 413  # the rest of the body was never read: the connection cannot carry another request
-    await exchange.json(error.status, route.error_body(error), close=close)
+    # A full server, a queue timeout, engines at capacity or unavailable: worth retrying, soon.
+    headers = [(b"retry-after", b"1")] if error.status in (429, 503) else []
+    await exchange.json(error.status, route.error_body(error), headers=headers, close=close)
 
 
 async def _read_body(receive: Receive, limit: int) -> bytes | None:
@@ -184,25 +213,6 @@ def _authorized(exchange: Exchange, route: Route, expected: bytes) -> bool:
         if value is not None and hmac.compare_digest(value.strip(), expected):
             return True
     return False
-
-
-class _Limit:
-    """``--max-concurrent-requests`` (0: no limit)."""
-
-    __slots__ = ("limit", "active")
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.active = 0
-
-    def enter(self) -> bool:
-        if self.limit and self.active >= self.limit:
-            return False
-        self.active += 1
-        return True
-
-    def leave(self) -> None:
-        self.active -= 1
 
 
 # ---- CORS -----------------------------------------------------------------------------------------

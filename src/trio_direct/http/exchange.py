@@ -1,10 +1,11 @@
 """One HTTP request and its response, as a route handler sees them.
 
-The HTTP layer (`http.app`) has already matched the route, checked the API key, admitted the
-request, read its body within the size limit and started the disconnect watch; the handler reads
-`body` and `params`, and answers with `json`, or with `respond` for a planned generation (streamed
-or unary, by the plan). Errors are raised as `OpenAIError`: the HTTP layer writes them in the route's
-own envelope.
+The HTTP layer (`http.app`) has already matched the route, checked the API key, counted the
+request against admission, read its body within the size limit and started the disconnect watch;
+the handler reads `body` and `params`, and answers with `json`, or with `respond` for a planned
+generation (streamed or unary, by the plan), which first waits for the request's turn (`core.admission`:
+a slot, and an engine of its pool below the busy threshold). Errors are raised as `OpenAIError`: the
+HTTP layer writes them in the route's own envelope.
 """
 
 from __future__ import annotations
@@ -13,17 +14,20 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 import trio
 
 from trio_direct import metrics
+from trio_direct.core.admission import Admission, Ticket
 from trio_direct.core.plan import RequestPlan
 from trio_direct.core.render import Renderer, stream_response, unary_response
 from trio_direct.frontend.runtime import session_key
+from trio_direct.openai import errors
 
 if TYPE_CHECKING:
     from trio_direct.frontend.runtime import Frontend, ModelPool
 
-__all__ = ["Exchange", "Receive", "Scope", "Send"]
+__all__ = ["Exchange", "Receive", "Scope", "Send", "request_priority"]
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -34,13 +38,41 @@ _JSON = (b"content-type", b"application/json")
 #: Bound on the shielded last write of a response (a socket write and hypercorn's bookkeeping).
 LAST_SEND_TIMEOUT = 10.0
 
+_INT32 = 2**31
+
+
+class _Priority(msgspec.Struct):
+    priority: int | None = None
+
+
+_decode_priority = msgspec.json.Decoder(_Priority).decode
+
+
+def request_priority(body: bytes) -> int | None:
+    """A generation request's ``priority`` (SGLang's extension field; higher is served first).
+
+    Read here, for every surface alike, from a body its surface has already decoded and validated;
+    a body without the word costs a substring search, not a second parse.
+    """
+    if b'"priority"' not in body:
+        return None
+    try:
+        priority = _decode_priority(body).priority
+    except msgspec.ValidationError:
+        raise errors.invalid_request("'priority' must be an integer.", param="priority") from None
+    except msgspec.DecodeError:
+        return None  # not JSON at all: the surface's own decoder said so already
+    if priority is not None and not -_INT32 <= priority < _INT32:
+        raise errors.invalid_request("'priority' must fit in 32 bits.", param="priority")
+    return priority
+
 
 class Exchange:
     """The request a handler serves and the response it writes (the `core.render.ResponseWriter`)."""
 
     __slots__ = (
         "scope", "_send", "body", "params", "started", "_frontend", "status", "headers_sent", "ended",
-        "extra_headers", "model", "stream",
+        "extra_headers", "model", "stream", "admission", "ticket",
     )  # fmt: skip
 
     def __init__(
@@ -67,6 +99,9 @@ class Exchange:
         #: Metrics labels, known once the body is read.
         self.model = ""
         self.stream = False
+        #: A generation request's place in admission (set by the HTTP layer for counted routes).
+        self.admission: Admission | None = None
+        self.ticket: Ticket | None = None
 
     @property
     def frontend(self) -> Frontend:
@@ -128,7 +163,36 @@ class Exchange:
         await self.end(payload)
 
     async def respond(self, pool: ModelPool, plan: RequestPlan, renderer: Renderer) -> None:
-        """Serve a planned generation: SSE events as they come, or one body at the end."""
+        """Serve a planned generation once admitted: SSE events as they come, or one body at the end."""
+        priority = request_priority(self.body)
+        if priority is not None:
+            plan.priority = priority
+            for choice in plan.choices:
+                choice.request.priority = priority
+        trace = plan.trace
+        if trace is not None:
+            trace.planned()
+        await self.admit(pool, priority, trace)
+        if trace is None:
+            await self._respond(pool, plan, renderer)
+        else:
+            with trace.child("response", stream=plan.stream):
+                await self._respond(pool, plan, renderer)
+
+    async def admit(self, pool: ModelPool, priority: int | None = None, trace: Any = None) -> None:
+        """Wait for this request's turn (`core.admission`): a slot, and an engine of `pool` below
+        the busy threshold. `respond` does it; a generation handler that does not answer through
+        `respond` must call it before it sends anything to an engine. Raises `OpenAIError` 429/503."""
+        ticket, admission = self.ticket, self.admission
+        if ticket is None or admission is None:
+            return
+        if trace is None:
+            await admission.admit(ticket, priority, pool)
+            return
+        with trace.child("queue", priority=priority or 0):
+            await admission.admit(ticket, priority, pool)
+
+    async def _respond(self, pool: ModelPool, plan: RequestPlan, renderer: Renderer) -> None:
         cutter = self.frontend.cutter
         if plan.stream:
             await stream_response(pool, plan, renderer, self, started=self.started, cutter=cutter)

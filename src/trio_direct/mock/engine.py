@@ -165,6 +165,9 @@ class Accounting:
     first_output_at: dict[str, float] = field(default_factory=dict)
     #: rid -> how it ended: "finished", "aborted", "cancelled" or "failed" (most recent ones).
     outcomes: dict[str, str] = field(default_factory=dict)
+    #: rid -> what the request carried besides its tokens (native API: priority, trace headers),
+    #: and its prompt length (most recent ones).
+    requests: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -178,6 +181,7 @@ class Accounting:
             "abort_rpcs": [[rid, at] for rid, at in self.abort_rpcs],
             "first_output_at": dict(self.first_output_at),
             "outcomes": dict(self.outcomes),
+            "requests": dict(self.requests),
         }
 
 
@@ -556,7 +560,12 @@ def _for_rank(config: SchedulerConfig, rank: int) -> SchedulerConfig:
     return dataclasses.replace(config, dp_rank=rank)
 
 
-def _record(records: dict[str, float], rid: str, at: float) -> None:
+def record_request(accounting: Accounting, rid: str, details: dict[str, Any]) -> None:
+    """Keep what a request carried (bounded, like the other per-request records)."""
+    _record(accounting.requests, rid, details)
+
+
+def _record(records: dict[str, Any], rid: str, at: Any) -> None:
     records[rid] = at
     if len(records) > _RECORD_LIMIT:
         del records[next(iter(records))]

@@ -18,7 +18,7 @@ from typing import Any
 
 from trio_direct._proto.native import sglang_pb2 as pb
 from trio_direct.engine.transport.server import RpcMethod, ServerCall
-from trio_direct.mock.engine import Bootstrap, EngineInfo, MockEngine
+from trio_direct.mock.engine import Bootstrap, EngineInfo, MockEngine, record_request
 from trio_direct.mock.logprobs import TokenRow, token_rows
 from trio_direct.mock.pooling import EmbedSink, image_prompt_tokens
 from trio_direct.mock.scheduler import Finish, MockRequest, RequestOutput
@@ -128,6 +128,12 @@ class NativeService:
         except _Internal as exc:
             call.fail("INTERNAL", str(exc))
             return
+        for request in requests:
+            record_request(self.engine.accounting, request.rid, {
+                "priority": req.priority if req.HasField("priority") else None,
+                "trace_headers": dict(req.trace_headers),
+                "prompt_tokens": len(req.input_ids),
+            })  # fmt: skip
         bootstrap = None
         if req.HasField("disaggregated_params"):
             params = req.disaggregated_params

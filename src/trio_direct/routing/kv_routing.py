@@ -158,7 +158,7 @@ class KvRouting:
         self.block_size = routing_block_size(cards, config.kv_cache_block_size)
         self.use_events = config.router_kv_events and self.mode == "kv"
         self.index = KvIndex(self.block_size) if self.use_events else None
-        self.busy_threshold = config.engine_busy_threshold
+        self.busy_threshold = config.router_session_busy_fraction
         self.cost = cost_settings(config)
         router_config = KvRouterConfig(
             overlap_score_credit=self.cost.overlap_score_credit,

@@ -46,6 +46,7 @@ async def handle(exchange: Exchange) -> None:
     listed = is_listed(request)
     plan = plan_embeddings(pool, prompts, listed=listed, session_key=exchange.session_key(request.user))
     dimensions = output_dimensions(pool.model_config, request.dimensions, pool.name)
+    await exchange.admit(pool)  # the admission queue, as every generation waits in it
     with exchange.frontend.cutter.guard() as guard:
         outputs = await run_embeddings(pool, plan)
     if guard.cancelled_caught:

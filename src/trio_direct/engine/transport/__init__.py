@@ -16,7 +16,7 @@ reaches the wire).
 Every grpclib and connection failure leaves this package as a typed `EngineError`.
 """
 
-from trio_direct.engine.transport.client import ChannelPool, EngineChannel, MessageStream
+from trio_direct.engine.transport.client import ChannelPool, EngineChannel, MessageStream, client_config
 from trio_direct.engine.transport.loop import open_asyncio_loop
 
-__all__ = ["ChannelPool", "EngineChannel", "MessageStream", "open_asyncio_loop"]
+__all__ = ["ChannelPool", "EngineChannel", "MessageStream", "client_config", "open_asyncio_loop"]

@@ -29,11 +29,12 @@ from trio_direct.engine.errors import (
     EngineDeadlineExceeded,
     EngineError,
     EngineUnavailable,
+    StreamWakeup,
     error_for_status,
 )
 from trio_direct.engine.transport.loop import aio, current_loop, settled
 
-__all__ = ["HTTP2_CONFIG", "ChannelPool", "EngineChannel", "MessageStream"]
+__all__ = ["HTTP2_CONFIG", "ChannelPool", "EngineChannel", "MessageStream", "client_config"]
 
 #: Larger HTTP/2 windows than grpclib's defaults: prompts of many thousand token ids and fast token
 #: streams should never wait on flow-control updates.
@@ -41,6 +42,40 @@ HTTP2_CONFIG = Configuration(
     http2_connection_window_size=16 * 1024 * 1024,
     http2_stream_window_size=4 * 1024 * 1024,
 )
+
+#: HTTP/2 keepalive pings to engines: defaults that never trip a stock grpcio server's ping policy.
+#: grpcio answers a ping that comes sooner than ``grpc.http2.min_ping_interval_without_data_ms``
+#: (5 minutes) after the previous one, while it sent no data itself, with a strike, and the third
+#: strike with GOAWAY ``too_many_pings``, which ends every stream on the connection. A connection
+#: whose streams all wait in the engine's queue, or on a long prefill, sends no data for minutes:
+#: pinging it every few seconds is what made smg's gateway kill long generations.
+DEFAULT_KEEPALIVE_INTERVAL = 360.0
+DEFAULT_KEEPALIVE_TIMEOUT = 20.0
+
+
+def client_config(
+    keepalive_interval: float = DEFAULT_KEEPALIVE_INTERVAL, keepalive_timeout: float = DEFAULT_KEEPALIVE_TIMEOUT
+) -> Configuration:
+    """The HTTP/2 settings of connections to engines: `HTTP2_CONFIG`'s windows, and a ping every
+    `keepalive_interval` seconds while calls are open (0: none); one unanswered for
+    `keepalive_timeout` seconds closes the connection, failing its calls as unavailable.
+
+    grpclib spaces pings by ``_http2_min_sent_ping_interval_without_data`` too, and by default stops
+    after two pings without a request sent: both follow the interval here, so that a dead engine is
+    still noticed on a connection that only receives (a long generation sends nothing upstream).
+    """
+    if keepalive_interval <= 0:
+        return HTTP2_CONFIG
+    return Configuration(
+        _keepalive_time=keepalive_interval,
+        _keepalive_timeout=keepalive_timeout,
+        _keepalive_permit_without_calls=False,
+        _http2_max_pings_without_data=0,
+        _http2_min_sent_ping_interval_without_data=keepalive_interval,
+        http2_connection_window_size=HTTP2_CONFIG.http2_connection_window_size,
+        http2_stream_window_size=HTTP2_CONFIG.http2_stream_window_size,
+    )
+
 
 #: The stream limit assumed for a peer whose SETTINGS never came; h2 and grpclib servers advertise 100.
 _DEFAULT_STREAM_LIMIT = 100
@@ -56,11 +91,11 @@ _MAX_STREAM_CONNECTIONS = 32
 
 
 class _Failure:
-    """A terminal error travelling through a stream's channel, raised at the reader."""
+    """A terminal error travelling through a stream's channel, raised at the reader (None: a wake-up)."""
 
     __slots__ = ("error",)
 
-    def __init__(self, error: EngineError) -> None:
+    def __init__(self, error: EngineError | None) -> None:
         self.error = error
 
 
@@ -75,10 +110,15 @@ class MessageStream:
     instead of guessing how many scheduling rounds the asyncio side needs.
     """
 
-    __slots__ = ("_receive", "written")
+    __slots__ = ("_receive", "_send", "written")
 
-    def __init__(self, receive: trio.MemoryReceiveChannel, written: trio.Event) -> None:
+    def __init__(
+        self, receive: trio.MemoryReceiveChannel, written: trio.Event, send: trio.MemorySendChannel | None = None
+    ) -> None:
         self._receive = receive
+        #: The call's own sending end (closed by the call when it ends): how `fail` and `wake` reach
+        #: a reader waiting for the next message, at no cost to the messages themselves.
+        self._send = send
         self.written = written
 
     def __aiter__(self) -> MessageStream:
@@ -90,6 +130,8 @@ class MessageStream:
         except trio.EndOfChannel:
             raise StopAsyncIteration from None
         if type(item) is _Failure:
+            if item.error is None:
+                raise StreamWakeup
             raise item.error
         return item
 
@@ -97,8 +139,29 @@ class MessageStream:
         """Next already-arrived message, for coalescing; raises trio.WouldBlock when none."""
         item = self._receive.receive_nowait()
         if type(item) is _Failure:
+            if item.error is None:
+                raise trio.WouldBlock  # a wake-up is moot while messages are being read
             raise item.error
         return item
+
+    def fail(self, error: EngineError) -> bool:
+        """End the stream with `error` for its reader, after what already arrived (a hung engine);
+        False when the call already ended."""
+        return self._inject(_Failure(error))
+
+    def wake(self) -> bool:
+        """Have a reader waiting for the next message raise `StreamWakeup` (it reads on after);
+        False when the call already ended."""
+        return self._inject(_Failure(None))
+
+    def _inject(self, item: _Failure) -> bool:
+        if self._send is None:
+            return False
+        try:
+            self._send.send_nowait(item)
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            return False
+        return True
 
 
 class _ClientProtocol(H2Protocol):
@@ -180,8 +243,8 @@ class _Connection(Channel):
     Created on the asyncio side (grpclib binds the running loop); reconnects on use after a loss.
     """
 
-    def __init__(self, host: str, port: int) -> None:
-        super().__init__(host, port, config=HTTP2_CONFIG)
+    def __init__(self, host: str, port: int, config: Configuration = HTTP2_CONFIG) -> None:
+        super().__init__(host, port, config=config)
         self.open_streams = 0
         #: The peer's SETTINGS_MAX_CONCURRENT_STREAMS; None until its first SETTINGS frame (or a wait
         #: for it) settled it. Kept across reconnects: the same engine most likely answers again.
@@ -242,10 +305,14 @@ class EngineChannel:
     Must be used inside `open_asyncio_loop()`. `close()` it before that loop ends.
     """
 
-    def __init__(self, host: str, port: int, *, connect_timeout: float = 5.0) -> None:
+    def __init__(
+        self, host: str, port: int, *, connect_timeout: float = 5.0, config: Configuration | None = None
+    ) -> None:
         self.host = host
         self.port = port
         self.connect_timeout = connect_timeout
+        #: HTTP/2 settings of every connection (`client_config`: windows and keepalive pings).
+        self.config = config if config is not None else client_config()
         self.name = f"{host}:{port}"
         self._control: _Connection | None = None
         self._streaming: list[_Connection] = []
@@ -278,7 +345,7 @@ class EngineChannel:
         # leaves and fewer objects for the garbage collector to walk per open stream.
         call = current_loop().create_task(self._stream_aio(path, request, response_type, timeout, send, written))
         try:
-            yield MessageStream(receive, written)
+            yield MessageStream(receive, written, send)
         finally:
             if not call.done():
                 call.cancel()  # grpclib's stream exit, inside asyncio, resets the HTTP/2 stream
@@ -362,7 +429,7 @@ class EngineChannel:
                     best.open_streams += 1
                     return best
                 if len(self._streaming) < _MAX_STREAM_CONNECTIONS:
-                    self._streaming.append(_Connection(self.host, self.port))
+                    self._streaming.append(_Connection(self.host, self.port, self.config))
                     continue
                 # A peer advertising 0 (or tiny) limits must not make us open connections forever:
                 # past the cap, grpclib queues the stream on the least loaded connection.
@@ -381,7 +448,7 @@ class EngineChannel:
 
     async def _unary_aio(self, path, request, response_type, timeout):
         if self._control is None:
-            self._control = _Connection(self.host, self.port)
+            self._control = _Connection(self.host, self.port, self.config)
         channel = await self._connected(self._control)
         try:
             async with channel.request(
@@ -454,15 +521,18 @@ class EngineChannel:
 class ChannelPool:
     """Engine channels by address: created lazily, shared by every caller, closed together."""
 
-    def __init__(self, *, connect_timeout: float = 5.0) -> None:
+    def __init__(self, *, connect_timeout: float = 5.0, config: Configuration | None = None) -> None:
         self.connect_timeout = connect_timeout
+        self.config = config if config is not None else client_config()
         self._channels: dict[tuple[str, int], EngineChannel] = {}
 
     def get(self, host: str, port: int) -> EngineChannel:
         key = (host, port)
         channel = self._channels.get(key)
         if channel is None:
-            channel = self._channels[key] = EngineChannel(host, port, connect_timeout=self.connect_timeout)
+            channel = self._channels[key] = EngineChannel(
+                host, port, connect_timeout=self.connect_timeout, config=self.config
+            )
         return channel
 
     def close(self) -> None:

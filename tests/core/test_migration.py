@@ -1,0 +1,167 @@
+"""A stream whose engine fails mid-way continues on another engine, and the client reads one stream.
+
+Scripted in-process engines stand in for the transport (see test_render.py): what is asserted is
+what the client reads, what each engine is asked, and which engine calls get their Abort.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from types import SimpleNamespace
+
+from core.test_render import Digits, ScriptedEngine, Writer, events
+
+from trio_direct.config import ServeConfig
+from trio_direct.core.migration import continuation_request, migration_refusal
+from trio_direct.core.output import ChoiceOutput
+from trio_direct.core.plan import ChoicePlan, Prompt, RequestPlan
+from trio_direct.core.render import StreamCutter, stream_response, unary_response
+from trio_direct.engine.errors import (
+    EngineCancelled,
+    EngineInternal,
+    EngineInvalidArgument,
+    EngineResourceExhausted,
+    EngineStalled,
+    EngineUnavailable,
+)  # fmt: skip
+from trio_direct.engine.types import GenerateChunk, GenerateInput, SamplingOptions
+from trio_direct.fleet.fleet import Engine, Fleet
+from trio_direct.frontend.runtime import ModelPool
+from trio_direct.routing.policy import RoutingPolicy
+from trio_direct.surfaces.completions import CompletionRenderer
+from trio_direct.text.stop_strings import StopStringMatcher
+
+RID = "a" * 32 + "0000"
+
+
+class RecordingEngine(ScriptedEngine):
+    """A scripted engine that also records every request it is sent."""
+
+    def __init__(self, script: list, name: str) -> None:
+        super().__init__(script, name=name)
+        self.requests: list[GenerateInput] = []
+
+    def generate(self, request: GenerateInput):
+        self.requests.append(request)
+        return super().generate(request)
+
+
+def fleet_of(*scripts: list, migrations: int = 1, sampling: SamplingOptions | None = None, stops=None):
+    clients = [RecordingEngine(script, f"engine{i}") for i, script in enumerate(scripts)]
+    engines = [
+        Engine(f"e{i}", SimpleNamespace(role="aggregated", dp_size=1, url=f"grpc://e{i}:1"), client, healthy=True)
+        for i, client in enumerate(clients)
+    ]
+    pool = ModelPool(
+        ServeConfig(migration_limit=migrations),
+        Fleet(engines, model=SimpleNamespace(served_model_name="m", context_length=None)),
+        RoutingPolicy(),  # round-robin: the first request goes to e0, the next route to e1
+        tokenizer=None, chat_template_override=None,
+    )  # fmt: skip
+    request = GenerateInput(rid=RID, input_ids=[1, 2], sampling=sampling or SamplingOptions(max_new_tokens=4))
+    output = ChoiceOutput(0, Digits(), stops)
+    plan = RequestPlan(
+        id="cmpl-x", key="a" * 32, created=0, model="m", prompts=[Prompt([1, 2], "go")],
+        choices=[ChoicePlan(request, output)], stream=True, include_usage=True,
+    )  # fmt: skip
+    return pool, plan, clients
+
+
+async def read(pool, plan) -> tuple[list, list]:
+    writer = Writer()
+    await stream_response(pool, plan, CompletionRenderer(plan, str), writer, started=0.0, cutter=StreamCutter())
+    body = events(writer.writes)
+    return [e for e in body if isinstance(e, dict) and e.get("choices")], body
+
+
+def text_of(chunks: list) -> str:
+    return "".join(e["choices"][0]["text"] for e in chunks)
+
+
+def finishes(chunks: list) -> list:
+    return [e["choices"][0]["finish_reason"] for e in chunks if e["choices"][0]["finish_reason"]]
+
+
+async def test_a_stream_broken_mid_way_continues_on_another_engine_as_one_stream():
+    first = [GenerateChunk([3]), GenerateChunk([4]), EngineUnavailable("connection lost")]
+    rest = [GenerateChunk([5]), GenerateChunk([6], finish_reason="length", prompt_tokens=4, completion_tokens=2)]
+    pool, plan, (broken, healthy) = fleet_of(first, rest)
+    chunks, body = await read(pool, plan)
+    assert text_of(chunks) == "3456" and finishes(chunks) == ["length"]
+    usage = next(e for e in body if isinstance(e, dict) and e.get("usage"))["usage"]
+    assert usage["completion_tokens"] == 4 and usage["prompt_tokens"] == 2  # as the client sees it
+    assert body[-1] == "[DONE]" and not any("error" in e for e in body if isinstance(e, dict))
+    (continuation,) = healthy.requests
+    assert list(continuation.input_ids) == [1, 2, 3, 4]  # the prompt and what was generated
+    assert continuation.sampling.max_new_tokens == 2  # the budget less what was sent
+    assert continuation.rid != RID and len(continuation.rid) == len(RID)
+    assert broken.aborted == [RID] and healthy.aborted == []  # the failed call got its Abort
+    assert broken.open_calls == healthy.open_calls == 0
+
+
+async def test_a_unary_answer_is_whole_after_its_engine_failed():
+    first = [GenerateChunk([3]), EngineStalled("no output")]
+    rest = [GenerateChunk([4, 5, 6], finish_reason="length")]
+    pool, plan, _ = fleet_of(first, rest)
+    plan.stream = False
+    body = await unary_response(pool, plan, CompletionRenderer(plan, str), cutter=StreamCutter())
+    assert b'"text":"3456"' in body and b'"completion_tokens":4' in body
+
+
+async def test_stop_strings_carry_over_the_move():
+    """A stop string begun on the failed engine is recognised when the continuation completes it."""
+    first = [GenerateChunk([3]), GenerateChunk([4]), EngineUnavailable("connection lost")]
+    rest = [GenerateChunk([5]), GenerateChunk([6]), GenerateChunk([7], finish_reason="length")]
+    sampling = SamplingOptions(max_new_tokens=8)
+    pool, plan, (_, healthy) = fleet_of(first, rest, sampling=sampling, stops=StopStringMatcher(("45",), False))
+    chunks, _ = await read(pool, plan)
+    assert text_of(chunks) == "3" and finishes(chunks) == ["stop"]
+    assert healthy.aborted == [healthy.requests[0].rid]  # stopped by the frontend: the engine is told
+
+
+async def test_no_migration_past_the_limit_or_when_disabled():
+    first = [GenerateChunk([3]), EngineUnavailable("connection lost")]
+    pool, plan, (_, healthy) = fleet_of(first, [GenerateChunk([4], finish_reason="length")], migrations=0)
+    chunks, body = await read(pool, plan)
+    assert text_of(chunks) == "3" and "error" in body[-2] and healthy.requests == []
+
+
+async def test_guided_decoding_and_request_faults_are_not_migrated():
+    guided = SamplingOptions(max_new_tokens=4, json_schema="{}")
+    pool, plan, (_, healthy) = fleet_of([GenerateChunk([3]), EngineUnavailable("lost")], [], sampling=guided)
+    _, body = await read(pool, plan)
+    assert "error" in body[-2] and healthy.requests == []
+    pool, plan, (_, healthy) = fleet_of([GenerateChunk([3]), EngineInvalidArgument("bad")], [])
+    _, body = await read(pool, plan)
+    assert "error" in body[-2] and healthy.requests == []
+
+
+async def test_an_engine_failing_after_the_last_token_ends_the_stream_at_its_length():
+    pool, plan, (_, healthy) = fleet_of([GenerateChunk([3, 4]), EngineUnavailable("lost")], [])
+    plan.choices[0].request.sampling = SamplingOptions(max_new_tokens=2)
+    chunks, _ = await read(pool, plan)
+    assert text_of(chunks) == "34" and finishes(chunks) == ["length"] and healthy.requests == []
+
+
+def test_which_failures_move_a_stream():
+    request = GenerateInput(rid=RID, input_ids=[1])
+    for error in (EngineUnavailable(), EngineStalled(), EngineInternal()):
+        assert migration_refusal(request, error) is None, error
+    for error in (EngineInvalidArgument(), EngineResourceExhausted(), EngineCancelled()):
+        assert migration_refusal(request, error) is not None, error
+    for field in ("json_schema", "regex", "ebnf", "structural_tag"):
+        guided = replace(request, sampling=SamplingOptions(**{field: "x"}))
+        assert "guided" in migration_refusal(guided, EngineUnavailable())
+
+
+def test_the_continuation_request():
+    sampling = SamplingOptions(temperature=0.3, max_new_tokens=10, min_new_tokens=5, seed=7, stop=("x",))
+    request = GenerateInput(rid=RID, input_ids=[1, 2], sampling=sampling, routed_dp_rank=1, priority=3)
+    continuation = continuation_request(request, [1, 2], [7, 8, 9], "b" * 36)
+    assert list(continuation.input_ids) == [1, 2, 7, 8, 9] and continuation.rid == "b" * 36
+    assert (continuation.sampling.max_new_tokens, continuation.sampling.min_new_tokens) == (7, 2)
+    assert continuation.sampling.temperature == 0.3 and continuation.sampling.seed == 7
+    assert continuation.priority == 3 and continuation.routed_dp_rank is None  # routing decides again
+    unbounded = replace(request, sampling=SamplingOptions())
+    assert continuation_request(unbounded, [1], [2] * 50, "c" * 36).sampling.max_new_tokens is None
+    assert continuation_request(request, [1, 2], list(range(10)), "d" * 36) is None  # nothing left to generate
