@@ -7,7 +7,7 @@ usage (prompt, completion and cached tokens).
 
 The HTTP client is h11 on plain trio sockets rather than a general-purpose client: trio sets
 `TCP_NODELAY` on every connection it opens, which keeps the ~40 ms Nagle/delayed-ACK floor that
-keep-alive SSE clients hit against some servers (peers.md §6.3) out of the numbers, and
+keep-alive SSE clients hit against some servers out of the numbers, and
 `check_client_latency` measures that the reused connections are no slower than fresh ones.
 
 `open_embedded_fleet` starts mock engines and an in-process frontend, so one command can benchmark
@@ -622,8 +622,8 @@ async def check_client_latency(
 ) -> dict[str, Any]:
     """TTFT of tiny requests over one reused keep-alive connection vs a fresh connection each.
 
-    A reused connection that is much slower than fresh ones is the Nagle/delayed-ACK floor of
-    peers.md §6.3, which would inflate every number of the run; `floor_suspected` flags it. The two
+    A reused connection that is much slower than fresh ones is the Nagle/delayed-ACK floor (a
+    client without TCP_NODELAY on a keep-alive connection), which would inflate every number of the run; `floor_suspected` flags it. The two
     kinds alternate, after two warm-up requests each, so a fleet still warming up skews neither.
     """
     if samples < 1:

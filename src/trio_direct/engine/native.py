@@ -1,6 +1,7 @@
 """Adapter for SGLang's native gRPC API (`sglang.runtime.v1.SglangService`, `--grpc-port`).
 
-Facts from ../shared/reference/sglang-native-grpc.md: every `meta_info` value is a JSON document
+What sglang 0.5.23's gRPC servicer (``python/sglang/srt/entrypoints/grpc_bridge.py``) sends: every
+`meta_info` value is a JSON document
 (Python ``json.dumps``, so ``NaN``/``Infinity`` may appear: decode leniently with ``json.loads``);
 `output_ids` are cumulative unless the engine runs with ``--incremental-streaming-output``;
 `finished` is true only on the last message.
@@ -154,7 +155,7 @@ class _ChunkDecoder:
         if message.finished:
             self.finished = True
             if chunk.finish_reason is None:
-                # The engine's generator ended without a finish chunk (reference §6.1).
+                # The engine's generator ended without a finish chunk (its stream just closed).
                 chunk.finish_reason = "stop"
         return chunk
 

@@ -1,6 +1,7 @@
 """Adapter for SGLang's SMG API (`sglang.grpc.scheduler.SglangScheduler`, `--smg-grpc-mode`).
 
-Facts from ../shared/reference/sglang-smg-grpc.md: token ids in, chunk `token_ids` always deltas;
+What SGLang's SMG servicers (``smg-grpc-servicer`` on PyPI, and the older in-tree ones) send: token
+ids in, chunk `token_ids` always deltas;
 smg-grpc-servicer sends a final chunk and then a `complete` that repeats the last delta (so the
 `complete`'s ids must not be counted again), while older in-tree servicers send the last delta only in
 `complete`; servicers up to smg-grpc-proto 0.4.5 report errors in-band in field 4 (`GenerateError`),

@@ -1,6 +1,7 @@
 """SGLang's ZMQ KV-event publisher, one per DP rank, for the mock engine.
 
-Speaks exactly what a stock SGLang engine puts on the wire (``kv-events.md`` §1-§5) so the
+Speaks exactly what a stock SGLang engine puts on the wire (sglang's
+``python/sglang/srt/disaggregation/kv_events.py``, ``ZmqEventPublisher``) so the
 frontend's subscriber, gap detection and replay can be tested against it: a PUB socket
 sending ``[topic, seq (8-byte big-endian), msgpack batch]`` and an optional ROUTER
 answering replay requests from a ring of the last ``buffer_steps`` batches. ``format``

@@ -1,7 +1,8 @@
 """KV cache events as the mock engine's radix cache emits them, and SGLang's block hashes.
 
 In-memory shapes only: the wire encoding (msgpack maps or tagged arrays) belongs to the
-publisher. Hashes follow SGLang 0.5.9+ (``kv-events.md`` §6) so that a router indexing the
+publisher. Hashes follow SGLang 0.5.9+ (each page hashed with its parent's hash, as
+``python/sglang/srt/mem_cache/radix_cache.py`` does) so that a router indexing the
 mock's events sees the same ids a stock engine would publish for the same tokens.
 """
 

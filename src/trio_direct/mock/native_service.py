@@ -1,6 +1,7 @@
 """`sglang.runtime.v1.SglangService` -- the native gRPC API -- on top of the mock engine.
 
-Faithful to what the shipped sglang 0.5.23 server puts on the wire (``sglang-native-grpc.md``):
+Faithful to what the shipped sglang 0.5.23 server puts on the wire (its gRPC bridge,
+``python/sglang/srt/entrypoints/grpc_bridge.py``):
 `meta_info` values are Python ``json.dumps`` documents, streams are cumulative unless the engine
 runs with ``--incremental-streaming-output``, ``finished`` is true only on a call's last message,
 an `Abort` ends a live stream with ``CANCELLED "Request aborted: <rid>"`` and a client cancel

@@ -92,7 +92,8 @@ class MockRequest:
 class Finish:
     """Why a request ended, in the shape of SGLang's ``finish_reason``.
 
-    See ``sglang-native-grpc.md`` §6.3; ``abort`` (with ``message``/``status_code``) is for
+    SGLang reports ``{"type": "stop", "matched": ...}``, ``{"type": "length", "length": n}``
+    or ``{"type": "abort", "message": ...}``; ``abort`` (with ``message``/``status_code``) is for
     engine-side aborts a shell decides on; the scheduler itself only ends with stop or length.
     """
 

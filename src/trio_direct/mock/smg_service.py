@@ -1,6 +1,7 @@
 """`sglang.grpc.scheduler.SglangScheduler` -- the SMG API -- on top of the mock engine.
 
-Faithful to smg-grpc-servicer 0.14.1 serving sglang 0.5.2x (``sglang-smg-grpc.md`` §7), so the
+Faithful to smg-grpc-servicer 0.14.1 serving sglang 0.5.2x (the ``smg-grpc-servicer`` package on
+PyPI), so the
 peer gateways (smg, sglang-router) can run against the mock: token ids in, delta chunks out with a
 final chunk and then a ``complete`` repeating the last delta, errors as gRPC statuses, prefix
 `Abort` that leaves a running stream silent, health probes that run a real one-token generation,

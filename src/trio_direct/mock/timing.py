@@ -1,6 +1,6 @@
 """How long the mock engine pretends a forward pass takes.
 
-Dynamo's mocker polynomial defaults (``peers.md`` §5.7), so latency curves from the mock have
+Dynamo's mocker polynomial defaults (``dynamo.mocker`` in ai-dynamo 1.6), so latency curves from the mock have
 the shape of a real engine's: prefill grows with the uncached tokens of the batch, a decode
 step with how full the KV cache is. Everything is divided by ``speedup``; ``inf`` makes the
 engine as fast as its scheduler code.

@@ -2,7 +2,7 @@
 
 Tests, the mock engine and the peer gateways (smg, sglang-router, Dynamo) all need a tokenizer
 directory. Training one at first use avoids a download and any licence question, and it is
-small enough (vocab ≤ 1024) that tests read like the real thing. See `peers.md` §2.1.
+small enough (vocab ≤ 1024) that tests read like the real thing.
 
 Generation is deterministic: the corpus is a fixed word list drawn with a seeded RNG, and BPE
 training on the same corpus yields byte-identical `tokenizer.json`, so the directory can be
@@ -27,7 +27,8 @@ EOS_TOKEN_ID = 2  # <|im_end|>
 VOCAB_SIZE = 1024  # the trainer's target; the trained vocab may stop short of it
 MODEL_MAX_LENGTH = 32768
 
-# Verbatim from peers.md §2.1; renders identically in transformers, sglang-router and smg.
+# Qwen2's ChatML template, trimmed to what the tests use; renders identically in transformers,
+# sglang-router and smg.
 CHAT_TEMPLATE = (
     r"{%- for message in messages %}{{- '<|im_start|>' + message['role'] + '\n' }}"
     r"{%- if message['content'] is string %}{{- message['content'] }}{%- else %}"

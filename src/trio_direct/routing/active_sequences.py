@@ -1,8 +1,9 @@
 """Router-side load per worker: what this router has sent each worker and not yet seen finish.
 
 The KV router's cost needs load that is fresh at dispatch time; engine load polls lag by seconds,
-and a burst routed in between would all land on the worker that looked idle (user-asks.md §3).
-So, as Dynamo's ``ActiveSequences`` (kv-events.md §10.4), every routed request is counted from
+and a burst routed in between would all land on the worker that looked idle (a load-imbalance bug
+users report in peer routers). So, as Dynamo's ``ActiveSequences`` (Dynamo's KV router in
+ai-dynamo 1.6), every routed request is counted from
 the moment it is routed:
 
 * **pending prefill**: its uncached prompt tokens (``prompt_tokens - overlap_blocks * block_size``)

@@ -1,6 +1,6 @@
 """Which worker probably caches a prompt, learned from the router's own decisions (no KV events).
 
-For engines that publish no KV events (``--no-router-kv-events``, kv-events.md §10.5): every
+For engines that publish no KV events (``--no-router-kv-events``, Dynamo's approximate mode): every
 routed prompt's blocks are assumed cached on the worker it went to for ``ttl`` seconds
 (``--router-ttl-secs``, 120), refreshed each time a prompt with the same prefix goes there.
 A guess, never merged into the event-driven ``KvIndex``: engines evict under pressure, so an

@@ -2,7 +2,7 @@
 
 The index never trusts engine block hashes for identity (SGLang's algorithm changed between
 releases and is namespaced by LoRA/salt); it hashes the token ids carried in ``BlockStored``
-the way Dynamo and smg do (``kv-events.md`` §7), so engine and router only have to agree on
+the way Dynamo and smg do (Dynamo's ``lib/tokens/src/lib.rs``), so engine and router only have to agree on
 block size and token ids:
 
 * local hash: ``xxh3_64`` (seed 1337) over a complete block's token ids as little-endian u32
@@ -50,7 +50,7 @@ _SPLIT_BLOCKS = 256
 class RoutingKey:
     """One routing unit: an engine and, for data-parallel engines, one of its DP ranks.
 
-    Overlap, load and KV events are all per rank (``kv-events.md`` §10.6); ``dp_rank`` is
+    Overlap, load and KV events are all per rank (each DP rank has its own cache and publisher); ``dp_rank`` is
     ``None`` for an engine without DP.
     """
 

@@ -3,7 +3,7 @@
 Two jobs the ZMQ subscriber needs and a unit test can check on its own:
 
 * ``decode_batch`` turns one msgpack payload into events, whatever the engine's generation
-  (``kv-events.md`` §4): 0.5.23 ``type``-tagged maps, 0.5.9–0.5.19 tag-first arrays with a
+  (sglang's ``kv_events.py`` of that release): 0.5.23 ``type``-tagged maps, 0.5.9–0.5.19 tag-first arrays with a
   trailing ``medium``, 0.5.4 arrays. It is lenient the way the smg relay is: extra keys and
   trailing fields are ignored and one bad event is dropped (and counted) without losing the
   rest of its batch. Only a payload that is no batch at all raises ``BadBatch``.
@@ -40,7 +40,7 @@ __all__ = [
     "decode_batch",
 ]
 
-#: Router-side block keys hash token ids as little-endian u32 (``kv-events.md`` §7).
+#: Router-side block keys hash token ids as little-endian u32, as Dynamo's router does.
 _U32 = "I" if array("I").itemsize == 4 else "L"
 
 

@@ -1,6 +1,7 @@
 """KV-aware routing: send a prompt where its prefix is cached, unless that worker is too busy.
 
-Dynamo's default cost (kv-events.md §10.2), per candidate worker (an engine's DP rank):
+Dynamo's default cost (``lib/kv-router/src/scheduling/selector/default.rs`` in ai-dynamo 1.6), per candidate
+worker (an engine's DP rank):
 
     prefill_blocks = max(prompt_tokens - credit * overlap_blocks * block_size, 0) / block_size
                      + pending_prefill_tokens(worker) / block_size
@@ -12,7 +13,7 @@ Overlap comes from the event-driven ``KvIndex`` or, for engines without KV event
 counted from dispatch, so a burst does not pile onto the worker that looked idle, and merged
 with engine polls so other frontends' load counts too. Overlap alone would send every request
 of a hot prefix to one worker; with load in the same unit (blocks), each request routed there
-makes the next one less likely to follow (user-asks.md §3).
+makes the next one less likely to follow (the pile-up users report in peer routers).
 
 Temperature 0 picks the cheapest, ties broken at random (never "first worker", which would
 bounce multi-turn chats or pile up on one engine). Temperature ``T > 0`` min-max normalises
