@@ -165,3 +165,46 @@ def test_the_continuation_request():
     unbounded = replace(request, sampling=SamplingOptions())
     assert continuation_request(unbounded, [1], [2] * 50, "c" * 36).sampling.max_new_tokens is None
     assert continuation_request(request, [1, 2], list(range(10)), "d" * 36) is None  # nothing left to generate
+
+
+def pd_fleet_of(prefill_scripts: list[list], decode_scripts: list[list]):
+    """Prefill and decode scripted engines (round-robin pairs: p0+d0 first, then p1+d1)."""
+    def engines(role: str, scripts: list[list], first: int) -> tuple[list, list]:
+        clients = [RecordingEngine(script, f"{role}{i}") for i, script in enumerate(scripts)]
+        card = lambda i: SimpleNamespace(  # noqa: E731
+            role=role, dp_size=1, url=f"grpc://{role}{i}:1", host=f"{role}{i}", bootstrap_host=None, bootstrap_port=8998
+        )
+        return clients, [Engine(f"e{first + i}", card(i), c, healthy=True) for i, c in enumerate(clients)]
+
+    prefills, prefill_engines = engines("prefill", prefill_scripts, 0)
+    decodes, decode_engines = engines("decode", decode_scripts, len(prefill_scripts))
+    pool = ModelPool(
+        ServeConfig(migration_limit=1),
+        Fleet(prefill_engines + decode_engines, model=SimpleNamespace(served_model_name="m", context_length=None)),
+        RoutingPolicy(), tokenizer=None, chat_template_override=None,
+    )  # fmt: skip
+    request = GenerateInput(rid=RID, input_ids=[1, 2], sampling=SamplingOptions(max_new_tokens=2))
+    plan = RequestPlan(
+        id="cmpl-x", key="a" * 32, created=0, model="m", prompts=[Prompt([1, 2], "go")],
+        choices=[ChoicePlan(request, ChoiceOutput(0, Digits()))], stream=True,
+    )  # fmt: skip
+    return pool, plan, prefills, decodes
+
+
+async def test_a_decode_engine_unreachable_before_the_first_token_gets_a_fresh_pair():
+    """The decode leg fails before its first message: the choice is served by a new prefill +
+    decode pair (a new room), and the client reads one whole stream."""
+    done = GenerateChunk([], finish_reason="length", prompt_tokens=2)
+    prefill_script = [GenerateChunk([0]), done]
+    answer = [GenerateChunk([7]), GenerateChunk([8], finish_reason="length", completion_tokens=2)]
+    pool, plan, prefills, decodes = pd_fleet_of(
+        [list(prefill_script), list(prefill_script)], [[EngineUnavailable("connection lost")], answer]
+    )
+    chunks, body = await read(pool, plan)
+    assert text_of(chunks) == "78" and finishes(chunks) == ["length"]
+    assert not any("error" in e for e in body if isinstance(e, dict))
+    (first,), (second,) = decodes[0].requests, decodes[1].requests
+    assert list(second.input_ids) == [1, 2] and second.rid != first.rid
+    assert second.bootstrap is not None and second.bootstrap.room != first.bootstrap.room
+    assert [r.rid for r in prefills[1].requests] == [second.rid]  # its own prefill leg
+    assert decodes[0].aborted == [first.rid]

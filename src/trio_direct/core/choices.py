@@ -207,7 +207,11 @@ class ChoiceReader:
                     self._control.unreachable(failed, error)
                 if self._retry(error):
                     continue
-                if self._delivered:
+                # A disaggregated choice whose engine could not be reached before its first output
+                # gets a fresh prefill + decode pair the way a migration does (a retry on the same
+                # pair would need the rendezvous the failed leg held).
+                fresh_pair = run.prefill is not None and isinstance(error, (EngineUnavailable, EngineStalled))
+                if self._delivered or fresh_pair:
                     continuation = self._migrate(error, failed)
                     if continuation is BUDGET_SPENT:
                         self._ended = True

@@ -13,7 +13,8 @@ Leaving the block (all done, client gone, shutdown, a failure) cancels the reque
 engine call then ends through `open_engine_call`, whose ``finally`` sends its `Abort` when the engine
 had not ended the request. An engine that cannot be reached before a choice's first output is taken
 out of routing and the choice retried on another aggregated engine (`Dispatcher.reroute`); a
-disaggregated pair is not retried, its two legs would need a new rendezvous. An engine that fails
+disaggregated choice then gets a fresh prefill + decode pair instead (its old pair's rendezvous is
+gone), counted against ``--migration-limit`` like a migration. An engine that fails
 after a choice's first output hands the choice to another engine (`Dispatcher.migrate`, at most
 ``--migration-limit`` times; `core.migration`): an aggregated one, or a fresh prefill + decode pair.
 """
