@@ -155,3 +155,22 @@ def test_long_texts_encode_like_short_ones(deepseek: ModelTokenizer) -> None:
         text, add_special_tokens=False
     ).ids
     assert deepseek.encode(text)[0] == deepseek.bos_token_id
+
+
+def test_a_text_far_over_a_limit_is_counted_in_chunks_and_stopped_early(tiny_model):
+    from trio_direct.text.tokenizer import COUNTED_CHARS_PER_TOKEN
+
+    tokenizer = ModelTokenizer.from_directory(tiny_model)
+    text = "x " * 400_000
+    exact = len(tokenizer.encode(text, add_special_tokens=False))
+    over = tokenizer.exceeds(text, 10_000)
+    assert over is not None and 10_000 <= over <= exact  # a lower bound, past the limit
+    assert tokenizer.exceeds(text, exact + 1000) is None  # under the limit: nothing to refuse
+    short = "x " * 1000
+    assert tokenizer.exceeds(short, len(short) // COUNTED_CHARS_PER_TOKEN) is None  # short: just encoded
+
+
+def test_the_length_bound_never_exceeds_the_true_count(tiny_model):
+    tokenizer = ModelTokenizer.from_directory(tiny_model)
+    for text in ("x " * 5000, "lorem ipsum dolor " * 3000, "<|im_end|>" * 500, "é" * 4000, "a" * 20000):
+        assert tokenizer.min_tokens(len(text)) <= len(tokenizer.encode(text, add_special_tokens=False))

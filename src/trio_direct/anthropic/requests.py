@@ -193,7 +193,7 @@ _UNSUPPORTED = {
 
 def decode_messages_request(body: bytes) -> MessagesRequest:
     """Parse and validate a Messages body; raises `OpenAIError` (400) on any problem."""
-    raw = _decode_object(body)
+    raw = decode_object(body)
     for key, reason in _UNSUPPORTED.items():
         if key in raw:
             raise invalid_request(f"{key}: {reason}", param=key, code="unsupported_parameter")
@@ -224,7 +224,7 @@ def decode_messages_request(body: bytes) -> MessagesRequest:
 
 def decode_count_tokens_request(body: bytes) -> CountTokensRequest:
     """Parse and validate a count_tokens body; raises `OpenAIError` (400) on any problem."""
-    request = _convert(_decode_object(body), CountTokensRequest)
+    request = _convert(decode_object(body), CountTokensRequest)
     _check_prompt_fields(request)
     return request
 
@@ -287,7 +287,7 @@ def _unsupported_block(where: str, block: msgspec.Struct) -> OpenAIError:
     )
 
 
-def _decode_object(body: bytes) -> dict[str, Any]:
+def decode_object(body: bytes) -> dict[str, Any]:
     try:
         raw = msgspec.json.decode(body)
     except msgspec.DecodeError:
@@ -310,12 +310,12 @@ def _convert(raw: dict[str, Any], request_type: type[Any]) -> Any:
     try:
         return msgspec.convert(raw, request_type)
     except msgspec.ValidationError as exc:
-        raise _validation_error(str(exc)) from None
+        raise validation_error(str(exc)) from None
     except RecursionError:
         raise invalid_request(_TOO_DEEP) from None
 
 
-def _validation_error(text: str) -> OpenAIError:
+def validation_error(text: str) -> OpenAIError:
     """msgspec's message in Anthropic's style: the field's dotted path, then what is wrong with it."""
     located = _LOCATED.match(text)
     assert located is not None  # the pattern matches any string

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from trio_direct.openai.errors import invalid_request
-from trio_direct.openai.requests import _TOO_DEEP, _decode_object, _validation_error
+from trio_direct.openai.requests import _TOO_DEEP, decode_object, validation_error
 
 __all__ = ["convert_object", "decode_body"]
 
@@ -21,7 +21,7 @@ T = TypeVar("T")
 
 def decode_body(body: bytes, schema: type[T]) -> T:
     """`body` as a `schema` instance; raises `OpenAIError` (400) on any problem."""
-    return convert_object(_decode_object(body), schema)
+    return convert_object(decode_object(body), schema)
 
 
 def convert_object(raw: dict[str, Any], schema: type[T]) -> T:
@@ -29,6 +29,6 @@ def convert_object(raw: dict[str, Any], schema: type[T]) -> T:
     try:
         return msgspec.convert(raw, schema)
     except msgspec.ValidationError as exc:
-        raise _validation_error(str(exc)) from None
+        raise validation_error(str(exc)) from None
     except RecursionError:
         raise invalid_request(_TOO_DEEP) from None

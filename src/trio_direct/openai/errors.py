@@ -124,14 +124,20 @@ def internal_error(message: str = "The server had an error while processing your
 
 
 def context_length_exceeded(
-    prompt_tokens: int, limit: int, max_tokens: int | None, *, param: str = "messages"
+    prompt_tokens: int, limit: int, max_tokens: int | None, *, param: str = "messages", at_least: bool = False
 ) -> OpenAIError:
     """400 when prompt plus requested completion do not fit the model's context (OpenAI's wording).
 
-    `param` is "messages" for chat and "prompt" for completions.
+    `param` is "messages" for chat and "prompt" for completions. `at_least`: the prompt was refused
+    before it was tokenized whole, and `prompt_tokens` is a lower bound on its length.
     """
     what = "messages" if param == "messages" else "prompt"
-    if max_tokens:
+    if at_least:
+        detail = (
+            f"However, your {what} resulted in more than {prompt_tokens} tokens. "
+            f"Please reduce the length of the {what}."
+        )
+    elif max_tokens:
         detail = (
             f"However, you requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the {what}, "
             f"{max_tokens} in the completion). Please reduce the length of the {what} or completion."

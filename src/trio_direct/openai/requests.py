@@ -232,7 +232,13 @@ _UNSUPPORTED_CHAT = {
 
 def decode_chat_request(body: bytes) -> ChatCompletionRequest:
     """Parse and validate a chat completion body; raises `OpenAIError` (400) on any problem."""
-    raw = _decode_object(body)
+    return chat_request_from_object(decode_object(body))
+
+
+def chat_request_from_object(raw: dict[str, Any]) -> ChatCompletionRequest:
+    """Validate an already decoded chat body (`decode_object`'s, or one another surface built):
+    surfaces that plan as chat do not serialise and parse their request again."""
+    raw = {key: value for key, value in raw.items() if value is not None}
     for key, reason in _UNSUPPORTED_CHAT.items():
         if key in raw:
             raise invalid_request(reason, param=key, code="unsupported_parameter")
@@ -249,7 +255,7 @@ def decode_chat_request(body: bytes) -> ChatCompletionRequest:
 
 def decode_completion_request(body: bytes) -> CompletionRequest:
     """Parse and validate a text completion body; raises `OpenAIError` (400) on any problem."""
-    request = _convert(_decode_object(body), CompletionRequest)
+    request = _convert(decode_object(body), CompletionRequest)
     _check_common(request)
     _check_completion(request)
     return request
@@ -272,7 +278,8 @@ def prompt_batch(request: CompletionRequest) -> list[str | list[int]]:
     return list(prompt)  # type: ignore[arg-type]
 
 
-def _decode_object(body: bytes) -> dict[str, Any]:
+def decode_object(body: bytes) -> dict[str, Any]:
+    """The body as a JSON object (top-level nulls dropped: not given); a 400 for anything else."""
     try:
         raw = msgspec.json.decode(body)
     except msgspec.DecodeError:  # ValidationError (e.g. 1e400) is a DecodeError too
@@ -299,12 +306,12 @@ def _convert(raw: dict[str, Any], request_type: type[_Request]) -> _Request:
     try:
         return msgspec.convert(raw, request_type)
     except msgspec.ValidationError as exc:
-        raise _validation_error(str(exc)) from None
+        raise validation_error(str(exc)) from None
     except RecursionError:
         raise invalid_request(_TOO_DEEP) from None
 
 
-def _validation_error(text: str) -> OpenAIError:
+def validation_error(text: str) -> OpenAIError:
     """Rephrase msgspec's message in OpenAI's words, with its JSON path as `param`."""
     located = _LOCATED.match(text)
     assert located is not None  # the pattern matches any string

@@ -19,7 +19,7 @@ import msgspec
 
 from trio_direct.openai.errors import invalid_request
 from trio_direct.openai.extensions import SGLangExtensions
-from trio_direct.openai.requests import INT32_MAX, _decode_object, _validation_error
+from trio_direct.openai.requests import INT32_MAX, decode_object, validation_error
 
 __all__ = [
     "FunctionCallItem",
@@ -207,7 +207,7 @@ _UNSUPPORTED = {
 
 def decode_responses_request(body: bytes) -> ResponsesRequest:
     """Parse and validate a Responses body; raises `OpenAIError` (400) on any problem."""
-    raw = _decode_object(body)
+    raw = decode_object(body)
     for key, reason in _UNSUPPORTED.items():
         value = raw.get(key)
         if value is not None and value is not False:
@@ -222,7 +222,7 @@ def decode_responses_request(body: bytes) -> ResponsesRequest:
     try:
         request = msgspec.convert(raw, ResponsesRequest)
     except msgspec.ValidationError as exc:
-        raise _validation_error(str(exc)) from None
+        raise validation_error(str(exc)) from None
     except RecursionError:
         raise invalid_request("The JSON body of your request is nested too deeply.") from None
     _check(request)

@@ -27,7 +27,7 @@ from trio_direct.parsers.reasoning import reasoning_parser
 from trio_direct.parsers.tools import ToolCall, ToolCallDelta, ToolParser, tool_call_parser
 from trio_direct.parsers.tools.forced import NamedToolCallParser, RequiredToolCallsParser
 from trio_direct.surfaces.images import prepare_chat_images
-from trio_direct.surfaces.prompting import in_thread_if_long
+from trio_direct.surfaces.prompting import content_chars, in_thread_if_long, refuse_if_counted_over, refuse_if_too_long
 from trio_direct.text.chat_template import ChatTemplateError, render_chat
 from trio_direct.text.harmony import HarmonyRenderError, render_harmony_chat
 
@@ -58,7 +58,7 @@ async def plan_chat(
     with their own id prefix and the name of their prompt field, so every parser and sampling rule
     is chat's."""
     tools = msgspec.to_builtins(request.tools) if request.tools else None
-    prompt = await request_prompt(pool, request)
+    prompt = await request_prompt(pool, request, prompt_param)
     sampling = sampling_options(request, eos_token_ids=pool.tokenizer.eos_token_ids)
     if (schema := tool_choice_schema(request)) is not None:
         sampling = replace(sampling, json_schema=schema)
@@ -92,7 +92,7 @@ async def plan_chat(
     )
 
 
-async def request_prompt(pool: ModelPool, request: ChatCompletionRequest) -> Prompt:
+async def request_prompt(pool: ModelPool, request: ChatCompletionRequest, param: str = "messages") -> Prompt:
     """The prompt `plan_chat` sends for `request` (also what token counting counts), with its images."""
     messages = msgspec.to_builtins(request.messages)
     _check_parts(messages)
@@ -105,6 +105,7 @@ async def request_prompt(pool: ModelPool, request: ChatCompletionRequest) -> Pro
         continue_final_message=request.continue_final_message,
         chat_template_kwargs=request.chat_template_kwargs,
         reasoning_effort=request.reasoning_effort,
+        param=param,
     )
     prompt.image_data = image_data
     return prompt
@@ -134,14 +135,17 @@ async def chat_prompt(
     chat_template_kwargs: Mapping[str, Any] | None = None,
     reasoning_effort: str | None = None,
     add_generation_prompt: bool | None = None,
+    param: str = "messages",
 ) -> Prompt:
-    """The chat template rendered over `messages` and tokenized (on a thread when long).
+    """The chat template rendered over `messages` and tokenized (on a thread when long); a prompt
+    that cannot fit the context is refused first, naming `param` (the surface's prompt field).
 
     A gpt-oss model's prompt is written in harmony by openai-harmony's own encoder, as upstream
     gateways do, rather than through its Jinja template. `add_generation_prompt` defaults to
     opening the assistant's turn unless the final message is continued.
     """
-    size = sum(len(str(m.get("content") or "")) for m in messages)
+    size = content_chars(messages)
+    refuse_if_too_long(pool, size, len(messages), param=param)
     if pool.harmony:
         return await in_thread_if_long(size, _render_harmony, messages, tools, reasoning_effort)
     if add_generation_prompt is None:
@@ -155,6 +159,7 @@ async def chat_prompt(
         continue_final_message,
         chat_template_kwargs,
         add_generation_prompt,
+        param,
     )
 
 
@@ -175,6 +180,7 @@ def _render_and_tokenize(
     continue_final_message: bool,
     chat_template_kwargs: Mapping[str, Any] | None,
     add_generation_prompt: bool = True,
+    param: str = "messages",
 ) -> Prompt:
     try:
         text = render_chat(
@@ -189,6 +195,7 @@ def _render_and_tokenize(
     except ChatTemplateError as error:
         raise errors.invalid_request(f"Chat template error: {error}", param="messages") from None
     # The template writes the special tokens itself; do not add a second BOS.
+    refuse_if_counted_over(pool, text, param=param)
     return Prompt(pool.tokenizer.encode_prompt(text), text)
 
 

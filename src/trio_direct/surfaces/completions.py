@@ -12,7 +12,7 @@ from trio_direct.openai.errors import OpenAIError
 from trio_direct.openai.logprobs import TokenText, completion_logprobs
 from trio_direct.openai.requests import CompletionRequest, decode_completion_request, prompt_batch
 from trio_direct.openai.sampling import logprob_options, sampling_options, stop_strings
-from trio_direct.surfaces.prompting import in_thread_if_long
+from trio_direct.surfaces.prompting import in_thread_if_long, refuse_if_counted_over, refuse_if_too_long
 
 if TYPE_CHECKING:
     from trio_direct.frontend.runtime import ModelPool
@@ -38,6 +38,7 @@ async def plan_completion(
     prompts = []
     for item in prompt_batch(request):
         if isinstance(item, str):
+            refuse_if_too_long(pool, len(item), param="prompt")
             prompts.append(await in_thread_if_long(len(item), _tokenize, pool, item))
         else:
             check_vocab(pool, item)
@@ -68,6 +69,7 @@ async def plan_completion(
 
 
 def _tokenize(pool: ModelPool, text: str) -> Prompt:
+    refuse_if_counted_over(pool, text, param="prompt")
     return Prompt(pool.tokenizer.encode(text, add_special_tokens=True), text)
 
 

@@ -13,9 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import msgspec
-
-from trio_direct.openai.requests import ChatCompletionRequest, decode_chat_request
+from trio_direct.openai.requests import ChatCompletionRequest, chat_request_from_object
 from trio_direct.surfaces.output_blocks import OutputBlock
 
 __all__ = ["assistant_message", "chat_equivalent", "chat_tool", "chat_tool_call"]
@@ -23,7 +21,7 @@ __all__ = ["assistant_message", "chat_equivalent", "chat_tool", "chat_tool_call"
 
 def chat_equivalent(body: dict[str, Any]) -> ChatCompletionRequest:
     """The chat request for `body` (a chat request's fields), validated as chat validates its own."""
-    return decode_chat_request(msgspec.json.encode(body))
+    return chat_request_from_object(body)
 
 
 def chat_tool(

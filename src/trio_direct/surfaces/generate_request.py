@@ -22,8 +22,8 @@ from trio_direct.openai.requests import (
     MAX_STOP_STRINGS,
     MAX_TOP_LOGPROBS,
     _check_range,
-    _decode_object,
     _token_ids_ok,
+    decode_object,
 )
 
 __all__ = [
@@ -107,7 +107,7 @@ class GenerateRequest(msgspec.Struct, kw_only=True):
 
 def decode_generate_request(body: bytes) -> GenerateRequest:
     """Parse and validate a `/generate` body; raises `OpenAIError` (400) on any problem."""
-    raw = _decode_object(body)
+    raw = decode_object(body)
     for key, reason in _UNSUPPORTED.items():
         if raw.get(key) not in (None, False, [], ""):
             raise invalid_request(reason, param=key, code="unsupported_parameter")

@@ -8,6 +8,7 @@ share between requests and worker threads.
 
 from __future__ import annotations
 
+
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -57,6 +58,8 @@ class ModelTokenizer:
     add_bos_token: bool = False
     model_max_length: int | None = None
     prompt_cache: PromptPrefixCache | None = None
+    #: The longest text one token can stand for, in characters (an upper bound: `longest_token`).
+    max_token_chars: int = 0
 
     @classmethod
     def from_directory(cls, path: str | Path, *, prompt_cache_bytes: int = DEFAULT_MAX_BYTES) -> ModelTokenizer:
@@ -148,6 +151,7 @@ class ModelTokenizer:
             add_bos_token=bool(config.get("add_bos_token", False)),
             model_max_length=max_length,
             prompt_cache=prompt_cache,
+            max_token_chars=longest_token(tokenizer),
         )
 
     @property
@@ -159,6 +163,33 @@ class ModelTokenizer:
     def vocab_size(self) -> int:
         """Size of the id space, added tokens included (ids are below this)."""
         return self.tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def exceeds(self, text: str, limit: int, *, add_special_tokens: bool = False) -> int | None:
+        """At least how many tokens `text` has when that is `limit` or more, else None: counted a
+        chunk at a time and stopped as soon as the count passes `limit`, so a text far over the
+        context costs the memory of one chunk's encoding, not of the whole text's.
+
+        Only texts longer than `limit` * `COUNTED_CHARS_PER_TOKEN` characters are counted (shorter
+        ones are simply encoded: their encoding is small). Chunks end at whitespace; each cut can
+        split one token in two, so the count may run a token per chunk over the truth, and the
+        text counts as over only past ``limit`` plus that allowance.
+        """
+        if len(text) <= limit * COUNTED_CHARS_PER_TOKEN:
+            return None
+        counted = 0
+        chunks = 0
+        for group in _chunk_groups(text):
+            encodings = self.tokenizer.encode_batch_fast(group, add_special_tokens=False)
+            counted += sum(len(encoding.ids) for encoding in encodings)
+            chunks += len(group)
+            if counted - chunks >= limit:
+                return counted - chunks
+        del add_special_tokens  # a post-processor adds a few tokens at most; the count is a lower bound
+        return None
+
+    def min_tokens(self, chars: int) -> int:
+        """A lower bound on the tokens of a text of `chars` characters, without tokenizing it."""
+        return chars // self.max_token_chars if self.max_token_chars else 0
 
     @property
     def bos_token_id(self) -> int | None:
@@ -228,6 +259,46 @@ class ModelTokenizer:
         if self.tokenizer.decode(ids, skip_special_tokens=False) != text:
             return None
         return ids[0]
+
+
+#: Texts over this many characters per token of the limit are counted in chunks before they are
+#: encoded whole (`ModelTokenizer.exceeds`): no vocabulary averages that many characters a token.
+COUNTED_CHARS_PER_TOKEN = 8
+#: Characters per counted chunk, and chunks per encoding call (one call's memory at most).
+_CHUNK_CHARS = 64 * 1024
+_CHUNKS_PER_CALL = 8
+
+
+def _chunk_groups(text: str):  # noqa: ANN202 - yields lists of chunk strings
+    """`text` cut near every `_CHUNK_CHARS` characters at whitespace, in groups for one encoding call."""
+    group: list[str] = []
+    start, end = 0, len(text)
+    while start < end:
+        stop = min(start + _CHUNK_CHARS, end)
+        if stop < end:
+            space = text.rfind(" ", start + _CHUNK_CHARS // 2, stop)
+            if space > start:
+                stop = space
+        group.append(text[start:stop])
+        start = stop
+        if len(group) == _CHUNKS_PER_CALL:
+            yield group
+            group = []
+    if group:
+        yield group
+
+
+def longest_token(tokenizer: Tokenizer) -> int:
+    """An upper bound on the characters one token stands for: twice its longest vocabulary entry.
+
+    Entries are measured as stored (byte-level BPE keeps one character per byte; sentencepiece a
+    ``▁`` per space), added tokens by their content; doubled for the normalisers and decoders that
+    expand what they stand for. ``len(text) // longest_token`` is then a lower bound on the text's
+    token count that costs no tokenization: what lets a prompt far over the context be refused
+    before the work (and the memory) of encoding it.
+    """
+    vocab = tokenizer.get_vocab(with_added_tokens=True)
+    return 2 * max((len(token) for token in vocab), default=1)
 
 
 def _encode_ids(tokenizer: Tokenizer, text: str, *, add_special_tokens: bool) -> list[int]:

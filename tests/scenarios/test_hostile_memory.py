@@ -1,0 +1,115 @@
+"""A request costs memory in proportion to its size: prompts far over the context are refused before
+the work that would cost memory (rendering and encoding them whole).
+
+Measured on a real `trio-direct serve` process from /proc: its peak resident size (VmHWM, reset
+through /proc/PID/clear_refs before each request) and its resident size afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from functools import partial
+from pathlib import Path
+
+import httpx
+import pytest
+import trio
+
+pytestmark = pytest.mark.slow
+
+MOCK = "trio-direct-mock"
+MB = 1024 * 1024
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def status(pid: int, field: str) -> int:
+    """A size from /proc/PID/status, in bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise KeyError(field)
+
+
+def reset_peak(pid: int) -> None:
+    Path(f"/proc/{pid}/clear_refs").write_text("5")  # VmHWM starts again from the current size
+
+
+async def serve(nursery: trio.Nursery) -> tuple[trio.Process, str]:
+    port = free_port()
+    command = [sys.executable, "-m", "trio_direct", "serve", "--port", str(port), "--mock-speedup", "inf",
+               "--log-level", "warning"]  # fmt: skip
+    process = await nursery.start(partial(trio.run_process, command, check=False, stderr=subprocess.DEVNULL))
+    base = f"http://127.0.0.1:{port}"
+    async with httpx.AsyncClient(base_url=base, timeout=30) as client:
+        with trio.fail_after(60):
+            while True:
+                try:
+                    if (await client.get("/health")).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                await trio.sleep(0.2)
+        for _ in range(3):  # warm: the first requests load what every later one uses
+            body = {"model": MOCK, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 2}
+            assert (await client.post("/v1/chat/completions", json=body)).status_code == 200
+    return process, base
+
+
+def chat_with(content: str) -> bytes:
+    return json.dumps({"model": MOCK, "messages": [{"role": "user", "content": content}], "max_tokens": 4}).encode()
+
+
+BODIES = {
+    # 20 MB in one prompt string, under the 32 MiB body limit
+    "a 20 MB chat message": lambda: chat_with("lorem ipsum " * (20 * MB // 12)),
+    "a 20 MB completion prompt": lambda: json.dumps({"model": MOCK, "prompt": "dolor sit " * (2 * MB)}).encode(),
+    # a million-ish messages, each tiny
+    "900,000 messages": lambda: json.dumps({
+        "model": MOCK, "messages": [{"role": "user", "content": ""}] * 900_000, "max_tokens": 4,
+    }).encode(),  # fmt: skip
+    # one-character words, a token each: too short for the length bound to decide (the tiny
+    # model's longest token bounds it at ~31k of its 32k context), so the chunked count must
+    "800,000 characters of one-character words": lambda: chat_with("x " * 400_000),
+}
+
+
+@pytest.mark.parametrize("kind", list(BODIES))
+async def test_a_prompt_far_over_the_context_is_refused_at_a_small_cost(nursery, kind):
+    process, base = await serve(nursery)
+    body = BODIES[kind]()
+    path = "/v1/completions" if b'"prompt"' in body[:200] else "/v1/chat/completions"
+    async with httpx.AsyncClient(base_url=base, timeout=60) as client:
+        before = status(process.pid, "VmRSS")
+        reset_peak(process.pid)
+        started = time.monotonic()
+        reply = await client.post(path, content=body, headers={"content-type": "application/json"})
+        elapsed = time.monotonic() - started
+        print(f"{kind}: refused in {elapsed:.2f}s")
+        peak = status(process.pid, "VmHWM")
+        assert reply.status_code == 400, reply.text
+        error = reply.json()["error"]
+        assert error["code"] == "context_length_exceeded" and "maximum context length" in error["message"]
+        # Proportional to the body: the JSON decoded once (a big string, or one small object per
+        # message); rendering and encoding the whole prompt would cost gigabytes (it did: 4.3 GB for
+        # 20 MB in 26 s, 4.4 GB for a million messages in 19 s).
+        grew = peak - before
+        assert grew < 16 * len(body) + 64 * MB, f"peak grew {grew / MB:.0f} MB for a {len(body) / MB:.0f} MB body"
+        if "messages" not in kind:  # one long string: well under 200 MB
+            assert grew < 200 * MB, f"peak grew {grew / MB:.0f} MB"
+        assert elapsed < 5, f"{elapsed:.1f}s to refuse"  # well under a second on the development VM
+        await trio.sleep(0.5)
+        after = status(process.pid, "VmRSS")
+        assert after - before < 64 * MB, f"{(after - before) / MB:.0f} MB still held"
+        # and the server serves on
+        ok = {"model": MOCK, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+        assert (await client.post("/v1/chat/completions", json=ok)).status_code == 200
+    process.terminate()
