@@ -69,7 +69,7 @@ def routing_keys(engine_id: str, card: EngineCard) -> list[RoutingKey]:
 class IndexSink:
     """Feeds one engine's KV events into the index, per DP rank (what a subscriber calls)."""
 
-    __slots__ = ("_index", "_engine_id", "_single_rank", "retired")
+    __slots__ = ("_engine_id", "_index", "_single_rank", "retired")
 
     def __init__(self, index: KvIndex, engine_id: str, card: EngineCard) -> None:
         self._index = index
@@ -186,6 +186,20 @@ class KvRouting:
                 self.index.clear_worker(key)
             self.router.remove_worker(key)
             self.decode_router.remove_worker(key)
+
+    def engine_left(self, engine_id: str, card: EngineCard) -> None:
+        """The engine left the fleet for good: its ranks leave the index and the routers."""
+        for key in routing_keys(engine_id, card):
+            if self.index is not None:
+                self.index.remove_worker(key)
+            self.router.remove_worker(key)
+            self.decode_router.remove_worker(key)
+
+    def held_blocks(self, engine_id: str, card: EngineCard) -> int:
+        """Routing blocks the index holds for the engine, all its ranks together (0 without events)."""
+        if self.index is None:
+            return 0
+        return sum(self.index.held_blocks(key) for key in routing_keys(engine_id, card))
 
     def apply_load(self, engine_id: str, card: EngineCard, loads: Iterable[Mapping[str, Any]]) -> None:
         """What the engine's `GetLoad` reported, per DP rank: the load other frontends put on it."""
