@@ -75,12 +75,17 @@ def test_roles_must_match_the_flags_they_were_given_with():
 
 
 def test_a_joining_engine_is_checked_against_the_flag_it_was_given_with():
-    front = frontend([engine("e0", "prefill", "grpc://a:1")], prefill_engine_url=["grpc://a:1", "grpc://b:1"])
+    front = frontend(
+        [engine("e0", "prefill", "grpc://a:1")],
+        prefill_engine_url=["grpc://a:1", "grpc://b:1"],
+        engine_url=["grpc://c:1"],
+    )
     front.check_join(engine("e1", "prefill", "grpc://b:1"))
     with pytest.raises(FleetError, match=r"e1 \(grpc://b:1\) reports role 'decode'.*--prefill-engine-url"):
         front.check_join(engine("e1", "decode", "grpc://b:1"))
     with pytest.raises(FleetError, match=r"e2 \(grpc://c:1\) reports role 'prefill'.*--engine-url"):
         front.check_join(engine("e2", "prefill", "grpc://c:1"))
+    front.check_join(engine("e3", "prefill", "grpc://found-by-dns:1"))  # discovered: its probe decides
     frontend([engine("e0", "aggregated")]).check_join(engine("e1", "prefill"))  # no flag: the probe decides
 
 
@@ -130,8 +135,8 @@ def changed(card, **changes):
 
 async def test_kv_routing_follows_an_engine_back_on_new_kv_event_endpoints(nursery):
     import trio
-
     from support import wait_until
+
     from trio_direct.fleet.card import KvEventSource
     from trio_direct.kv_sync.feeds import KvFeeds
     from trio_direct.mock.kv_publisher import KvEventsConfig, open_kv_publishers
@@ -197,3 +202,43 @@ def test_kv_routing_re_registers_ranks_when_the_dp_size_changes_and_keeps_a_same
     old, engine.card = engine.card, changed(engine.card, role="decode", dp_size=1, kv_events=())
     feeds.engine_changed(engine, old)  # decode engines are routed by load alone
     assert kv.index.workers() == [] and feeds.subscribers == []
+
+
+# --- engines that leave the fleet ----------------------------------------------------------------
+
+
+async def test_an_engine_that_left_leaves_the_kv_index_the_routers_and_its_subscription(nursery):
+    from support import wait_until
+
+    from trio_direct import metrics
+    from trio_direct.fleet.card import KvEventSource
+    from trio_direct.kv_sync.feeds import KvFeeds
+    from trio_direct.routing.block_hash import RoutingKey
+    from trio_direct.routing.kv_events import BlockStored
+    from trio_direct.routing.kv_routing import KvRouting
+
+    leaving = kv_engine("e0", kv_events=(KvEventSource(0, "tcp://127.0.0.1:1"),))
+    staying = kv_engine("e1", kv_events=(KvEventSource(0, "tcp://127.0.0.1:2"),))
+    for engine in (leaving, staying):  # what the fleet model is computed from
+        vars(engine.card).update(served_model_name="m", model_path="m", tokenizer_path="m", context_length=None,
+                                 tool_call_parser=None, reasoning_parser=None)  # fmt: skip
+    front = frontend([leaving, staying], router_mode="kv")
+    kv = KvRouting([leaving.card, staying.card], ServeConfig(router_mode="kv"))
+    front.routing.kv = kv
+    front.kv_feeds = KvFeeds(kv, front.fleet)
+    await nursery.start(front.kv_feeds.run)
+    [subscription, _] = front.kv_feeds.subscribers
+    tokens = tuple(range(16))
+    kv.index.apply(RoutingKey("e0", None), BlockStored((1, 2, 3, 4), None, tokens, 4))
+    assert kv.held_blocks("e0", leaving.card) == 1
+    front.choose_route(tokens, "r1")  # its load, counted until released
+    metrics.ROUTED.labels("e0", "aggregated").inc()
+
+    front.fleet.withdraw(leaving)
+    assert {front.choose_route(tokens, None).decode.engine.id for _ in range(3)} == {"e1"}
+    front.engine_left(leaving)
+    assert kv.index.workers() == [RoutingKey("e1", None)] and kv.held_blocks("e0", leaving.card) == 0
+    assert [s.engine for s in front.kv_feeds.subscribers] == ["e1"]
+    await wait_until(lambda: not subscription._ranks)  # its subscription ended: the socket is closed
+    front.release("r1")  # a request that was routed there ends later: nothing left to release
+    assert 'engine="e0"' not in metrics.exposition().decode()

@@ -4,7 +4,7 @@ apply to it, in one place. Adding an API surface adds a row here."""
 from __future__ import annotations
 
 from trio_direct.http.routing_table import Route, RouteTable
-from trio_direct.surfaces import chat, completions, models, operations
+from trio_direct.surfaces import admin, chat, completions, models, operations
 
 __all__ = ["ROUTES"]
 
@@ -18,4 +18,7 @@ ROUTES = RouteTable([
     Route("POST", "/v1/completions", completions.handle, endpoint="completions"),
     Route("GET", "/debug/routing", operations.routing_state),
     Route("POST", "/debug/routing", operations.routing_for_prompt),
+    Route("GET", "/admin/engines", admin.list_engines, admin=True),
+    Route("POST", "/admin/engines", admin.add_engine, admin=True),
+    Route("DELETE", "/admin/engines/{id}", admin.remove_engine, admin=True),
 ])  # fmt: skip
