@@ -9,7 +9,10 @@ on distinct loopback addresses (127.0.0.2, 127.0.0.3: Linux routes all of 127/8)
 from __future__ import annotations
 
 import json
+import socket
 import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 import httpx
@@ -60,8 +63,16 @@ class Load:
     def stop(self) -> None:
         self.stopping.set()
 
-    async def client(self, base: str) -> None:
-        await trio.to_thread.run_sync(self._run, base)
+    @asynccontextmanager
+    async def running(self, base: str, clients: int = 4) -> AsyncIterator[Load]:
+        """The clients run for the body of the ``async with`` (and stop however it is left)."""
+        async with trio.open_nursery() as nursery:
+            for _ in range(clients):
+                nursery.start_soon(trio.to_thread.run_sync, self._run, base)
+            try:
+                yield self
+            finally:
+                self.stop()
 
     def _run(self, base: str) -> None:
         client = openai.OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0)
@@ -121,9 +132,7 @@ async def test_engines_behind_a_dns_name_scale_up_and_down_under_load(aio_loop, 
             assert list(await serving(client)) == [a.url]
             model = (await client.get("/v1/models")).json()["data"][0]["id"]
             load = Load(model)
-            async with trio.open_nursery() as clients:
-                for _ in range(4):
-                    clients.start_soon(load.client, base)
+            async with load.running(base):
                 await wait_until(lambda: load.completed >= 8, timeout=30)
 
                 # Scale up: the new pod's address joins the record set. It is found by one of the
@@ -153,7 +162,6 @@ async def test_engines_behind_a_dns_name_scale_up_and_down_under_load(aio_loop, 
                         await trio.sleep(0.05)
                 before = load.completed
                 await wait_until(lambda: load.completed >= before + 8, timeout=30)
-                load.stop()
             assert load.failures == []
             assert await serving(client) == {b.url: "e1"}
             # The drained engine: idle, every request it started ended, no connection left to it.
@@ -310,3 +318,61 @@ async def test_without_an_admin_key_the_admin_api_does_not_exist(aio_loop, nurse
         for method, path in (("GET", "/admin/engines"), ("POST", "/admin/engines"), ("DELETE", "/admin/engines/e0")):
             reply = await client.request(method, path, headers=ADMIN)
             assert reply.status_code == 404 and reply.json()["error"]["type"] == "not_found_error"
+
+
+async def test_prefill_and_decode_engines_from_a_file_drain_like_any_other(aio_loop, nursery, tmp_path):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        bootstrap = str(sock.getsockname()[1])
+    prefill = await start_mock_engine(nursery, "--role", "prefill", "--disaggregation-bootstrap-port", bootstrap, *ENGINE)
+    decodes = [await start_mock_engine(nursery, "--role", "decode", *ENGINE) for _ in range(3)]
+    path = tmp_path / "engines.json"
+
+    def write(*engines) -> None:
+        entries = [{"url": prefill.url, "role": "prefill"}] + [{"url": d.url, "role": "decode"} for d in engines]
+        path.write_text(json.dumps(entries))
+
+    write(*decodes)
+    base = await start_frontend(nursery, "--engine-file", str(path), "--drain-timeout", "2", *QUICK)
+    async with httpx.AsyncClient(base_url=base, timeout=30) as client:
+        assert (await client.get("/debug/routing")).json()["disaggregated"]
+        model = (await client.get("/v1/models")).json()["data"][0]["id"]
+        load = Load(model)
+        async with load.running(base):
+            await wait_until(lambda: load.completed >= 8, timeout=30)
+
+            # A decode engine leaves; its requests (~0.1 s each) finish within the drain timeout.
+            write(decodes[1], decodes[2])
+            with trio.fail_after(20):
+                while decodes[0].url in {e["url"] for e in await admin_engines(client)}:
+                    await trio.sleep(0.05)
+            before = load.completed
+            await wait_until(lambda: load.completed >= before + 8, timeout=30)
+        assert load.failures == []
+        # Past the drain timeout: a request still running on the leaving decode engine ends with an
+        # error event, and both of its legs end on the engines.
+        long_body = {"model": model, "messages": [{"role": "user", "content": "Go on"}], "max_tokens": 8000,
+                     "stream": True, "ignore_eos": True}  # fmt: skip
+        events: list = []
+
+        async def read_stream() -> None:
+            async with client.stream("POST", "/v1/chat/completions", json=long_body) as reply:
+                async for line in reply.aiter_lines():
+                    if line.startswith("data: "):
+                        events.append(line[6:])
+
+        async with trio.open_nursery() as streams:
+            for _ in range(2):
+                streams.start_soon(read_stream)
+            await wait_until(lambda: len(events) >= 10, timeout=20)
+            on = [d for d in decodes[1:] if (await engine_accounting(d.url))["live"]]
+            leaving = on[0]
+            write(*(d for d in decodes[1:] if d is not leaving))
+    cut = [json.loads(e) for e in events if e.startswith("{") and '"error"' in e]
+    assert len(cut) >= 1 and all(e["error"]["type"] for e in cut)
+    for engine in (prefill, *decodes):
+        with trio.fail_after(20):
+            while not settled(await engine_accounting(engine.url)):
+                await trio.sleep(0.05)
+    host, port = leaving.url.removeprefix("grpc://").rsplit(":", 1)
+    await wait_until(lambda: established_connections(host, int(port)) == 0, timeout=10)

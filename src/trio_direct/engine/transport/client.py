@@ -340,12 +340,16 @@ class EngineChannel:
         return not self._streams and not self._unary_calls
 
     async def wait_idle(self) -> None:
-        """Return once `idle` (at once if it is)."""
-        if self.idle:
-            return
-        if self._idle is None:
-            self._idle = trio.Event()
-        await self._idle.wait()
+        """Return once `idle` (at once if it is).
+
+        Idleness is checked again on waking: a stream's reader that sends an `Abort` as it leaves
+        starts that call before it yields, so a stream ending is never mistaken for the engine
+        being done with.
+        """
+        while not self.idle:
+            if self._idle is None:
+                self._idle = trio.Event()
+            await self._idle.wait()
 
     def fail_streams(self, error: EngineError) -> int:
         """End every open stream with `error`, now: each reader gets it after the messages that had
