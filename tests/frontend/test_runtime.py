@@ -241,4 +241,4 @@ async def test_an_engine_that_left_leaves_the_kv_index_the_routers_and_its_subsc
     assert [s.engine for s in front.kv_feeds.subscribers] == ["e1"]
     await wait_until(lambda: not subscription._ranks)  # its subscription ended: the socket is closed
     front.release("r1")  # a request that was routed there ends later: nothing left to release
-    assert 'engine="e0"' not in metrics.exposition().decode()
+    assert 'trio_direct_routing_decisions_total{engine="e0"' not in metrics.exposition().decode()

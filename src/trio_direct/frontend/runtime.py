@@ -544,21 +544,27 @@ class FleetPools:
         name = self.pool_name(member.spec, card)
         engine = Engine(member.id, card, probed.client)
         lock = self._locks.setdefault(name, trio.Lock())
-        async with lock:  # one engine of a model at a time: the first one opens its pool
-            pool = self.frontend.find_pool(name)
-            if pool is None:
-                await self.open_pool(name, [engine])
-                return name, engine
-            pool.fleet.admits(engine, pool.check_join)
-            await _connect_for_generation([engine])
-            pool.engine_joined(engine)  # KV events followed before the first request goes there
-            try:
-                pool.fleet.add(engine, pool.check_join)
-            except FleetError:
-                pool.engine_left(engine)
-                raise
-            if pool.health is not None:
-                pool.health.watch(engine)
+        try:
+            async with lock:  # one engine of a model at a time: the first one opens its pool
+                pool = self.frontend.find_pool(name)
+                if pool is None:
+                    await self.open_pool(name, [engine])
+                    return name, engine
+                pool.fleet.admits(engine, pool.check_join)
+                await _connect_for_generation([engine])
+                pool.engine_joined(engine)  # KV events followed before the first request goes there
+                try:
+                    pool.fleet.add(engine, pool.check_join)
+                except FleetError:
+                    pool.engine_left(engine)
+                    raise
+                if pool.health is not None:
+                    pool.health.watch(engine)
+        finally:
+            # A pool whose last engine drained while this one joined it stays open until here.
+            left = self.frontend.find_pool(name)
+            if left is not None:
+                self._close_if_empty(left)
         log.info(
             "engine %s (%s) joins model %r (%s API, %s); serving it from %d engine(s)",
             engine.id, card.url, name, card.api, card.role, len(pool.fleet.engines),
@@ -581,12 +587,18 @@ class FleetPools:
             return
         pool.fleet.forget(engine)
         pool.engine_left(engine)
-        if not pool.fleet.engines and not pool.fleet.draining:
-            self.frontend.remove_pool(pool)
-            scope = self._scopes.pop(pool.name, None)
-            if scope is not None:
-                scope.cancel()
-            log.info("model %r is no longer served: its last engine left", pool.name)
+        self._close_if_empty(pool)
+
+    def _close_if_empty(self, pool: ModelPool) -> None:
+        """Close `pool` if no engine is in it, draining from it, or joining it right now."""
+        lock = self._locks.get(pool.name)
+        if pool.fleet.engines or pool.fleet.draining or (lock is not None and lock.locked()):
+            return
+        self.frontend.remove_pool(pool)
+        scope = self._scopes.pop(pool.name, None)
+        if scope is not None:
+            scope.cancel()
+        log.info("model %r is no longer served: its last engine left", pool.name)
 
     # ---- helpers ----------------------------------------------------------------------------------
 
