@@ -89,11 +89,22 @@ async def test_the_api_key_scheme_is_case_insensitive(aio_loop, nursery):
         assert (await client.get("/health")).status_code == 200
 
 
+def _counter(metrics: str, labels: str) -> float:
+    """The value of `trio_direct_requests_total{labels}` in an exposition (0 when absent)."""
+    for line in metrics.splitlines():
+        if line.startswith(f"trio_direct_requests_total{{{labels}}} "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
 async def test_requests_refused_at_the_concurrency_limit_are_counted(aio_loop, nursery):
     engine = await start_mock_engine(nursery, "--incremental-streaming-output")  # real speed: slow enough
     base = await start_frontend(nursery, "--engine-url", engine.url, "--max-concurrent-requests", "1")
     async with httpx.AsyncClient(base_url=base, timeout=30) as client:
         model = await model_of(client)
+        refused = 'endpoint="chat",model="",status="429",stream=""'
+        served = f'endpoint="chat",model="{model}",status="200",stream="false"'
+        before = (await client.get("/metrics")).text  # the registry is the process's: count the change
         statuses: list[int] = []
 
         async def one() -> None:
@@ -103,9 +114,9 @@ async def test_requests_refused_at_the_concurrency_limit_are_counted(aio_loop, n
             for _ in range(4):
                 requests.start_soon(one)
         assert sorted(statuses) == [200, 429, 429, 429]
-        metrics = (await client.get("/metrics")).text
-        assert 'trio_direct_requests_total{endpoint="chat",model="",status="429",stream=""} 3.0' in metrics
-        assert f'trio_direct_requests_total{{endpoint="chat",model="{model}",status="200",stream="false"}} 1.0' in metrics
+        after = (await client.get("/metrics")).text
+        assert _counter(after, refused) - _counter(before, refused) == 3
+        assert _counter(after, served) - _counter(before, served) == 1
 
 
 async def test_cors_is_off_by_default_and_answers_preflights_when_configured(aio_loop, nursery):
