@@ -34,8 +34,9 @@ pytestmark = pytest.mark.slow
 ADMIN_KEY = "admin-secret"
 ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
 NAME = "sglang.test.svc.cluster.local"
-#: Requests of ~16 tokens take ~0.1 s on these engines: some are always in flight.
-ENGINE = ("--speedup", "2", "--incremental-streaming-output")
+#: Requests of ~16 tokens take ~0.1 s on these engines: some are always in flight. (A name of their
+#: own: the request counters of this test process are shared with other tests' frontends.)
+ENGINE = ("--speedup", "2", "--incremental-streaming-output", "--served-model-name", "discovered")
 #: Lookups every 0.25 s; an engine missing from two answers in a row leaves; health checks every 0.2 s.
 QUICK = (
     "--discovery-interval", "0.25", "--discovery-grace", "0.25",

@@ -189,7 +189,7 @@ class Membership:
             return None
         member = self._members.get(address)
         if member is not None:
-            if spec != member.spec and source not in member.sources:
+            if (spec.model, spec.role) != (member.spec.model, member.spec.role) and source not in member.sources:
                 log.warning(
                     "engine %s (%s) is named by %s as %s but by %s as %s; the first one applies",
                     member.id, member.url, source, _describe(spec), next(iter(member.sources)), _describe(member.spec),
