@@ -36,7 +36,7 @@ from loadgen import Children, chat_body, percentile, run_load, summary_ms
 from trio_direct.engine.native import NativeEngineClient
 from trio_direct.engine.transport import EngineChannel, open_asyncio_loop
 from trio_direct.engine.types import GenerateInput, SamplingOptions
-from trio_direct.frontend.serve import hypercorn_config
+from trio_direct.http.server import hypercorn_config
 from trio_direct.mock.tiny_model import default_tiny_model_dir, ensure_tiny_model
 from trio_direct.text.chat_template import render_chat
 from trio_direct.text.tokenizer import ModelTokenizer

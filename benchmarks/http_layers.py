@@ -42,7 +42,7 @@ _CHILD = r"""
 import sys, types
 import hypercorn.trio, trio
 from trio_direct.config import ServeConfig
-from trio_direct.frontend.serve import hypercorn_config
+from trio_direct.http.server import hypercorn_config
 
 MODELS = b'{"object":"list","data":[{"object":"model","id":"m","created":0,"owned_by":"trio-direct"}]}'
 ANSWER = b'{"id":"x","object":"chat.completion","choices":[]}'

@@ -19,7 +19,13 @@ vocabulary: the text of a trace request tokenizes to exactly `input_length` toke
 token-ids` sends the bench's own token-id prompts instead (smg's requests then fail, and are
 counted as errors).
 
-    python benchmarks/kv_routing_bench.py [--limit N --time-scale X --speedup S ...] [--out DIR]
+    python benchmarks/kv_routing_bench.py [--trace FILE] [--limit N --time-scale X --speedup S ...] [--out DIR]
+
+`--kv-variants` adds trio-direct kv configurations with other flags to the same run (the sweep
+that chose the defaults: `--kv-variants "--router-preset dynamo" "--router-prefill-load-scale 3"`);
+`--rounds N` replays every configuration N times, in alternating order (forwards, then backwards),
+and reports each configuration's median over the rounds, so that a machine whose other load drifts
+during the run does not favour whichever configuration ran first.
 
 The defaults are the measured run of benchmarks/kv_routing_results.md (about 9 minutes): trace
 requests 0-999 at --time-scale 0.5, mocks at --speedup 0.37 (slower than real time, so simulated
@@ -39,6 +45,7 @@ import os
 import random
 import re
 import shlex
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -49,9 +56,9 @@ from pathlib import Path
 from typing import Any
 
 import trio
-
 from frontend_bench import find_smg
 from loadgen import Children, cpu_seconds, free_port, wait_http
+
 from trio_direct.bench import default_trace_path
 from trio_direct.bench.report import results_document, summarize, write_plots
 from trio_direct.bench.runner import (
@@ -265,28 +272,53 @@ def _busy_cpu() -> tuple[float, float]:
     return (sum(fields) - idle) / ticks, sum(fields) / ticks
 
 
+@dataclass(slots=True, frozen=True)
+class Configuration:
+    """One frontend to measure: its name in the tables, and (trio-direct) its mode and flags."""
+
+    name: str
+    mode: str | None = None  # None: smg
+    flags: tuple[str, ...] = ()
+
+    @property
+    def slug(self) -> str:
+        return re.sub(r"[^a-z0-9]+", "-", self.name.lower()).strip("-")
+
+
+def configurations(names: list[str], kv_variants: list[str], flags: list[str]) -> list[Configuration]:
+    out = []
+    for name in names:
+        if name == "smg cache_aware":
+            out.append(Configuration(name))
+        else:
+            out.append(Configuration(name, name.removeprefix("trio-direct "), tuple(flags)))
+        if name == "trio-direct kv":
+            for variant in kv_variants:
+                out.append(Configuration(f"trio-direct kv {variant}", "kv", (*flags, *shlex.split(variant))))
+    return out
+
+
 def run_configuration(
-    name: str, settings: EngineSettings, requests: list[TraceRequest], prompts: TextPrompts | PromptSynthesizer,
-    *, smg: str | None, model_dir: Path, timeout: float, trio_direct_flags: list[str],
+    config: Configuration, settings: EngineSettings, requests: list[TraceRequest],
+    prompts: TextPrompts | PromptSynthesizer, *, smg: str | None, model_dir: Path, timeout: float,
 ) -> tuple[BenchResult, dict[str, Any]]:  # fmt: skip
     """Fresh engines, one frontend, one replay; returns the result and the run's facts (CPU, ...)."""
     with Children() as children, tempfile.TemporaryDirectory() as scratch:
         engines = start_engines(children, settings)
         ports = [port for port, _ in engines]
-        if name == "smg cache_aware":
+        if config.mode is None:
             if smg is None:
                 raise RuntimeError("smg not found: pip install smg==1.13.0 into ~/.cache/trio-direct-smg-venv")
             port, pid, log_path = start_smg(children, smg, ports, model_dir, Path(scratch))
         else:
-            mode = name.removeprefix("trio-direct ")
-            port, pid, log_path = start_trio_direct(children, ports, mode, trio_direct_flags)
+            port, pid, log_path = start_trio_direct(children, ports, config.mode, list(config.flags))
         cpu = {"frontend": cpu_seconds(pid), "engines": sum(cpu_seconds(p) for _, p in engines)}
         client, box = time.process_time(), _busy_cpu()
         result, facts = trio.run(
             lambda: measure(f"http://127.0.0.1:{port}", ports, requests, prompts, smg_log=log_path, timeout=timeout)
         )
         busy, total = _busy_cpu()
-        if name == "trio-direct kv":  # did the KV events reach the router's index?
+        if config.mode == "kv":  # did the KV events reach the router's index?
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/debug/routing", timeout=10) as response:
                 facts["kv_index"] = json.load(response).get("kv")
         facts["cpu_s"] = {
@@ -358,8 +390,10 @@ def _num(value: float | None, digits: int = 1) -> str:
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:
     lines = [
-        "| configuration | ok | errors | TTFT p50 ms | TTFT p99 ms | E2E p50 ms | E2E p99 ms | cached ratio "
-        "| req/s | out tok/s | frontend CPU s | box busy |",
+        (
+            "| configuration | ok | errors | TTFT p50 ms | TTFT p99 ms | E2E p50 ms | E2E p99 ms | cached ratio "
+            "| req/s | out tok/s | frontend CPU s | box busy |"
+        ),
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
@@ -406,13 +440,26 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=120.0, help="per-request timeout (s)")
     parser.add_argument(
-        "--trio-direct-flags", default="", help="extra `trio-direct serve` flags, e.g. '--router-prefill-load-scale 4'"
+        "--trio-direct-flags", default="", help="extra `trio-direct serve` flags for every trio-direct configuration"
     )
     parser.add_argument("--configs", nargs="+", choices=CONFIGURATIONS, default=list(CONFIGURATIONS))
+    parser.add_argument(
+        "--kv-variants", nargs="*", default=[], metavar="FLAGS",
+        help="more trio-direct kv configurations, each with these extra flags (a quoted string each)",
+    )
+    parser.add_argument("--rounds", type=int, default=1, help="replays of every configuration (alternating order)")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks/results/kv_routing")
     args = parser.parse_args()
 
     trace = args.trace or default_trace_path()
+    if trace is None or not Path(trace).is_file():
+        missing = (
+            f"trace file {trace} not found"
+            if trace
+            else "no trace given and the shared Mooncake trace (shared/traces/mooncake_conversation_trace.jsonl "
+            "above this checkout) was not found: pass --trace FILE"
+        )
+        parser.error(missing)
     requests = cap_lengths(
         load_trace(
             trace,
@@ -447,40 +494,43 @@ def main() -> None:
         f"{args.prompt_format} prompts",
         file=sys.stderr,
     )
-    rows = []
-    for name in args.configs:
-        started = time.monotonic()
-        print(f"== {name} ==", file=sys.stderr)
-        result, facts = run_configuration(
-            name, settings, requests, prompts, smg=smg, model_dir=model_dir, timeout=args.timeout,
-            trio_direct_flags=shlex.split(args.trio_direct_flags),
-        )
-        summary = summarize(result)
-        config = {
-            "configuration": name,
-            "command": " ".join(sys.argv),
-            "trace": str(trace),
-            "start": args.start,
-            "limit": args.limit,
-            "time_scale": args.time_scale,
-            "sample_conversations": args.sample_conversations,
-            "max_input_tokens": args.max_input_tokens,
-            "max_output_tokens": args.max_output_tokens,
-            "prompt_format": args.prompt_format,
-            "seed": args.seed,
-            "trio_direct_flags": args.trio_direct_flags,
-            "engines": {"count": settings.count, "argv": settings.argv(0)},
-            **facts,
-        }
-        slug = name.replace(" ", "-").replace("_", "-")
-        write_configuration(args.out / slug, result, config)
-        rows.append(row(name, summary, facts))
-        print(
-            f"  {summary['completed']} ok, {summary['errors']} errors, TTFT p50 {summary['ttft_ms']['p50']} ms, "
-            f"cached {summary['cached_token_ratio']}, CPU {facts['cpu_s']}, box busy {facts['box_busy_fraction']}, "
-            f"{time.monotonic() - started:.0f} s",
-            file=sys.stderr,
-        )
+    plan = configurations(args.configs, args.kv_variants, shlex.split(args.trio_direct_flags))
+    by_round: dict[str, list[dict[str, Any]]] = {c.name: [] for c in plan}
+    for round_ in range(args.rounds):
+        for config in plan if round_ % 2 == 0 else plan[::-1]:
+            started = time.monotonic()
+            print(f"== {config.name} (round {round_ + 1}/{args.rounds}) ==", file=sys.stderr)
+            result, facts = run_configuration(
+                config, settings, requests, prompts, smg=smg, model_dir=model_dir, timeout=args.timeout
+            )
+            summary = summarize(result)
+            document = {
+                "configuration": config.name,
+                "round": round_ + 1,
+                "command": " ".join(sys.argv),
+                "trace": trace.name,
+                "start": args.start,
+                "limit": args.limit,
+                "time_scale": args.time_scale,
+                "sample_conversations": args.sample_conversations,
+                "max_input_tokens": args.max_input_tokens,
+                "max_output_tokens": args.max_output_tokens,
+                "prompt_format": args.prompt_format,
+                "seed": args.seed,
+                "trio_direct_flags": list(config.flags),
+                "engines": {"count": settings.count, "argv": settings.argv(0)},
+                **facts,
+            }
+            slug = config.slug if args.rounds == 1 else f"{config.slug}/round-{round_ + 1}"
+            write_configuration(args.out / slug, result, document)
+            by_round[config.name].append(row(config.name, summary, facts))
+            print(
+                f"  {summary['completed']} ok, {summary['errors']} errors, TTFT p50 {summary['ttft_ms']['p50']} ms, "
+                f"cached {summary['cached_token_ratio']}, CPU {facts['cpu_s']}, box busy {facts['box_busy_fraction']}, "
+                f"{time.monotonic() - started:.0f} s",
+                file=sys.stderr,
+            )
+    rows = [median_row(by_round[c.name]) for c in plan]
     table = markdown_table(rows)
     summary_ratios = ratios(rows)
     print(table)
@@ -491,8 +541,31 @@ def main() -> None:
             print(f"{r['configuration']}: error x{count}: {kind}")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "summary.json").write_text(
-        json.dumps({"command": " ".join(sys.argv), "rows": rows, "ratios": summary_ratios}, indent=1) + "\n"
+        json.dumps(
+            {"command": " ".join(sys.argv), "rows": rows, "rounds": by_round, "ratios": summary_ratios}, indent=1
+        )
+        + "\n"
     )
+
+
+def median_row(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """One configuration over its rounds: the median of each figure (the only one for one round)."""
+    if len(rounds) == 1:
+        return rounds[0]
+    out: dict[str, Any] = {"configuration": rounds[0]["configuration"], "rounds": len(rounds)}
+    for key, value in rounds[0].items():
+        if key in out:
+            continue
+        if isinstance(value, int | float) or value is None:
+            values = sorted(r[key] for r in rounds if r[key] is not None)
+            out[key] = statistics.median(values) if values else None
+        elif key == "error_kinds":
+            merged: dict[str, int] = {}
+            for r in rounds:
+                for kind, count in r[key].items():
+                    merged[kind] = merged.get(kind, 0) + count
+            out[key] = merged
+    return out
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Regenerate the protobuf messages and grpclib stubs under src/trio_direct/_proto/.
+"""Regenerate the protobuf messages (with type stubs, for mypy) and grpclib stubs under
+src/trio_direct/_proto/.
 
 The .proto files in proto/ are the wire contracts. They are staged under a
 `trio_direct/_proto/` include prefix before compiling so that the generated modules import
@@ -53,13 +54,13 @@ def generate(out_root: Path) -> None:
             sys.executable, "-m", "grpc_tools.protoc",
             f"-I{stage}", f"-I{well_known}",
             f"--plugin=protoc-gen-grpclib_python={Path(sys.executable).parent / 'protoc-gen-grpclib_python'}",
-            f"--python_out={out_root}", f"--grpclib_python_out={out_root}",
+            f"--python_out={out_root}", f"--pyi_out={out_root}", f"--grpclib_python_out={out_root}",
             *staged,
         ]
         subprocess.run(cmd, check=True)
     package = out_root / PREFIX
     for src, dst in SOURCES.items():
-        for suffix in ("_pb2.py", "_grpc.py"):
+        for suffix in ("_pb2.py", "_pb2.pyi", "_grpc.py"):
             path = out_root / dst.parent / (dst.stem + suffix)
             path.write_text(HEADER.format(src=src) + path.read_text())
     for folder in (package, package / "native", package / "smg"):
@@ -88,8 +89,11 @@ def main() -> int:
 
 
 def _diff(a: Path, b: Path) -> list[str]:
-    names_a = {p.relative_to(a) for p in a.rglob("*.py")}
-    names_b = {p.relative_to(b) for p in b.rglob("*.py")} if b.exists() else set()
+    def generated(root: Path) -> set[Path]:
+        return {p.relative_to(root) for pattern in ("*.py", "*.pyi") for p in root.rglob(pattern)}
+
+    names_a = generated(a)
+    names_b = generated(b) if b.exists() else set()
     out = sorted(str(n) for n in names_a ^ names_b)
     out += sorted(str(n) for n in names_a & names_b if not filecmp.cmp(a / n, b / n, shallow=False))
     return out

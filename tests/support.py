@@ -118,7 +118,8 @@ class RawSseClient:
         self.host, self.port = host, int(port)
 
     async def events(self, path: str, body: dict):
-        """Async iterator over the parsed `data:` payloads; closing it closes the connection."""
+        """Async iterator over the parsed `data:` payloads (of named events too); closing it closes
+        the connection."""
         import h11
 
         payload = json.dumps(body).encode()
@@ -146,8 +147,10 @@ class RawSseClient:
                     pending += bytes(event.data)
                     *complete, pending = pending.split(b"\n\n")
                     for record in complete:
-                        if record.startswith(b"data: "):
-                            data = record[len(b"data: ") :]
+                        # a named event (`event: ...` then `data: ...`) yields its data too
+                        data = next((line for line in record.split(b"\n") if line.startswith(b"data: ")), None)
+                        if data is not None:
+                            data = data[len(b"data: ") :]
                             yield "[DONE]" if data == b"[DONE]" else json.loads(data)
                 elif isinstance(event, (h11.EndOfMessage, h11.ConnectionClosed)):
                     return
@@ -233,3 +236,60 @@ def established_connections(host: str, port: int) -> int:
             if fields[1] == local and fields[3] == "01":
                 count += 1
     return count
+
+
+# ---- raw HTTP/1.1 on loopback, for what clients with a library cannot do ---------------------------
+
+
+async def read_to_eof(stream: trio.SocketStream, timeout: float = 10.0) -> bytes:
+    """Everything the server sends until it closes the connection (a reset ends it too)."""
+    received = b""
+    with trio.fail_after(timeout):
+        while True:
+            try:
+                chunk = await stream.receive_some(65536)
+            except trio.BrokenResourceError:
+                return received
+            if not chunk:
+                return received
+            received += chunk
+
+
+async def exchange(port: int, data: bytes, timeout: float = 10.0) -> bytes:
+    """Send `data` on a new connection and read until the server closes it."""
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    try:
+        await stream.send_all(data)
+        return await read_to_eof(stream, timeout)
+    finally:
+        await stream.aclose()
+
+
+def sockets_in_close_wait(port: int) -> int:
+    """Server-side sockets of `port` that the client closed but the server has not (TCP state CLOSE-WAIT)."""
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as rows:
+                lines = rows.read().splitlines()[1:]
+        except FileNotFoundError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "08":
+                count += 1
+    return count
+
+
+async def read_response(stream: trio.SocketStream, timeout: float = 10.0) -> bytes:
+    """One whole response with a Content-Length body, on a connection that stays open."""
+    received = b""
+    with trio.fail_after(timeout):
+        while b"\r\n\r\n" not in received:
+            received += await stream.receive_some(65536)
+        head, body = received.split(b"\r\n\r\n", 1)
+        lines = head.lower().split(b"\r\n")
+        length = next(int(line.split(b":")[1]) for line in lines if line.startswith(b"content-length:"))
+        while len(body) < length:
+            body += await stream.receive_some(65536)
+    return head + b"\r\n\r\n" + body

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from trio_direct import __version__
+from trio_direct.mock import MOCK_MODEL_NAME
 
 if TYPE_CHECKING:
     from trio_direct.frontend.supervisor import WorkerLink
@@ -129,7 +130,7 @@ def _worker_link(args: argparse.Namespace) -> WorkerLink | None:
     return WorkerLink(args.worker_index, args.listen_fd, args.control_fd)
 
 
-async def _serve_until_signalled(serve, config, worker: WorkerLink | None = None) -> None:  # noqa: ANN001
+async def _serve_until_signalled(serve, config, worker: WorkerLink | None = None) -> None:
     """SIGTERM or SIGINT: drain gracefully; a second one: end every open response now, each with an
     error event, then stop; one before serving began: stop at once.
 
@@ -283,13 +284,28 @@ def _add_mock_engine(subcommands: argparse._SubParsersAction) -> None:
         "--model-path", default=None,
         help="local tokenizer/model directory (default: the built-in tiny ChatML model)",
     )
-    p.add_argument("--served-model-name", default=None, help="model id to report (default: the model path)")
+    p.add_argument(
+        "--served-model-name", default=MOCK_MODEL_NAME,
+        help="model id to report (default: %(default)s, the name `serve` gives its built-in mocks)",
+    )
     p.add_argument("--tool-call-parser", default=None, help="parser name to advertise in server info")
     p.add_argument("--reasoning-parser", default=None, help="parser name to advertise in server info")
-    p.add_argument("--seed", type=int, default=None, help="sampling seed of requests that bring none")
+    p.add_argument(
+        "--seed", type=int, default=None,
+        help="seed of the engine's sampling RNG, as SGLang's --random-seed: requests without a seed draw theirs "
+        "from it, so a fresh engine answers the same requests in the same order alike (default: fresh entropy)",
+    )
     p.add_argument(
         "--scripted-outputs", default=None, metavar="FILE",
         help='JSON [{"match": "prompt substring" | null, "text": "..."}]: fixed answers (then EOS) for matching prompts',
+    )
+    p.add_argument(
+        "--is-embedding", action="store_true",
+        help="serve an embedding model: Embed answers deterministic unit vectors of the config's hidden_size",
+    )
+    p.add_argument(
+        "--multimodal", action="store_true",
+        help="take image input (native image_data), each image counting a fixed number of prompt tokens",
     )
     p.add_argument(
         "--expose-accounting", action=argparse.BooleanOptionalAction, default=True,
@@ -329,6 +345,8 @@ def _run_mock_engine(args: argparse.Namespace) -> int:
         reasoning_parser=args.reasoning_parser,
         seed=args.seed,
         scripted_outputs=args.scripted_outputs,
+        is_embedding=args.is_embedding,
+        multimodal=args.multimodal,
         expose_accounting=args.expose_accounting,
         log_level=args.log_level,
         launch_command=shlex.join(sys.argv),
@@ -358,11 +376,10 @@ async def _serve_mock_engine(config: MockEngineConfig) -> None:
     from trio_direct.engine.transport import open_asyncio_loop
     from trio_direct.mock.server import run_mock_engine
 
-    async with open_asyncio_loop():
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(_stop_on_sigterm, nursery.cancel_scope)
-            running = await nursery.start(run_mock_engine, config)
-            print(json.dumps(running.ready_event()), flush=True)
+    async with open_asyncio_loop(), trio.open_nursery() as nursery:
+        nursery.start_soon(_stop_on_sigterm, nursery.cancel_scope)
+        running = await nursery.start(run_mock_engine, config)
+        print(json.dumps(running.ready_event()), flush=True)
 
 
 async def _stop_on_sigterm(scope: trio.CancelScope) -> None:

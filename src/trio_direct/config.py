@@ -41,12 +41,16 @@ class ServeConfig:
     kv_cache_block_size: int | None = None
     chat_template: str | None = None
     router_mode: str = "round-robin"
-    router_kv_overlap_score_credit: float = 1.0
-    router_prefill_load_scale: float = 1.0
-    router_temperature: float = 0.0
+    router_preset: str = "ttft"
+    router_kv_overlap_score_credit: float | None = None
+    router_prefill_load_scale: float | None = None
+    router_temperature: float | None = None
     router_kv_events: bool = True
     router_ttl_secs: float = 120.0
-    load_poll_interval: float = 0.0
+    router_session_ttl: float = 300.0
+    router_affinity_from_user: bool = False
+    engine_busy_threshold: float = 0.95
+    load_poll_interval: float = 1.0
     health_interval: float = 5.0
     health_timeout: float = 2.0
     tool_call_parser: str | None = None
@@ -55,11 +59,20 @@ class ServeConfig:
     max_retries: int = 1
     graceful_shutdown_timeout: float = 30.0
     max_body_bytes: int = 32 * 1024 * 1024
+    header_read_timeout: float = 10.0
+    body_read_timeout: float = 30.0
+    keep_alive_timeout: float = 75.0
+    max_connections: int = 0
     api_key: str | None = None
     admin_api_key: str | None = None
     max_concurrent_requests: int = 0
     cors_allow_origins: str = ""
     max_n: int = 128
+    allow_image_fetch: bool = False
+    image_fetch_timeout: float = 10.0
+    image_fetch_max_bytes: int = 20 * 1024 * 1024
+    responses_store_max_items: int = 4096
+    responses_store_max_bytes: int = 256 * 1024 * 1024
     gc_full_collection_growth: float = 1.0
     mock_engines: int = 2
     mock_speedup: float = 1.0
@@ -97,15 +110,26 @@ _HELP = {
     "as one model; REPORTED=NAME (repeatable) renames one model",
     "kv_cache_block_size": "KV block size (default: the engines' page size)",
     "chat_template": "a Jinja chat template file overriding the model's",
-    "router_mode": "how requests are spread over engines: round-robin, random, or kv (prefix overlap and load)",
-    "router_kv_overlap_score_credit": "kv: weight of cached prefix blocks against prefill work (0 = load only)",
-    "router_prefill_load_scale": "kv: weight of prefill blocks against decode blocks in the cost",
-    "router_temperature": "kv: 0 picks the cheapest engine; > 0 samples, softer the higher",
+    "router_mode": "how requests are spread over engines: round-robin, random, kv (prefix overlap and load), "
+    "least-load (fewest requests in flight) or power-of-two (the less loaded of two drawn at random)",
+    "router_preset": "kv: the cost's defaults: ttft (prefill work weighs 10x decode blocks) or dynamo (Dynamo's 1:1); "
+    "the three flags below override it",
+    "router_kv_overlap_score_credit": "kv: weight of cached prefix blocks against prefill work (0 = load only; "
+    "default: the preset's, 1)",
+    "router_prefill_load_scale": "kv: weight of prefill blocks against decode blocks in the cost (default: the "
+    "preset's, 10 for ttft, 1 for dynamo)",
+    "router_temperature": "kv: 0 picks the cheapest engine; > 0 samples, softer the higher (default: the preset's, 0)",
     "router_kv_events": "kv: index the engines' KV events; --no-router-kv-events learns from routing decisions instead",
     "router_ttl_secs": "kv without events: how long a routed prefix is assumed cached",
+    "router_session_ttl": "seconds a session (X-Session-ID header) sticks to its engine after its last request, "
+    "unless that engine is down or busy (0 = no session affinity)",
+    "router_affinity_from_user": "also take the OpenAI `user` field as the session key",
+    "engine_busy_threshold": "an engine whose polled KV cache use is at or above this fraction is busy: sessions "
+    "pinned to it go elsewhere",
     "health_interval": "seconds between HealthCheck calls per engine (0 = no health checks)",
     "health_timeout": "seconds a HealthCheck may take before it counts as failed",
-    "load_poll_interval": "kv: seconds between GetLoad polls that correct load from other frontends (0 = off)",
+    "load_poll_interval": "kv, least-load, power-of-two: seconds between GetLoad polls, the engines' load as every "
+    "frontend sees it, corrected by this one's own requests since (0 = off: own requests only)",
     "tool_call_parser": "tool-call parser name (default: the engines'); alias --dyn-tool-call-parser",
     "reasoning_parser": "reasoning parser name (default: the engines'); alias --dyn-reasoning-parser",
     "graceful_shutdown_timeout": "on SIGTERM/SIGINT: seconds in-flight requests may take to finish before they are aborted",
@@ -114,9 +138,24 @@ _HELP = {
     "api_key": "require this Bearer token on /v1/* and /debug/* (/health, /live, /metrics stay open)",
     "admin_api_key": "serve the admin API (/admin/engines) to clients sending this Bearer token (off without it)",
     "max_concurrent_requests": "completion requests served at once; more get 429 with Retry-After (0 = no limit)",
-    "max_body_bytes": "largest request body accepted (413 above)",
+    "max_body_bytes": "largest request body accepted (413 above; a larger Content-Length is refused before the body "
+    "is read)",
+    "header_read_timeout": "seconds a request head may take to arrive, from the connection's accept or the head's "
+    "first byte; then 408 and the connection closes (0 = no limit)",
+    "body_read_timeout": "seconds a request body may pause between bytes; then 408 and the connection closes "
+    "(0 = no limit)",
+    "keep_alive_timeout": "seconds an idle kept-alive connection stays open between requests (0 = no limit)",
+    "max_connections": "open client connections per process; more are answered 503 and closed at once "
+    "(0 = the open-file limit less a reserve of max(64, 10%%))",
     "cors_allow_origins": "browser origins allowed to call the API (comma-separated, * for any; default: no CORS)",
     "max_n": "largest `n` accepted",
+    "allow_image_fetch": "fetch http(s) image URLs in the frontend and send the engines their bytes (off: URLs go to the "
+    "engines as given). The frontend then reaches any host a client names: enable it only where that is safe (SSRF)",
+    "image_fetch_timeout": "with --allow-image-fetch: seconds one image may take to fetch",
+    "image_fetch_max_bytes": "with --allow-image-fetch: largest image fetched",
+    "responses_store_max_items": "Responses API: stored responses kept for previous_response_id and GET, "
+    "least recently used evicted first (0 = store nothing; per process, see docs/api.md)",
+    "responses_store_max_bytes": "Responses API: bound on the stored responses' JSON, all together (LRU eviction)",
     "gc_full_collection_growth": "run a full garbage-collector pass when the heap grew by this fraction since the last "
     "one, like Go's GOGC/100 (0 = CPython's own schedule, which stalls every stream for a full pass every few "
     "seconds under load; see docs/operations.md)",
@@ -126,7 +165,8 @@ _HELP = {
 }
 _CHOICES = {
     "engine_api": ("auto", "native", "smg"),
-    "router_mode": ("round-robin", "random", "kv"),
+    "router_mode": ("round-robin", "random", "kv", "least-load", "power-of-two"),
+    "router_preset": ("ttft", "dynamo"),
     "log_level": ("debug", "info", "warning", "error"),
 }
 #: Repeatable flags (a comma- or space-separated list in the environment), and their metavar.
@@ -138,7 +178,14 @@ _URL_LISTS = {
     "model_path": "[NAME=]PATH",
     "served_model_name": "[REPORTED=]NAME",
 }
-
+#: Settings whose default is None ("not given"), and the type of a given value.
+_OPTIONAL_TYPES = {
+    "kv_cache_block_size": int,
+    "router_kv_overlap_score_credit": float,
+    "router_prefill_load_scale": float,
+    "router_temperature": float,
+    "discovery_grace": float,
+}
 #: Other spellings of a flag: Dynamo's (`python -m dynamo.frontend`) for those its users type.
 _ALIASES = {
     "tool_call_parser": ["--dyn-tool-call-parser"],
@@ -153,10 +200,6 @@ def _parse_float(text: str) -> float:
     if math.isnan(value):
         raise argparse.ArgumentTypeError("must be a number")
     return value
-
-
-#: The type of settings whose default is None (the rest are strings).
-_OPTIONAL_TYPES = {"kv_cache_block_size": int, "discovery_grace": _parse_float}
 
 
 def _converter(default: object):
@@ -193,7 +236,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, s
                 help=f"{_HELP[spec.name]} [{env_name}]",
             )
             continue
-        convert = _converter(default) if default is not None else _OPTIONAL_TYPES.get(spec.name, str)
+        convert = _converter(default if default is not None else _OPTIONAL_TYPES.get(spec.name, str)())
         value = environ.get(env_name)
         parser.add_argument(
             flag,

@@ -1,8 +1,11 @@
-"""Log lines that name the request they are about.
+"""Log lines that name the request they are about, in one format whichever server runs the app.
 
 `REQUEST_ID` is set once per request (the id the client sees, e.g. ``chatcmpl-…``); trio hands a
 task's context to the tasks it starts, so every line logged by the request's engine calls, Abort
 and retries carries it without passing it around.
+
+`configure_logging` is called by `trio-direct serve`/`mock-engine` and by ``trio_direct.app`` (for
+``hypercorn -k trio trio_direct.app:app``), so both entry points log alike.
 """
 
 from __future__ import annotations
@@ -10,10 +13,14 @@ from __future__ import annotations
 import logging
 import sys
 from contextvars import ContextVar
+from typing import TextIO
 
 REQUEST_ID: ContextVar[str] = ContextVar("request_id", default="-")
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"
+
+#: The server's own error log. The hypercorn command line gives it a console handler of its own.
+HYPERCORN_ERROR_LOGGER = "hypercorn.error"
 
 
 class RequestIdFilter(logging.Filter):
@@ -22,11 +29,55 @@ class RequestIdFilter(logging.Filter):
         return True
 
 
-def configure_logging(level: str, stream=None) -> None:  # noqa: ANN001 - a text stream
-    """Root logging at `level`, each line with the request id (``-`` outside requests)."""
+class OwnDebugOnly(logging.Filter):
+    """At ``debug``, only trio-direct's debug lines: the libraries under it (hpack, h2, asyncio)
+    log every header and frame at debug, which would bury the lines a user asked for."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.INFO or record.name == "trio_direct" or record.name.startswith("trio_direct.")
+
+
+class JoinRootHandler(logging.Filter):
+    """On hypercorn's error logger: its lines go to the root handler, in `FORMAT`, once each.
+
+    The hypercorn command line gives ``hypercorn.error`` a console handler with hypercorn's own
+    format when it first logs, after the app was imported, and lets it propagate too: every line
+    would show twice, once unformatted. This filter runs before that logger's handlers and drops
+    such console handlers (a ``--error-logfile PATH`` handler stays), so the record reaches only
+    the root handler.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        logger = logging.getLogger(record.name)
+        console = [handler for handler in logger.handlers if _is_console(handler)]
+        for handler in console:
+            logger.removeHandler(handler)
+        if console:
+            logger.propagate = True
+        return True
+
+
+def _is_console(handler: logging.Handler) -> bool:
+    return type(handler) is logging.StreamHandler and handler.stream in (
+        sys.stderr, sys.stdout, sys.__stderr__, sys.__stdout__
+    )
+
+
+def configure_logging(level: str, stream: TextIO | None = None) -> None:
+    """Root logging at `level` to `stream` (stderr), each line in `FORMAT` with the request id
+    (``-`` outside requests).
+
+    Python warnings become log lines too, and hypercorn's error log joins the same handler
+    (`JoinRootHandler`); hypercorn's access log, when asked for, stays as hypercorn writes it.
+    """
     handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
     handler.addFilter(RequestIdFilter())
+    handler.addFilter(OwnDebugOnly())
     handler.setFormatter(logging.Formatter(FORMAT))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    logging.captureWarnings(True)
+    server = logging.getLogger(HYPERCORN_ERROR_LOGGER)
+    if not any(isinstance(f, JoinRootHandler) for f in server.filters):
+        server.addFilter(JoinRootHandler())

@@ -38,10 +38,11 @@ def test_a_frontend_that_is_not_there_fails_with_a_message(tmp_path, capsys):
 
 
 def test_planning_slices_caps_and_scales_the_trace():
-    if default_trace_path() is None:
+    path = default_trace_path()
+    if path is None:
         pytest.skip("the shared trace is not present")
     args = build_parser().parse_args(
-        ["--start", "10", "--limit", "5", "--time-scale", "0.5"]
+        ["--trace", str(path), "--start", "10", "--limit", "5", "--time-scale", "0.5"]
         + ["--max-input-tokens", "1000", "--max-output-tokens", "20"]
     )
     requests, source = plan_requests(args)

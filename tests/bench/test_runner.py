@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 
@@ -9,6 +10,7 @@ import h11
 import pytest
 import trio
 
+from trio_direct.bench import default_trace_path
 from trio_direct.bench.runner import (
     CAPPED_ERROR,
     FleetSpec,
@@ -21,7 +23,6 @@ from trio_direct.bench.runner import (
     open_embedded_fleet,
     run_bench,
 )
-from trio_direct.bench import default_trace_path
 from trio_direct.bench.trace import BLOCK_SIZE, PromptSynthesizer, TraceRequest, cap_lengths, load_trace
 
 
@@ -160,7 +161,7 @@ async def test_a_concurrency_limit_queues_requests(fleet):
     result = await bench(fleet, requests, concurrency_limit=1)
     records = sorted(result.records, key=lambda r: r.sent_at_s)
     assert all(r.ok for r in records)
-    for before, after in zip(records, records[1:]):
+    for before, after in itertools.pairwise(records):
         assert after.sent_at_s >= before.sent_at_s + before.e2e_s
     # one at a time, round-robin over two engines: the second visit to each engine finds the
     # shared first block in its prefix cache
@@ -215,7 +216,7 @@ class Terminal:
         pass
 
 
-async def test_progress_is_one_rewritten_line_on_a_terminal_and_absent_otherwise(fleet):
+async def test_progress_is_one_rewritten_line_on_a_terminal_and_appended_lines_otherwise(fleet):
     requests = [TraceRequest(index=i, arrival_s=0.0, input_length=16, output_length=2, hash_ids=(i,)) for i in range(3)]
     terminal = Terminal()
     await bench(fleet, requests, progress=True, progress_stream=terminal)
@@ -223,5 +224,6 @@ async def test_progress_is_one_rewritten_line_on_a_terminal_and_absent_otherwise
     assert terminal.text.endswith("bench: 3/3 done, 0 in flight, 0 failed, " + terminal.text.rsplit(", ", 1)[1])
     terminal.isatty = lambda: False
     terminal.text = ""
-    await bench(fleet, requests, progress=True, progress_stream=terminal)
-    assert terminal.text == ""
+    await bench(fleet, requests, progress=True, progress_stream=terminal, progress_interval=600)
+    assert terminal.text.startswith("bench: 3/3 done, 0 in flight, 0 failed, ")  # no line before the first interval
+    assert terminal.text.count("\n") == 1 and "\r" not in terminal.text and "\x1b" not in terminal.text

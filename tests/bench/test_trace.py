@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -12,6 +13,7 @@ from trio_direct.bench.trace import (
     PromptSynthesizer,
     TraceRequest,
     cap_lengths,
+    conversation_turns,
     load_trace,
     synthetic_multiturn,
 )
@@ -143,7 +145,32 @@ def test_synthetic_conversations_grow_turn_by_turn_over_shared_system_prompts():
     for turns in conversations.values():
         assert [t.input_length for t in turns] == [712, 862, 1012]
         prompts = [synth.prompt(t) for t in turns]
-        for earlier, later in zip(prompts, prompts[1:]):
+        for earlier, later in itertools.pairwise(prompts):
             assert later[: len(earlier)] == earlier
     system_blocks = {r.hash_ids[0] for r in requests}
     assert system_blocks == {0, 1}
+
+
+def test_conversations_become_chat_turns_that_each_add_the_blocks_new_since_the_turn_before():
+    requests = [
+        request(1024, [0, 5, 6], index=0),  # conversation 5, turn 1
+        request(600, [0, 9], index=1),  # conversation 9: a single turn
+        request(2048, [0, 5, 6, 7, 8], index=2),  # conversation 5 grows by two blocks
+        request(1500, [0, 5, 6, 3], index=3),  # its last block was partial: it changed
+        request(1500, [0, 5, 6, 3], index=4),  # a retry: nothing new, the last block again
+    ]
+    conversations = conversation_turns(requests, min_turns=2)
+    assert len(conversations) == 1
+    turns = conversations[0]
+    assert [t.request.index for t in turns] == [0, 2, 3, 4]
+    assert [t.new_blocks for t in turns] == [(5, 6), (7, 8), (3,), (3,)]
+    assert [len(c) for c in conversation_turns(requests)] == [4, 1]
+
+
+def test_the_shared_trace_has_multi_turn_conversations():
+    path = default_trace_path()
+    if path is None:
+        pytest.skip("the shared trace is not present")
+    conversations = conversation_turns(load_trace(path, limit=600), min_turns=2)
+    assert len(conversations) >= 25
+    assert all(turn.new_blocks and 0 not in turn.new_blocks for chat in conversations for turn in chat)

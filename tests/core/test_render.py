@@ -91,7 +91,7 @@ class LoadLedger:
     held: set[str] = field(default_factory=set)
     router: object = None
 
-    def choose(self, router, workers, key, token_ids, request_id):
+    def choose(self, router, workers, key, token_ids, request_id, pinned=None):
         if not workers:
             raise NoWorkerAvailable("no healthy engine")
         self.held.add(request_id)

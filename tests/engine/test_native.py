@@ -9,7 +9,7 @@ import pytest
 from trio_direct._proto.native import sglang_pb2 as pb
 from trio_direct.engine import native
 from trio_direct.engine.errors import EngineCancelled, EngineInternal
-from trio_direct.engine.types import Bootstrap, GenerateInput, SamplingOptions
+from trio_direct.engine.types import Bootstrap, EmbedInput, GenerateInput, SamplingOptions
 
 TYPES = {
     native.GENERATE: (True, pb.GenerateRequest, pb.GenerateResponse),
@@ -18,6 +18,7 @@ TYPES = {
     native.GET_MODEL_INFO: (False, pb.GetModelInfoRequest, pb.GetModelInfoResponse),
     native.GET_LOAD: (False, pb.GetLoadRequest, pb.GetLoadResponse),
     native.HEALTH_CHECK: (False, pb.HealthCheckRequest, pb.HealthCheckResponse),
+    native.EMBED: (False, pb.EmbedRequest, pb.EmbedResponse),
 }
 
 
@@ -88,7 +89,7 @@ async def test_streaming_mode_is_learnt_from_server_info_when_not_given(engine):
     engine.handlers[native.GENERATE] = replies(*scripted(cumulative=True))
     client = native.NativeEngineClient(engine.channel())
     chunks = await collect(client, GenerateInput(rid="r1", input_ids=[1]))
-    assert sum((c.token_ids for c in chunks), []) == [5, 6, 7, 8]
+    assert [t for c in chunks for t in c.token_ids] == [5, 6, 7, 8]
     assert client.incremental is False
     client.channel.close()
 
@@ -187,4 +188,32 @@ async def test_unary_calls(engine):
     assert await client.health() is True
     assert await client.model_info() == {"model_path": "/m", "served_model_name": "m"}
     assert await client.load() == [{"dp_rank": 0}]
+    client.channel.close()
+
+
+def test_images_go_in_field_19_as_given():
+    urls = ["https://x/cat.png", "data:image/png;base64,AAAA"]
+    request = native.generate_request(GenerateInput(rid="abc", input_ids=[1], image_data=urls))
+    assert list(request.image_data) == urls
+    assert [(field.number, field.name) for field, _ in request.ListFields() if field.name == "image_data"] == [
+        (19, "image_data")
+    ]
+    assert not native.generate_request(GenerateInput(rid="abc", input_ids=[1])).image_data
+
+
+async def test_embed_sends_the_rid_and_ids_and_reads_the_vector_and_prompt_tokens(engine):
+    seen = []
+
+    def answer(call):
+        seen.append(call.request)
+        call.send(pb.EmbedResponse(embedding=[0.6, 0.8], meta_info=meta(id="e1", prompt_tokens=3)))
+        call.finish()
+
+    engine.handlers[native.EMBED] = answer
+    client = native.NativeEngineClient(engine.channel(), incremental=True)
+    output = await client.embed(EmbedInput(rid="e1", input_ids=[4, 5, 6], routed_dp_rank=0))
+    assert output.embedding == pytest.approx([0.6, 0.8]) and output.prompt_tokens == 3
+    assert (seen[0].rid, list(seen[0].input_ids)) == ("e1", [4, 5, 6])
+    # an embed call is request work: it rides the connections for streams, not the control one
+    assert client.channel.stream_connections == 1
     client.channel.close()

@@ -8,12 +8,13 @@ from google.protobuf import struct_pb2
 from trio_direct._proto.smg import sglang_scheduler_pb2 as pb
 from trio_direct.engine import smg
 from trio_direct.engine.errors import EngineInternal, EngineInvalidArgument
-from trio_direct.engine.types import Bootstrap, GenerateInput, SamplingOptions
+from trio_direct.engine.types import Bootstrap, EmbedInput, GenerateInput, SamplingOptions
 
 TYPES = {
     smg.GENERATE: (True, pb.GenerateRequest, pb.GenerateResponse),
     smg.GET_SERVER_INFO: (False, pb.GetServerInfoRequest, pb.GetServerInfoResponse),
     smg.GET_LOADS: (False, pb.GetLoadsRequest, pb.GetLoadsResponse),
+    smg.EMBED: (False, pb.EmbedRequest, pb.EmbedResponse),
 }
 
 
@@ -59,14 +60,14 @@ async def collect(engine, request=None):
 async def test_final_chunk_then_complete_is_not_double_counted(engine):
     engine.handlers[smg.GENERATE] = replies(chunk([5], 1), chunk([6, 7], 3), complete([6, 7], 3, matched_token_id=7))
     chunks = await collect(engine)
-    assert sum((c.token_ids for c in chunks), []) == [5, 6, 7]
+    assert [t for c in chunks for t in c.token_ids] == [5, 6, 7]
     assert (chunks[-1].finish_reason, chunks[-1].matched_stop, chunks[-1].completion_tokens) == ("stop", 7, 3)
 
 
 async def test_legacy_complete_carrying_the_last_delta_is_appended(engine):
     engine.handlers[smg.GENERATE] = replies(chunk([5], 1), complete([6, 7], 3, matched_stop_str="END"))
     chunks = await collect(engine)
-    assert sum((c.token_ids for c in chunks), []) == [5, 6, 7]
+    assert [t for c in chunks for t in c.token_ids] == [5, 6, 7]
     assert chunks[-1].matched_stop == "END"
 
 
@@ -118,4 +119,28 @@ async def test_server_info_is_flattened_with_integral_numbers(engine):
     assert info["max_total_num_tokens"] == 1000 and info["temperature"] == 0.5 and info["server_type"] == "grpc"
     (load,) = await client.load()
     assert load["num_running_reqs"] == 2
+    client.channel.close()
+
+
+def test_image_urls_are_refused_rather_than_dropped():
+    # the servicers read `mm_inputs.image_urls` only in an encoder-disaggregated deployment
+    with pytest.raises(EngineInvalidArgument):
+        smg.generate_request(GenerateInput(rid="r", input_ids=[1], image_data=["https://x/cat.png"]))
+
+
+async def test_embed_reads_the_flat_response(engine):
+    seen = []
+
+    def answer(call):
+        seen.append(call.request)
+        call.send(pb.EmbedResponse(embedding=[1.0, 0.0, 0.0], embedding_dim=3, prompt_tokens=2))
+        call.finish()
+
+    engine.handlers[smg.EMBED] = answer
+    client = smg.SmgEngineClient(engine.channel())
+    output = await client.embed(EmbedInput(rid="e1", input_ids=[4, 5], original_text="hi", routed_dp_rank=1))
+    assert output.embedding == [1.0, 0.0, 0.0] and output.prompt_tokens == 2
+    request = seen[0]
+    assert request.request_id == "e1" and list(request.tokenized.input_ids) == [4, 5]
+    assert request.tokenized.original_text == "hi" and request.data_parallel_rank == 1
     client.channel.close()

@@ -273,3 +273,22 @@ def test_card_json_is_plain_json():
         "dp_rank": 1, "endpoint": "tcp://10.1.2.3:5558", "topic": "", "replay_endpoint": "tcp://10.1.2.3:5601",
     }  # fmt: skip
     assert data["role"] == "aggregated" and data["context_length"] == 40955
+
+
+def test_an_embedding_model_is_told_by_is_generation_on_both_apis():
+    assert not native().is_embedding and not smg().is_embedding
+    assert native(model_changes={"is_generation": False}).is_embedding
+    assert smg(model_changes={"is_generation": False}).is_embedding
+    # an engine whose model info says nothing: the server arg decides
+    assert native({"is_embedding": True}, {"is_generation": None}).is_embedding
+    assert native(model_changes={"is_generation": None}).is_embedding is False
+
+
+def test_image_input_is_what_a_native_engine_lists_in_grpc_features():
+    assert not native().supports_images  # 0.5.23 with a text-only model lists no formats
+    features = {"image_inputs": ["url", "data_url"], "video_inputs": [], "audio_inputs": []}
+    assert native({"grpc_features": features}).supports_images
+    assert not native({"grpc_features": None}).supports_images  # 0.5.21 and older: no media at all
+    # SMG servicers take images only as pixel values a gateway made, whatever they report
+    assert not smg({"grpc_features": features}, {"supports_vision": True}).supports_images
+    assert native({"grpc_features": features}).to_json()["supports_images"] is True

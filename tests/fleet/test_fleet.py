@@ -179,7 +179,7 @@ def probed(engine_url: str, **changes) -> ProbedEngine:
 @pytest.fixture
 def engines_up_at(monkeypatch):
     """Replace probing: each URL answers from its time on (None: never; an exception: raised then)."""
-    schedule: dict[str, float | None | tuple[float, Exception]] = {}
+    schedule: dict[str, float | tuple[float, Exception] | None] = {}
 
     async def fake_probe(engine_url, pool, *, api="auto", timeout=10.0):
         at = schedule[engine_url]
@@ -277,3 +277,14 @@ def test_overrides_apply_to_joining_engines_too_and_the_frontend_check_has_the_l
     assert fleet.pending == [pending]
     joined = fleet.join(pending, probed("h:e1", served_model_name="other"))
     assert joined.id == "e1" and fleet.model.served_model_name == "chat"
+
+
+def test_embedding_and_generation_engines_do_not_form_one_fleet():
+    assert fleet_model(cards({"is_embedding": True}, {"is_embedding": True})).is_embedding
+    with pytest.raises(FleetError, match="is_embedding"):
+        fleet_model(cards({"is_embedding": True}, {}))
+
+
+def test_the_fleet_takes_images_only_if_every_engine_does():
+    assert fleet_model(cards({"supports_images": True}, {"supports_images": True})).supports_images
+    assert not fleet_model(cards({"supports_images": True}, {})).supports_images

@@ -93,7 +93,7 @@ async def test_engine_that_is_down_is_unavailable(pool, unused_port):
 async def test_probe_command_prints_cards_as_json(start_mock, capsys):
     running = await start_mock(served_model_name="tiny")
     assert await probe_command([url(running)], "auto", 5.0) == 0
-    card = json.loads(capsys.readouterr().out)
+    [card] = json.loads(capsys.readouterr().out)  # one JSON array, for one URL too
     assert (card["served_model_name"], card["api"], card["port"]) == ("tiny", "native", running.port)
 
 
@@ -102,7 +102,7 @@ async def test_probe_command_reports_failures_and_still_prints_the_rest(start_mo
     rc = await probe_command([f"127.0.0.1:{unused_port}", url(running), "nonsense"], "auto", 2.0)
     assert rc == 1
     out, err = capsys.readouterr()
-    assert json.loads(out)["port"] == running.port
+    assert [card["port"] for card in json.loads(out)] == [running.port]
     assert f"127.0.0.1:{unused_port}" in err and "nonsense" in err
 
 

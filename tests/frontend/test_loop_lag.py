@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from functools import partial
 
 import httpx
 import pytest
@@ -41,7 +42,7 @@ def test_a_stall_over_the_threshold_is_warned_about_at_most_once_per_period_with
 async def test_a_blocked_loop_shows_in_the_metrics_and_the_log(mock_clock, nursery, caplog):
     count = sample("trio_direct_event_loop_lag_seconds_count")
     over_quarter = count - sample("trio_direct_event_loop_lag_seconds_bucket", le="0.25")
-    tracker = await nursery.start(monitor_loop_lag, 0.02)
+    tracker = await nursery.start(partial(monitor_loop_lag, 0.02, busy=lambda: True))
     await wait_all_tasks_blocked()
     with caplog.at_level(logging.WARNING, logger="trio_direct.frontend.loop_lag"):
         mock_clock.jump(0.3)  # the loop "was busy" 300 ms: the 20 ms timer fires 280 ms late
@@ -56,6 +57,46 @@ async def test_a_blocked_loop_shows_in_the_metrics_and_the_log(mock_clock, nurse
     await wait_all_tasks_blocked()
     assert sample("trio_direct_event_loop_lag_seconds_count") == count + 2
     assert tracker.worst == pytest.approx(0.28)
+
+
+async def test_with_nothing_in_flight_the_timer_wakes_rarely_and_speeds_up_once_requests_are_in_flight(
+    mock_clock, nursery
+):
+    busy = False
+    count = sample("trio_direct_event_loop_lag_seconds_count")
+    tracker = await nursery.start(partial(monitor_loop_lag, 0.02, idle_interval=0.5, busy=lambda: busy))
+    for _ in range(25):  # half a second in 20 ms steps: idle, one wake-up
+        mock_clock.jump(0.02)
+        await wait_all_tasks_blocked()
+    assert tracker.samples == 1
+    busy = True  # a request arrived: the monitor notices at its next wake-up, at most 0.5 s later,
+    for _ in range(50):  # and then wakes every 20 ms: ~25 times in the second half of this second
+        mock_clock.jump(0.02)
+        await wait_all_tasks_blocked()
+    assert 22 <= tracker.samples <= 28
+    mock_clock.jump(0.6)  # a stall while busy: measured in full
+    await wait_all_tasks_blocked()
+    assert tracker.worst == pytest.approx(0.58)
+    busy = False
+    mock_clock.jump(0.02)
+    await wait_all_tasks_blocked()
+    samples = tracker.samples
+    mock_clock.jump(0.9)  # idle again; a stall over a wake-up is still measured in full
+    await wait_all_tasks_blocked()
+    assert tracker.samples == samples + 1 and tracker.worst == pytest.approx(0.58)
+    assert sample("trio_direct_event_loop_lag_seconds_count") == count + tracker.samples
+
+
+def test_the_default_busy_signal_is_the_in_flight_gauge():
+    from trio_direct import metrics
+    from trio_direct.frontend import loop_lag
+
+    assert not loop_lag._requests_in_flight()
+    metrics.IN_FLIGHT.inc()
+    try:
+        assert loop_lag._requests_in_flight()
+    finally:
+        metrics.IN_FLIGHT.dec()
 
 
 async def test_a_serving_frontend_reports_its_loop_lag(mock_engine_factory, nursery):
@@ -74,5 +115,5 @@ async def test_a_serving_frontend_reports_its_loop_lag(mock_engine_factory, nurs
     first = await scrape()
     assert "trio_direct_event_loop_lag_max_seconds" in first
     with trio.fail_after(10):
-        while (await scrape())["trio_direct_event_loop_lag_seconds_count"] <= first["trio_direct_event_loop_lag_seconds_count"]:
+        while (await scrape())["trio_direct_event_loop_lag_seconds_count"] <= first["trio_direct_event_loop_lag_seconds_count"]:  # noqa: ASYNC110 - polls /metrics
             await trio.sleep(0.05)

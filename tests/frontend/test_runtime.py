@@ -58,34 +58,39 @@ def test_a_decode_engine_never_serves_alone():
         frontend([prefill, decode]).choose_route()
 
 
-def test_roles_must_match_the_flags_they_were_given_with():
+WRONG_PREFILL = r"e1 \(grpc://b:1\) was given with --prefill-engine-url, but reports role 'decode'.*--engine-url"
+
+
+def test_roles_come_from_the_probe_and_prefill_engine_url_asserts_prefill():
     fleet = Fleet(
         [engine("e0", "prefill", "grpc://a:1"), engine("e1", "decode", "grpc://b:1"), engine("e2", "prefill", "grpc://c:1")],
         model=None,
     )
     check_roles(fleet, [])  # without --prefill-engine-url the probe alone decides
     check_roles(fleet, ["grpc://a:1", "grpc://c:1"])
-    with pytest.raises(FleetError, match=r"e2 \(grpc://c:1\) reports role 'prefill'.*--engine-url"):
-        check_roles(fleet, ["grpc://a:1"])
-    with pytest.raises(FleetError, match=r"e1 \(grpc://b:1\) reports role 'decode'.*--prefill-engine-url"):
+    check_roles(fleet, ["grpc://a:1"])  # e2, a prefill engine given with --engine-url, serves as prefill
+    with pytest.raises(FleetError, match=WRONG_PREFILL):
         check_roles(fleet, ["grpc://a:1", "grpc://b:1", "grpc://c:1"])
+
+
+def test_a_prefill_engine_given_with_engine_url_serves_as_prefill():
+    pool = frontend(
+        [engine("p0", "prefill", "grpc://a:1"), engine("d0", "decode", "grpc://b:1")], prefill_engine_url=[]
+    )
+    check_roles(pool.fleet, pool.config.prefill_engine_url)
+    route = pool.choose_route()
+    assert (route.prefill.engine.id, route.decode.engine.id) == ("p0", "d0")
 
 
 # --- engines that join after start-up --------------------------------------------------------------
 
 
-def test_a_joining_engine_is_checked_against_the_flag_it_was_given_with():
-    front = frontend(
-        [engine("e0", "prefill", "grpc://a:1")],
-        prefill_engine_url=["grpc://a:1", "grpc://b:1"],
-        engine_url=["grpc://c:1"],
-    )
+def test_a_joining_engine_given_with_prefill_engine_url_must_be_prefill():
+    front = frontend([engine("e0", "prefill", "grpc://a:1")], prefill_engine_url=["grpc://a:1", "grpc://b:1"])
     front.check_join(engine("e1", "prefill", "grpc://b:1"))
-    with pytest.raises(FleetError, match=r"e1 \(grpc://b:1\) reports role 'decode'.*--prefill-engine-url"):
+    with pytest.raises(FleetError, match=WRONG_PREFILL):
         front.check_join(engine("e1", "decode", "grpc://b:1"))
-    with pytest.raises(FleetError, match=r"e2 \(grpc://c:1\) reports role 'prefill'.*--engine-url"):
-        front.check_join(engine("e2", "prefill", "grpc://c:1"))
-    front.check_join(engine("e3", "prefill", "grpc://found-by-dns:1"))  # discovered: its probe decides
+    front.check_join(engine("e2", "prefill", "grpc://c:1"))  # given with --engine-url: used as it reports
     frontend([engine("e0", "aggregated")]).check_join(engine("e1", "prefill"))  # no flag: the probe decides
 
 

@@ -220,8 +220,8 @@ async def test_a_gap_older_than_the_replay_buffer_clears_the_rank(ctx: zmq.Conte
     assert sink.events[0] == [_mark(4), _mark(5)]
     assert len(sink.clears) == 1
     rank, reason = sink.clears[0]
-    assert rank == 0 and "history lost" in reason and "4 batches lost" in reason
-    assert subscriber.counters.lost == lost + 4
+    assert rank == 0 and "history lost" in reason and "replay starts at" in reason
+    assert subscriber.counters.lost == lost + 1
 
 
 async def test_a_gap_without_replay_endpoint_clears_and_counts_lost(ctx: zmq.Context) -> None:
@@ -239,8 +239,8 @@ async def test_a_gap_without_replay_endpoint_clears_and_counts_lost(ctx: zmq.Con
 
     assert sink.events[0] == [_mark(3)]
     assert len(sink.clears) == 1
-    assert sink.clears[0][0] == 0 and "no replay endpoint: 3 batches lost" in sink.clears[0][1]
-    assert subscriber.counters.lost == lost + 3
+    assert sink.clears[0][0] == 0 and "no replay endpoint: history lost" in sink.clears[0][1]
+    assert subscriber.counters.lost == lost + 1
     assert subscriber.counters.gaps == gaps + 1
     assert subscriber.counters.replays == replays
 
@@ -263,8 +263,8 @@ async def test_a_replay_that_brings_nothing_clears_the_rank(ctx: zmq.Context, mo
         publisher.close()
 
     assert sink.events[0] == [_mark(0)]
-    assert len(sink.clears) == 1 and "2 batches lost" in sink.clears[0][1]
-    assert subscriber.counters.lost == lost + 2
+    assert len(sink.clears) == 1 and "history lost" in sink.clears[0][1]
+    assert subscriber.counters.lost == lost + 1
     assert subscriber.counters.replays == replays + 1
 
 
@@ -365,6 +365,58 @@ async def test_engine_down_clears_every_rank_and_resyncs(ctx: zmq.Context) -> No
 
     assert sink.clears == [(0, "engine down"), (1, "engine down")]
     assert sink.events[0][-1] == _mark(1)
+
+
+# -- first batches -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("replay", [True, False])
+async def test_a_publisher_numbering_from_1_or_joined_late_clears_nothing(ctx: zmq.Context, replay: bool) -> None:
+    """SGLang's first batch is seq 1; a subscriber that joins later sees a higher one first."""
+    publisher = RawPublisher(ctx, replay="history" if replay else None)
+    publisher.publish([_mark(0)], drop=True)  # seq 0: never published by SGLang, here never seen
+    publisher.publish([_mark(1)], drop=True)  # published before this subscriber joined
+    try:
+        async with trio.open_nursery() as nursery:
+            if replay:
+                nursery.start_soon(publisher.serve_replay)
+            async with _subscribed(ctx, [publisher.source()]) as (subscriber, sink):
+                await _join(publisher, subscriber)
+            nursery.cancel_scope.cancel()
+    finally:
+        publisher.close()
+
+    assert sink.clears == []
+    assert subscriber.counters.lost == subscriber.counters.gaps == 0
+    assert subscriber.counters.joins == 1
+    # With a replay endpoint, what the engine stored before the subscription is learnt too.
+    assert (sink.events[0][:2] == [_mark(0), _mark(1)]) == replay
+
+
+async def test_a_publisher_jumping_its_seqs_counts_one_gap_and_one_restart(ctx: zmq.Context) -> None:
+    """A broken or hostile publisher cannot inflate the counters by its seq arithmetic."""
+    publisher = RawPublisher(ctx)
+    try:
+        async with _subscribed(ctx, [publisher.source()]) as (subscriber, sink):
+            await _join(publisher, subscriber)
+            sink.clears.clear()
+            before = subscriber.counters.as_dict()
+            publisher.next_seq = 2**64 - 3  # a jump of ~1.8e19
+            publisher.publish([_mark(1)])
+            await wait_until(lambda: _caught_up(publisher, subscriber))
+            publisher.next_seq = 7  # and back again
+            publisher.publish([_mark(2)])
+            await wait_until(lambda: _caught_up(publisher, subscriber))
+    finally:
+        publisher.close()
+
+    after = subscriber.counters.as_dict()
+    assert after["gaps"] - before["gaps"] == 1
+    assert after["lost"] - before["lost"] == 1  # no replay endpoint: that one gap lost history
+    assert after["restarts"] - before["restarts"] == 1
+    assert sink.events[0][-2:] == [_mark(1), _mark(2)]
+    assert sink.clears and sink.clears[0][1].endswith("history lost")
+    assert max(after[kind] for kind in ("joins", "gaps", "replays", "lost", "restarts")) < 10
 
 
 # -- bad input and load ----------------------------------------------------------------------

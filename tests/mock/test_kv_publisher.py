@@ -261,15 +261,15 @@ async def test_subscriber_sees_topic_seq_and_payload(ctx: zmq.Context, fmt: str)
     assert decode_batch(two[2]) == (13.0, [AllBlocksCleared()], 0)
 
 
-async def test_seq_starts_at_zero_and_counts_batches(ctx: zmq.Context) -> None:
+async def test_seq_starts_at_one_as_sglangs_and_counts_batches(ctx: zmq.Context) -> None:
     async with open_kv_publishers(kv_events_config(), 1, ctx) as publishers:
         publisher = publishers[0]
-        assert publisher.next_seq == 0
+        assert publisher.next_seq == 1
         publisher.publish([STORED])
         publisher.publish([REMOVED, AllBlocksCleared()])
-        assert publisher.next_seq == 2
+        assert publisher.next_seq == 3
         replies = await _replay(ctx, publisher.bound_replay_endpoint, 0)
-    assert [_seq(r[2]) for r in replies[:-1]] == [0, 1]
+    assert [_seq(r[2]) for r in replies[:-1]] == [1, 2]
 
 
 @pytest.mark.parametrize("fmt", ["map", "array"])
@@ -278,12 +278,12 @@ async def test_replay_layouts(ctx: zmq.Context, fmt: str) -> None:
         publisher = publishers[0]
         for step in range(3):
             publisher.publish([STORED], ts=float(step))
-        replies = await _replay(ctx, publisher.bound_replay_endpoint, 1)
+        replies = await _replay(ctx, publisher.bound_replay_endpoint, 2)
     if fmt == "map":  # 0.5.23: [b"", topic, seq, payload], end [b"", b"", END, b""]
-        assert [r[:3] for r in replies[:-1]] == [[b"", b"kv", (n).to_bytes(8, "big")] for n in (1, 2)]
+        assert [r[:3] for r in replies[:-1]] == [[b"", b"kv", (n).to_bytes(8, "big")] for n in (2, 3)]
         assert replies[-1] == [b"", b"", END_SEQ, b""]
     else:  # 0.5.19: [b"", seq, payload], end [b"", END, b""]
-        assert [r[:2] for r in replies[:-1]] == [[b"", (n).to_bytes(8, "big")] for n in (1, 2)]
+        assert [r[:2] for r in replies[:-1]] == [[b"", (n).to_bytes(8, "big")] for n in (2, 3)]
         assert replies[-1] == [b"", END_SEQ, b""]
     assert [decode_batch(r[-1])[0] for r in replies[:-1]] == [1.0, 2.0]
 
@@ -295,9 +295,9 @@ async def test_replay_reveals_lost_history(ctx: zmq.Context) -> None:
         assert await _replay(ctx, endpoint, 0) == [[b"", b"", END_SEQ, b""]]  # nothing yet
         for step in range(5):
             publisher.publish([STORED], ts=float(step))
-        # Only seqs 3 and 4 are kept: a suffix starting past 0 proves 0..2 are gone.
-        assert [_seq(r[2]) for r in (await _replay(ctx, endpoint, 0))[:-1]] == [3, 4]
-        assert await _replay(ctx, endpoint, 5) == [[b"", b"", END_SEQ, b""]]
+        # Only seqs 4 and 5 are kept: a suffix starting past 1 proves 1..3 are gone.
+        assert [_seq(r[2]) for r in (await _replay(ctx, endpoint, 0))[:-1]] == [4, 5]
+        assert await _replay(ctx, endpoint, 6) == [[b"", b"", END_SEQ, b""]]
 
 
 async def test_long_replay_to_a_slow_reader_arrives_complete(ctx: zmq.Context) -> None:
@@ -307,7 +307,7 @@ async def test_long_replay_to_a_slow_reader_arrives_complete(ctx: zmq.Context) -
     )
     async with open_kv_publishers(kv_events_config(), 1, ctx) as publishers:
         publisher = publishers[0]
-        for _ in range(3000):  # ~15 MB
+        for _ in range(3000):  # ~15 MB, seqs 1..3000
             publisher.publish([big], ts=1.0)
         with TrioSocket(ctx, zmq.DEALER, rcvhwm=100) as dealer, trio.fail_after(30):
             dealer.connect(publisher.bound_replay_endpoint)
@@ -316,7 +316,7 @@ async def test_long_replay_to_a_slow_reader_arrives_complete(ctx: zmq.Context) -
             seqs = []
             while (frames := await dealer.recv_multipart())[-2] != END_SEQ:
                 seqs.append(_seq(frames[2]))
-    assert seqs == list(range(3000))
+    assert seqs == list(range(1, 3001))
 
 
 async def test_drop_next_makes_a_gap_that_replay_fills(ctx: zmq.Context) -> None:
@@ -384,14 +384,14 @@ async def test_send_frames_uses_no_seq(ctx: zmq.Context) -> None:
             assert publisher.next_seq == expected
 
 
-async def test_restart_sequence_numbers_from_zero_with_no_history(ctx: zmq.Context) -> None:
+async def test_restart_sequence_numbers_from_the_start_with_no_history(ctx: zmq.Context) -> None:
     async with open_kv_publishers(kv_events_config(), 1, ctx) as publishers:
         publisher = publishers[0]
         for step in range(3):
             publisher.publish([STORED], ts=float(step))
         publisher.drop_next(1)
         publisher.restart_sequence()
-        assert publisher.next_seq == 0
+        assert publisher.next_seq == 1
         assert await _replay(ctx, publisher.bound_replay_endpoint, 0) == [[b"", b"", END_SEQ, b""]]
         sub = await _subscribe(ctx, publisher)  # not dropped: the restart forgot drop_next
         with sub:

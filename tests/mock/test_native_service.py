@@ -6,9 +6,9 @@ import json
 
 import pytest
 import trio
+from support import wait_until
 from tokenizers import Tokenizer
 
-from support import wait_until
 from trio_direct._proto.native import sglang_pb2 as pb
 from trio_direct.engine.errors import EngineCancelled, EngineError, EngineInternal, EngineInvalidArgument
 from trio_direct.engine.transport import EngineChannel
@@ -104,7 +104,7 @@ async def test_meta_info_is_json_with_sglang_keys(channel):
     messages = await collect(channel, gen("meta-keys", stream=True, max_new_tokens=3))
 
     for message in messages:
-        assert ALWAYS_KEYS <= message.meta_info.keys()
+        assert message.meta_info.keys() >= ALWAYS_KEYS
         assert message.meta_info["id"] == '"meta-keys"'  # strings are JSON-quoted
         assert message.meta_info["weight_version"] == '"default"'
     first, last = meta(messages[0]), meta(messages[-1])
@@ -134,6 +134,21 @@ async def test_same_seed_same_tokens_other_seed_other_tokens(channel):
 
     assert a[0].output_ids == b[0].output_ids
     assert a[0].output_ids != c[0].output_ids
+
+
+async def test_identical_requests_without_a_seed_differ_as_on_a_real_engine(channel):
+    a = await collect(channel, gen("free-a", max_new_tokens=12, ignore_eos=True))
+    b = await collect(channel, gen("free-b", max_new_tokens=12, ignore_eos=True))
+    assert a[0].output_ids != b[0].output_ids
+
+
+async def test_engines_with_the_same_seed_flag_answer_the_same_requests_alike(mock_engine_factory, dial):
+    answers = []
+    for _ in range(2):
+        channel = dial((await mock_engine_factory(seed=42)).port)
+        answers.append([(await collect(channel, gen(f"r{i}", max_new_tokens=8)))[0].output_ids for i in range(3)])
+    assert answers[0] == answers[1]
+    assert len({tuple(ids) for ids in answers[0]}) == 3
 
 
 async def test_n_samples_get_their_own_rids(channel):
@@ -409,7 +424,7 @@ async def test_rpcs_the_mock_does_not_serve_are_unimplemented(channel):
     from trio_direct.engine.errors import EngineUnimplemented
 
     with pytest.raises(EngineUnimplemented):
-        await channel.unary(P + "Embed", pb.EmbedRequest(input_ids=[1]), pb.EmbedResponse, timeout=5)
+        await channel.unary(P + "TextEmbed", pb.TextEmbedRequest(text="hi"), pb.TextEmbedResponse, timeout=5)
 
 
 async def test_scripted_outputs_answer_matching_prompts_with_their_text(mock_engine_factory, dial, tmp_path, tiny_model):

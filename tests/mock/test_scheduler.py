@@ -93,6 +93,27 @@ def test_same_seed_and_prompt_give_the_same_tokens_on_any_engine() -> None:
     assert len(set(a)) > 10  # not a constant stream
 
 
+def test_a_variation_changes_the_tokens_but_not_where_the_answer_stops() -> None:
+    # Without a seed, each sample brings its own variation (the engine draws one per sample).
+    outcomes = {}
+    for variation in (None, 1, 2):
+        req = MockRequest("a", prompt(9), 3000, variation=variation, stop_token_ids=frozenset({7}))
+        outcomes[variation] = generate(make(), req)
+    (plain, plain_end), (one, one_end), (two, two_end) = outcomes.values()
+    assert len(plain) == len(one) == len(two) < 3000  # a stop is sampled, at the same step each time
+    assert plain_end.finish == one_end.finish == two_end.finish and plain_end.finish.kind == "stop"
+    assert plain[-1] == one[-1] == two[-1]
+    assert plain[:-1] != one[:-1] != two[:-1] and plain[:-1] != two[:-1]
+    assert not {EOS, 7} & set(one[:-1] + two[:-1])  # the variation's own tokens never stop
+
+
+def test_a_seed_or_greedy_sampling_leaves_no_room_for_a_variation() -> None:
+    seeded = MockRequest("a", prompt(9), 40, ignore_eos=True, seed=5)
+    assert generate(make(), seeded)[0] == generate(make(), replace(seeded, variation=99))[0]
+    greedy = MockRequest("a", prompt(9), 40, ignore_eos=True, temperature=0.0)
+    assert generate(make(), greedy)[0] == generate(make(), replace(greedy, variation=99))[0]
+
+
 def test_greedy_requests_ignore_the_seed() -> None:
     req = MockRequest("a", prompt(5), 10, ignore_eos=True, temperature=0.0, seed=1)
     a, _ = generate(make(), req)
@@ -178,9 +199,11 @@ def test_zero_max_new_tokens_prefills_and_returns_nothing() -> None:
         ),
         (
             MockRequest("a", prompt(40), 30),
-            "Requested token count exceeds the model's maximum context length of 64 tokens. "
-            "You requested a total of 70 tokens: 40 tokens from the input messages and 30 "
-            "tokens for the completion. Please reduce the number of tokens",
+            (
+                "Requested token count exceeds the model's maximum context length of 64 tokens. "
+                "You requested a total of 70 tokens: 40 tokens from the input messages and 30 "
+                "tokens for the completion. Please reduce the number of tokens"
+            ),
         ),
         (MockRequest("a", [], 1), "should not be empty"),
         (MockRequest("a", prompt(4), 2, min_new_tokens=3), "min_new_tokens"),

@@ -10,8 +10,8 @@ import zipfile
 import pytest
 import trio
 from grpclib.health.v1 import health_pb2
-
 from support import wait_until
+
 from trio_direct._proto.smg import common_pb2 as common
 from trio_direct._proto.smg import sglang_scheduler_pb2 as pb
 from trio_direct.engine.errors import EngineError, EngineInvalidArgument, EngineUnimplemented
@@ -73,8 +73,9 @@ async def test_stream_is_delta_chunks_then_a_final_chunk_then_complete(channel):
 
 
 async def test_non_stream_is_one_complete_with_all_ids(channel):
-    streamed = await collect(channel, gen("s-2", stream=True, max_new_tokens=5))
-    [message] = await collect(channel, gen("ns-2", max_new_tokens=5))
+    # The SMG API has no seed: greedy requests are the repeatable ones.
+    streamed = await collect(channel, gen("s-2", stream=True, max_new_tokens=5, temperature=0.0))
+    [message] = await collect(channel, gen("ns-2", max_new_tokens=5, temperature=0.0))
 
     assert message.WhichOneof("response") == "complete"
     assert list(message.complete.output_ids) == [t for m in streamed[:-1] for t in m.chunk.token_ids]
@@ -91,12 +92,13 @@ async def test_n_samples_are_tagged_by_index(channel):
 async def test_matched_stop_token_and_stop_string(channel, tiny_model):
     from tokenizers import Tokenizer
 
-    [free] = await collect(channel, gen("free", max_new_tokens=12, ignore_eos=True))
+    greedy = {"max_new_tokens": 12, "temperature": 0.0}  # repeatable: the SMG API has no seed
+    [free] = await collect(channel, gen("free", ignore_eos=True, **greedy))
     ids = list(free.complete.output_ids)
-    [by_token] = await collect(channel, gen("tok", max_new_tokens=12, stop_token_ids=[ids[4]]))
+    [by_token] = await collect(channel, gen("tok", stop_token_ids=[ids[4]], **greedy))
     tokenizer = Tokenizer.from_file(str(tiny_model / "tokenizer.json"))
     text = next(t for i in range(2, len(ids)) if (t := tokenizer.decode([ids[i]], skip_special_tokens=True).strip()))
-    [by_text] = await collect(channel, gen("str", max_new_tokens=12, ignore_eos=True, stop=[text]))
+    [by_text] = await collect(channel, gen("str", ignore_eos=True, stop=[text], **greedy))
 
     assert by_token.complete.finish_reason == "stop"
     assert by_token.complete.WhichOneof("matched_stop") == "matched_token_id"
@@ -305,7 +307,7 @@ async def test_subscribe_kv_events_relays_batches_one_block_per_hash(mock_engine
             await collect(channel, gen("kv", prompt=prompt, max_new_tokens=1))
 
     [batch] = batches
-    assert batch.sequence_number == 0 and batch.dp_rank == 0
+    assert batch.sequence_number == 1 and batch.dp_rank == 0  # SGLang numbers its first batch 1
     stored = batch.events[0].stored
     expected, _ = block_hash_chain(prompt, 4)
     assert [block.block_hash for block in stored.blocks] == expected

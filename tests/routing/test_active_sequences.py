@@ -97,22 +97,41 @@ def test_adding_a_request_again_moves_it():
     assert active.active_requests(B) == 1 and active.worker_of("r1") == B
 
 
-def test_polled_engine_load_counts_when_it_exceeds_own_tracking():
+def test_polled_engine_load_adds_what_others_had_there_to_own_tracking():
     active = ActiveSequences(BS)
     add(active, "r1", A, tokens(1, 10 * BS))
-    # another frontend keeps the engine busier than this router knows
-    active.set_external_load(A, running=7, waiting=2, used_tokens=50 * BS + 1, waiting_tokens=900)
+    # another frontend keeps the engine busier than this router knows; the poll includes r1
+    active.set_external_load(A, running=7, waiting=2, used_tokens=50 * BS + 1, waiting_tokens=900 + 10 * BS)
     assert active.decode_blocks(A) == 51
     assert active.active_requests(A) == 9
-    assert active.prefill_tokens(A) == 900
+    assert active.prefill_tokens(A) == 900 + 10 * BS
     assert active.decode_blocks(A, own_only=True) == 10
-    assert active.external_load(A) == ExternalLoad(7, 2, 50 * BS + 1, 900)
-    # a stale poll below what this router routed since does not hide its own requests
-    active.set_external_load(A, running=0, waiting=0, used_tokens=0)
-    assert active.decode_blocks(A) == 10 and active.active_requests(A) == 1
-    assert active.prefill_tokens(A) == 10 * BS  # no waiting_tokens polled: own only
+    assert active.external_load(A) == ExternalLoad(7, 2, 50 * BS + 1, 900 + 10 * BS)
+    # routed since the poll: counted at once, on top of the others' share
+    add(active, "r2", A, tokens(2, 4 * BS))
+    assert active.active_requests(A) == 10 and active.decode_blocks(A) == 55
+    active.free("r1")  # finished since the poll: its share leaves too
+    assert active.active_requests(A) == 9 and active.decode_blocks(A) == 45
+    # a stale poll below what this router routed does not hide its own requests
+    active.set_external_load(A, running=0, waiting=0, used_tokens=0, own_at_poll=active.own_load(A))
+    assert active.decode_blocks(A) == 4 and active.active_requests(A) == 1
+    assert active.prefill_tokens(A) == 4 * BS  # no waiting_tokens polled: own only
     active.clear_external_load(A)
     assert active.external_load(A) is None
+
+
+def test_two_replicas_polling_one_engine_see_the_same_load():
+    """Each routes half of the requests; after a poll both see all of them, and their own since."""
+    one, two = ActiveSequences(BS), ActiveSequences(BS)
+    for i in range(6):
+        add(one if i % 2 else two, f"r{i}", A, tokens(i, 4 * BS))
+    engine = {"running": 6, "waiting": 0, "used_tokens": 24 * BS}
+    for replica in (one, two):
+        replica.set_external_load(A, **engine)
+    assert one.active_requests(A) == two.active_requests(A) == 6
+    assert one.decode_blocks(A) == two.decode_blocks(A) == 24
+    add(one, "r6", A, tokens(6, 4 * BS))
+    assert one.active_requests(A) == 7 and two.active_requests(A) == 6
 
 
 def test_a_removed_worker_forgets_its_requests_and_polls():

@@ -13,6 +13,7 @@ from trio_direct.routing.kv_events import (
     BlockRemoved,
     BlockStored,
     Gap,
+    Join,
     Restart,
     SequenceTracker,
     decode_batch,
@@ -142,10 +143,33 @@ def test_in_order_batches_apply_from_zero() -> None:
     assert tracker.expected == 3
 
 
-def test_joining_mid_stream_is_a_gap_from_zero() -> None:
+@pytest.mark.parametrize("first", [1, 57, 2**63])
+def test_the_first_batch_sets_the_baseline_whatever_its_seq(first: int) -> None:
+    """SGLang's first batch is 1, and a late subscriber's first is whatever is live: no gap."""
     tracker = SequenceTracker()
-    assert tracker.observe(57) == Gap(expected=0, got=57)
+    assert tracker.observe(first) == Join(got=first)
     assert tracker.last_applied is None
+    tracker.start_at(first)
+    assert tracker.observe_replayed(first) == APPLY
+    assert tracker.observe(first + 1) == APPLY
+
+
+def test_a_join_may_take_earlier_batches_from_replay_first() -> None:
+    tracker = SequenceTracker()
+    assert tracker.observe(5) == Join(got=5)
+    tracker.start_at(1)  # the replay buffer begins at SGLang's first batch
+    assert [tracker.observe_replayed(seq) for seq in (1, 2, 3, 4, 5)] == [APPLY] * 5
+    assert tracker.observe(6) == APPLY
+
+
+def test_a_jump_of_any_size_is_one_gap_and_going_back_is_a_restart() -> None:
+    tracker = SequenceTracker()
+    tracker.observe(0)
+    gap = tracker.observe(2**64 - 2)
+    assert gap == Gap(expected=1, got=2**64 - 2)
+    tracker.accept_loss(gap.got)
+    assert tracker.observe_replayed(gap.got) == APPLY
+    assert tracker.observe(3) == Restart(last=2**64 - 2, got=3)
 
 
 def test_a_skipped_seq_is_a_gap_and_replayed_batches_fill_it() -> None:
@@ -204,12 +228,12 @@ def test_a_live_seq_that_does_not_rise_is_a_restart(last: int) -> None:
     assert tracker.observe(0) == APPLY
 
 
-def test_restart_seen_after_the_new_publisher_moved_on_is_then_a_gap_from_zero() -> None:
+def test_restart_seen_after_the_new_publisher_moved_on_is_then_a_join() -> None:
     tracker = SequenceTracker()
     for seq in range(100):
         tracker.observe(seq)
     assert tracker.observe(4) == Restart(last=99, got=4)
-    assert tracker.observe(4) == Gap(0, 4)
+    assert tracker.observe(4) == Join(4)
 
 
 def test_a_replayed_seq_never_counts_as_a_restart() -> None:

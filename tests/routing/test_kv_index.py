@@ -249,8 +249,10 @@ def test_events_after_a_clear_rebuild_from_the_root():
     index.clear_worker(A)
     index.apply_stored(A, stored(prompt[32:], 16, prompt[:32]))  # parent gone with the clear
     assert index.stats()["orphan_stores"] == 1
-    index.apply_stored(A, stored(prompt, 16))
+    assert index.find_matches(prompt) == {}  # where the floating pages sit is unknown yet
+    index.apply_stored(A, stored(prompt[:32], 16))  # the parent is stored after all
     assert index.find_matches(prompt) == {A: 4}
+    assert index.inferred_blocks(A, prefix_hashes(prompt, 16), 4) == 0
 
 
 def test_a_store_whose_parent_is_unknown_is_counted_and_ignored():
@@ -394,13 +396,17 @@ def test_index_follows_an_evicting_engine(page_size):
 
 
 class Model:
-    """Per worker: engine page hash -> (parent hash, page tokens); no cleverness at all."""
+    """Per worker: engine page hash -> (parent hash, page tokens); no cleverness at all.
+
+    A page whose chain ends at a parent never stored floats: it matches nothing until that
+    parent is located (``anchors``: parent hash -> the prefix through it), which then also
+    holds its prefix as long as the parent page is not removed.
+    """
 
     def __init__(self, page_sizes: dict[str, int]) -> None:
         self.page_sizes = page_sizes
-        self.pages: dict[str, dict[int, tuple[int | None, tuple[int, ...]]]] = {
-            w: {} for w in page_sizes
-        }
+        self.pages: dict[str, dict[int, tuple[int | None, tuple[int, ...]]]] = {w: {} for w in page_sizes}
+        self.anchors: dict[str, dict[int, list[int]]] = {w: {} for w in page_sizes}
 
     def store(self, worker: str, event: BlockStored) -> None:
         pages, size = self.pages[worker], self.page_sizes[worker]
@@ -409,41 +415,56 @@ class Model:
             return
         if len(set(hashes)) != len(hashes) or any(h in pages for h in hashes):
             return
-        if event.parent_block_hash is not None and event.parent_block_hash not in pages:
-            return
         parent = event.parent_block_hash
         for i, value in enumerate(hashes):
             pages[value] = (parent, tuple(event.token_ids[i * size : (i + 1) * size]))
             parent = value
+            self.anchors[worker].pop(value, None)  # the real page replaces the inferred prefix
 
     def remove(self, worker: str, hashes) -> None:
         pages = self.pages[worker]
         for value in hashes:
             if value in pages:
-                doomed = {h for h in pages if value in self.ancestry(worker, h)}
-                for h in doomed:
-                    del pages[h]
+                doomed = {h for h in pages if value in self.ancestry(worker, h)[0]}
+            else:
+                doomed = {h for h in pages if self.ancestry(worker, h)[1] == value}
+                self.anchors[worker].pop(value, None)
+            for h in doomed:
+                del pages[h]
 
-    def ancestry(self, worker: str, value: int) -> list[int]:
+    def ancestry(self, worker: str, value: int) -> tuple[list[int], int | None]:
+        """The chain from ``value`` up, and the parent it ends at (None: the root)."""
         chain, pages = [], self.pages[worker]
-        while value is not None:
+        while value is not None and value in pages:
             chain.append(value)
             value = pages[value][0]
-        return chain
+        return chain, value
 
-    def path(self, worker: str, value: int) -> list[int]:
+    def floating_parents(self, worker: str) -> list[int]:
+        return sorted({top for h in self.pages[worker] if (top := self.ancestry(worker, h)[1]) is not None})
+
+    def path(self, worker: str, value: int) -> list[int] | None:
         pages = self.pages[worker]
-        out: list[int] = []
-        for h in reversed(self.ancestry(worker, value)):
+        chain, top = self.ancestry(worker, value)
+        if top is None:
+            out: list[int] = []
+        elif top in self.anchors[worker]:
+            out = list(self.anchors[worker][top])
+        else:
+            return None
+        for h in reversed(chain):
             out.extend(pages[h][1])
         return out
 
+    def paths(self, worker: str) -> list[list[int]]:
+        found = [path for h in self.pages[worker] if (path := self.path(worker, h)) is not None]
+        return found + [list(prefix) for prefix in self.anchors[worker].values()]
+
     def overlaps(self, prompt: list[int], block_size: int) -> dict[str, int]:
         result = {}
-        for worker, pages in self.pages.items():
+        for worker in self.pages:
             best = 0
-            for value in pages:
-                path = self.path(worker, value)
+            for path in self.paths(worker):
                 common = 0
                 for x, y in zip(path, prompt):
                     if x != y:
@@ -473,7 +494,7 @@ def test_matches_agree_with_a_brute_force_model(data):
         size = PAGE_SIZES[worker]
         known = sorted(model.pages[worker])
         action = data.draw(
-            st.sampled_from(["store", "store", "store", "remove", "clear", "odd"]), label="action"
+            st.sampled_from(["store", "store", "store", "remove", "clear", "odd", "odd", "locate"]), label="action"
         )
         if action == "store":
             parent = data.draw(st.sampled_from([None, *known]) if known else st.none())
@@ -488,12 +509,25 @@ def test_matches_agree_with_a_brute_force_model(data):
         elif action == "clear":
             index.clear_worker(worker)
             model.pages[worker] = {}
+            model.anchors[worker] = {}
             event = None
-        else:  # an orphan, a duplicate or a wrong-size store
-            odd = data.draw(st.sampled_from(["orphan", "duplicate", "size"]))
+        elif action == "locate":
+            unlocated = [p for p in model.floating_parents(worker) if p not in model.anchors[worker]]
+            event = None
+            if unlocated:
+                parent = data.draw(st.sampled_from(unlocated))
+                pages_before = data.draw(st.integers(1, 3))
+                prefix = data.draw(st.lists(alphabet, min_size=pages_before * size, max_size=pages_before * size))
+                assert index.locate_anchor(worker, parent, prefix)
+                model.anchors[worker][parent] = prefix
+        else:  # an orphan, a floating parent stored late, a duplicate or a wrong-size store
+            odd = data.draw(st.sampled_from(["orphan", "late parent", "duplicate", "size"]))
             tok = tuple(data.draw(st.lists(alphabet, min_size=size, max_size=size)))
+            floating = model.floating_parents(worker)
             if odd == "orphan":
-                event = BlockStored((next(next_hash),), -5, tok, size)
+                event = BlockStored((next(next_hash),), data.draw(st.sampled_from([-5, -6])), tok, size)
+            elif odd == "late parent" and floating:
+                event = BlockStored((data.draw(st.sampled_from(floating)),), None, tok, size)
             elif odd == "duplicate" and known:
                 event = BlockStored((known[0],), None, tok, size)
             else:
@@ -502,12 +536,130 @@ def test_matches_agree_with_a_brute_force_model(data):
             index.apply_stored(worker, event)
             model.store(worker, event)
 
-        probes = [model.path(w, h) for w in model.pages for h in model.pages[w]]
+        probes = [path for w in model.pages for path in model.paths(w)]
         probes.append(data.draw(st.lists(alphabet, max_size=24), label="probe"))
         for probe in probes:
             for prompt in (probe, probe + [0, 1, 2, 0, 1]):
                 assert index.find_matches(prompt) == model.overlaps(prompt, block_size)
         assert index.stats()["pages"] == sum(len(p) for p in model.pages.values())
     for worker in PAGE_SIZES:
-        index.apply_removed(worker, BlockRemoved(tuple(model.pages[worker])))
+        gone = [*model.pages[worker], *model.floating_parents(worker), *model.anchors[worker]]
+        index.apply_removed(worker, BlockRemoved(tuple(gone)))
     assert index.num_blocks == 0
+    assert index.stats()["pages"] == index.stats()["anchors"] == index.stats()["inferred_blocks"] == 0
+
+
+# -- history the index never saw --------------------------------------------------------------
+
+
+SYSTEM = tokens(7, 700)
+
+
+def warm_engine(page_size: int, *prompts) -> RadixCache:
+    """An engine that cached ``prompts`` before this index subscribed (its events are gone)."""
+    cache = RadixCache(100_000, page_size)
+    for prompt in prompts:
+        cache.insert(prompt)
+    cache.drain_events()
+    return cache
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_a_store_onto_an_unseen_prefix_is_located_from_the_prompt_routed_there(page_size):
+    cache = warm_engine(page_size, SYSTEM + tokens(1, 40))
+    index = index_with(A, B, page_size=page_size)
+    prompt = SYSTEM + tokens(2, 50)
+    index.note_routed(A, prompt)
+    cache.insert(prompt)  # the engine computes what it did not cache, stored onto the unseen page
+    feed(index, A, cache)
+    assert index.stats()["orphan_stores"] == 1 and index.stats()["anchors_located"] == 1
+    blocks = len(prompt) // 16
+    assert index.find_matches(prompt) == {A: blocks}
+    # The system prompt's blocks are known only by inference; the rest was seen stored.
+    follow_up = SYSTEM + tokens(3, 30)
+    shared = len(SYSTEM) // 16
+    assert index.find_matches(follow_up) == {A: shared}
+    assert index.inferred_blocks(A, prefix_hashes(follow_up, 16), shared) == shared
+    assert index.inferred_blocks(A, prefix_hashes(prompt, 16), blocks) < blocks
+
+
+def test_a_located_prefix_goes_when_the_engine_evicts_it():
+    cache = warm_engine(16, SYSTEM)
+    index = index_with(A)
+    prompt = SYSTEM + tokens(2, 64)
+    index.note_routed(A, prompt)
+    cache.insert(prompt)
+    feed(index, A, cache)
+    assert index.find_matches(prompt)
+    cache.evict(10**6)  # leaves first: the stored run, then the pages the index never saw
+    feed(index, A, cache)
+    assert index.find_matches(prompt) == {} and index.num_blocks == 0
+    stats = index.stats()
+    assert stats["anchors"] == stats["inferred_blocks"] == stats["pages"] == 0
+    assert stats["anchors_removed"] == 1
+
+
+def test_a_store_no_routed_prompt_explains_floats_and_matches_nothing():
+    cache = warm_engine(16, SYSTEM)
+    index = index_with(A)
+    prompt = SYSTEM + tokens(2, 64)
+    index.note_routed(A, tokens(9, 500))  # another prompt: the store is not in it
+    cache.insert(prompt)  # e.g. routed there by another frontend
+    feed(index, A, cache)
+    stats = index.stats()
+    assert stats["orphan_stores"] == 1 and stats["anchors_located"] == 0
+    assert stats["floating_pages"] == 64 // 16
+    assert index.find_matches(prompt) == {}
+    # ...until this frontend routes a prompt that holds it.
+    index.note_routed(A, prompt + tokens(4, 20))
+    assert index.find_matches(prompt) == {A: len(prompt) // 16}
+
+
+def test_a_store_that_fits_two_places_is_placed_by_the_engines_hash_or_not_at_all():
+    system = SYSTEM[:688]  # whole pages: the store is exactly the tail
+    tail = tokens(2, 64)
+    other = tokens(5, 160) + tail  # the same tokens after another prefix
+    cache = warm_engine(16, system)
+    index = index_with(A)
+    index.note_routed(A, system + tail)
+    index.note_routed(A, other)
+    cache.insert(system + tail)
+    feed(index, A, cache)  # SGLang's hash of the store's parent names the system prompt
+    assert index.find_matches(system + tail) == {A: len(system + tail) // 16}
+    assert index.find_matches(other) == {}
+
+    index = index_with(A)  # an engine whose hashes are not SGLang's: no proof, no guess
+    index.note_routed(A, system + tail)
+    index.note_routed(A, other)
+    index.apply_stored(A, BlockStored((11, 12, 13, 14), 10, tuple(tail), 16))
+    assert index.stats()["anchors_located"] == 0
+    assert index.find_matches(system + tail) == {}
+
+
+def test_per_page_stores_are_located_once_the_run_is_long_enough():
+    """SGLang before 0.5.19 publishes one BlockStored per page."""
+    cache = warm_engine(1, SYSTEM)
+    index = index_with(A, page_size=1)
+    repeated = tokens(2, 3)
+    prompt = SYSTEM + repeated + tokens(3, 5) + repeated + tokens(4, 100)
+    index.note_routed(A, prompt)
+    cache.insert(prompt)
+    (coalesced,) = cache.drain_events()
+    parent = coalesced.parent_block_hash
+    for i, value in enumerate(coalesced.block_hashes):
+        page = BlockStored((value,), parent, coalesced.token_ids[i : i + 1], 1)
+        index.apply_stored(A, page)
+        parent = value
+    assert index.find_matches(prompt) == {A: len(prompt) // 16}
+
+
+def test_the_parent_page_stored_late_takes_over_from_the_inferred_prefix():
+    index = index_with(A)
+    prompt = tokens(1, 64)
+    index.note_routed(A, prompt)
+    index.apply_stored(A, stored(prompt[32:], 16, prompt[:32]))
+    assert index.inferred_blocks(A, prefix_hashes(prompt, 16), 4) == 2
+    index.apply_stored(A, stored(prompt[:32], 16))  # a replay brought the parent's own store
+    assert index.find_matches(prompt) == {A: 4}
+    assert index.inferred_blocks(A, prefix_hashes(prompt, 16), 4) == 0
+    assert index.stats()["anchors"] == 0

@@ -320,3 +320,45 @@ def test_bad_settings_are_rejected(kwargs):
 def test_index_block_size_must_match():
     with pytest.raises(ValueError):
         KvRouter(KvRouterConfig(block_size=16), KvIndex(32))
+
+
+# -- what the frontend never saw stored ---------------------------------------------------------
+
+
+def test_each_candidate_says_whether_its_overlap_was_seen_stored_or_inferred():
+    from trio_direct.mock.radix_cache import RadixCache
+
+    router = router_with()
+    system = tokens(0, 20 * BS)
+    warm = RadixCache(10_000, BS)
+    warm.insert(system)
+    warm.drain_events()  # cached before this router subscribed
+    cache(router.index, C, system[: 4 * BS])  # C's store was seen from the root
+    first = system + tokens(1, 3 * BS)
+    assert router.route("r0", first, [A]).worker == A  # the prompt this router sent there
+    router.free("r0")
+    warm.insert(first)
+    for event in warm.drain_events():
+        router.index.apply(A, event)
+    decision = router.decide(system + tokens(2, 2 * BS), WORKERS)
+    by_worker = {c["worker"]: c for c in decision.to_json()["candidates"]}
+    assert decision.worker == A and decision.reason == "lowest cost"
+    assert by_worker["e0/0"]["overlap_blocks"] == 20
+    assert by_worker["e0/0"]["overlap_source"] == "inferred"
+    assert by_worker["e0/0"]["overlap_inferred_blocks"] == 20
+    assert by_worker["e2/0"]["overlap_source"] == "stored" and by_worker["e2/0"]["overlap_stored_blocks"] == 4
+    assert by_worker["e1/0"]["overlap_source"] is None
+    assert "(20 inferred)" in decision.explain()
+    follow_up = router.decide(first + tokens(3, BS), WORKERS)
+    assert candidate(follow_up, A).overlap_source == "stored+inferred"
+    json.dumps(decision.to_json())
+
+
+def test_a_pinned_worker_is_chosen_whatever_its_cost():
+    router = router_with()
+    system = tokens(0, 8 * BS)
+    cache(router.index, B, system)
+    decision = router.route("r0", system, WORKERS, pinned=C)
+    assert decision.worker == C and decision.reason.startswith("session affinity; longest prefix (8 blocks on e1/0)")
+    assert router.active.worker_of("r0") == C
+    assert router.decide(system, WORKERS, pinned=RoutingKey("gone")).worker == B

@@ -12,7 +12,6 @@ from functools import partial
 import httpx
 import pytest
 import trio
-
 from support import start_mock_engine
 
 pytestmark = pytest.mark.slow
@@ -73,8 +72,7 @@ async def test_probe_prints_the_engine_card(nursery):
         [sys.executable, "-m", "trio_direct", "probe", engine.url], capture_stdout=True, check=False
     )
     assert result.returncode == 0
-    card = json.loads(result.stdout)
-    card = card[0] if isinstance(card, list) else card
+    [card] = json.loads(result.stdout)  # always one JSON array
     assert (card["api"], card["role"], card["block_size"], card["dp_size"]) == ("native", "aggregated", 16, 2)
     assert card["incremental_streaming"] is True
 

@@ -206,3 +206,132 @@ async def test_an_engine_restart_resets_its_index(aio_loop, nursery):
                 await trio.sleep(0.05)
         report = (await client.post("/debug/routing", json=chat_body(model, SYSTEM_PROMPTS[0], "x"))).json()
     assert report["route"]["decision"]["overlap_blocks"] == 0, "what the old process cached is forgotten"
+
+
+# ---- history the frontend never saw: restarts and replicas (issue: KV routing that survives them) ----
+
+#: Eight prefix groups, each a 700-word system prompt, as a chat service's personas or tenants.
+GROUPS = [
+    f"You are the assistant of team {g}. " + " ".join(f"Guideline {g}.{j}: answer with care." for j in range(140))
+    for g in range(8)
+]
+
+
+def engine_args(engines) -> list[str]:
+    return [arg for engine in engines for arg in ("--engine-url", engine.url)]
+
+
+async def ask(client: httpx.AsyncClient, model: str, group: int, question: str) -> dict:
+    reply = await client.post("/v1/chat/completions", json=chat_body(model, GROUPS[group], question))
+    assert reply.status_code == 200, reply.text
+    return reply.json()["usage"]
+
+
+async def known_somewhere(client: httpx.AsyncClient, model: str, group: int) -> bool:
+    """Whether the frontend's index credits some engine with the group's system prompt."""
+    report = (await client.post("/debug/routing", json=chat_body(model, GROUPS[group], "probe"))).json()
+    return max(c["overlap_blocks"] for c in report["route"]["decision"]["candidates"]) > 0
+
+
+async def wait_known(client: httpx.AsyncClient, model: str, groups) -> None:
+    with trio.fail_after(20):
+        for group in groups:
+            while not await known_somewhere(client, model, group):
+                await trio.sleep(0.02)
+
+
+async def first_requests(client: httpx.AsyncClient, model: str, tag: str) -> None:
+    """One request per group, all at once (load spreads them), then their KV events are indexed."""
+    async with trio.open_nursery() as asking:
+        for group in range(len(GROUPS)):
+            asking.start_soon(ask, client, model, group, f"{tag}: first question")
+    await wait_known(client, model, range(len(GROUPS)))
+
+
+async def follow_up_ratio(client: httpx.AsyncClient, model: str, tag: str, rounds: int = 2) -> float:
+    """Cached share of the prompt tokens of follow-ups in every group."""
+    cached = prompt = 0
+    for round_ in range(rounds):
+        for group in range(len(GROUPS)):
+            usage = await ask(client, model, group, f"{tag}: follow-up {round_}")
+            cached += usage["prompt_tokens_details"]["cached_tokens"]
+            prompt += usage["prompt_tokens"]
+    return cached / prompt
+
+
+async def test_a_restarted_frontend_routes_to_the_engines_warm_caches(aio_loop, nursery):
+    """Frontends restart on every deploy while the engines keep their caches."""
+    engines = [await start_mock_engine(nursery, *FAST, "--kv-events-config", kv_config(replay=False)) for _ in range(4)]
+    async with trio.open_nursery() as first_process:
+        base = await start_frontend(first_process, "--router-mode", "kv", *engine_args(engines))
+        async with httpx.AsyncClient(base_url=base, timeout=30) as client:
+            model = await model_of(client)
+            await first_requests(client, model, "before")
+            uninterrupted = await follow_up_ratio(client, model, "before")
+        first_process.cancel_scope.cancel()  # the frontend process stops; the engines stay up
+
+    base = await start_frontend(nursery, "--router-mode", "kv", *engine_args(engines))
+    async with httpx.AsyncClient(base_url=base, timeout=30) as client:
+        # One request per group: a new process knows nothing before it hears from the engines.
+        await first_requests(client, model, "after")
+        after_restart = await follow_up_ratio(client, model, "after")
+        index = (await client.get("/debug/routing")).json()["kv"]["index"]
+    assert uninterrupted > 0.9, uninterrupted
+    assert after_restart >= 0.95 * uninterrupted, (after_restart, uninterrupted, index)
+
+
+async def test_two_replicas_alternating_send_a_prefix_to_the_same_warm_engine(aio_loop, nursery):
+    engines = [await start_mock_engine(nursery, *FAST, "--kv-events-config", kv_config()) for _ in range(4)]
+    replicas = [await start_frontend(nursery, "--router-mode", "kv", *engine_args(engines)) for _ in range(2)]
+    clients = [httpx.AsyncClient(base_url=base, timeout=30) for base in replicas]
+    try:
+        model = await model_of(clients[0])
+        for group in (0, 1):
+            await ask(clients[group], model, group, "first question")
+        for client in clients:
+            await wait_known(client, model, (0, 1))
+        cached = prompt = 0
+        for turn in range(12):  # each group's requests alternate between the two replicas
+            for group in (0, 1):
+                usage = await ask(clients[(turn + group) % 2], model, group, f"follow-up {turn}")
+                cached += usage["prompt_tokens_details"]["cached_tokens"]
+                prompt += usage["prompt_tokens"]
+    finally:
+        for client in clients:
+            await client.aclose()
+    assert cached / prompt >= 0.9, cached / prompt
+
+
+async def test_a_replica_started_late_finds_the_warm_engine_after_one_request(aio_loop, nursery):
+    """It missed the root stores; the first request it routes locates what the engines hold."""
+    engines = [await start_mock_engine(nursery, *FAST, "--kv-events-config", kv_config(replay=False)) for _ in range(2)]
+    early = await start_frontend(nursery, "--router-mode", "kv", *engine_args(engines))
+    async with httpx.AsyncClient(base_url=early, timeout=30) as client:
+        model = await model_of(client)
+        await ask(client, model, 0, "first question")
+        await wait_known(client, model, (0,))
+    late = await start_frontend(nursery, "--router-mode", "kv", *engine_args(engines))
+    async with httpx.AsyncClient(base_url=late, timeout=30) as client:
+        await ask(client, model, 0, "the late replica's first")
+        await wait_known(client, model, (0,))
+        ratios = []
+        for turn in range(4):
+            usage = await ask(client, model, 0, f"follow-up {turn}")
+            ratios.append(usage["prompt_tokens_details"]["cached_tokens"] / usage["prompt_tokens"])
+    assert min(ratios) > 0.9, ratios
+
+
+# ---- sessions ------------------------------------------------------------------------------------
+
+
+async def test_a_session_sticks_to_one_engine_in_round_robin_mode(aio_loop, nursery):
+    engines = [await start_mock_engine(nursery, *FAST) for _ in range(3)]
+    base = await start_frontend(nursery, "--router-mode", "round-robin", *engine_args(engines))
+    async with httpx.AsyncClient(base_url=base, timeout=30) as client:
+        model = await model_of(client)
+        served = set()
+        for turn in range(6):
+            body = chat_body(model, SYSTEM_PROMPTS[turn % len(SYSTEM_PROMPTS)], f"turn {turn}")
+            reply = await client.post("/v1/chat/completions", json=body, headers={"X-Session-ID": "conversation-1"})
+            served.add(await served_by(engines, reply.json()))
+    assert len(served) == 1, served

@@ -169,7 +169,7 @@ async def test_a_late_prefill_engine_joins_only_in_the_role_its_flag_says(aio_lo
 
         wrong = await start_mock_engine(nursery, *FAST, "--port", str(port))  # aggregated, not prefill
         with trio.fail_after(10):
-            while "expected a prefill engine" not in (await routing(client))["pending"][0]["reason"]:
+            while "not 'prefill'" not in (await routing(client))["pending"][0]["reason"]:
                 await trio.sleep(0.05)
         assert (await client.get("/health")).status_code == 503
         wrong.process.kill()

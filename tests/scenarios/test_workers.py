@@ -40,11 +40,11 @@ def test_a_child_reads_back_exactly_the_supervisors_settings_from_its_environmen
 
 
 def test_children_run_one_process_each_and_poll_engine_load_in_kv_mode():
-    child = worker_config(ServeConfig(workers=4, router_mode="kv"), ["grpc://127.0.0.1:5"])
+    child = worker_config(ServeConfig(workers=4, router_mode="kv", load_poll_interval=0), ["grpc://127.0.0.1:5"])
     assert (child.workers, child.engine_url) == (1, ["grpc://127.0.0.1:5"])
     assert child.load_poll_interval == DEFAULT_WORKER_LOAD_POLL_INTERVAL
     assert worker_config(ServeConfig(workers=4, router_mode="kv", load_poll_interval=0.3)).load_poll_interval == 0.3
-    assert worker_config(ServeConfig(workers=4)).load_poll_interval == 0  # round-robin: no load to learn
+    assert worker_config(ServeConfig(workers=4)).load_poll_interval == ServeConfig().load_poll_interval
 
 
 def test_a_crashing_child_is_restarted_ever_more_slowly_until_it_stays_up():
@@ -181,3 +181,39 @@ async def test_workers_drain_and_exit_when_their_supervisor_is_killed(nursery):
     children = list(supervisor.pids("started").values())
     supervisor.process.kill()  # no chance to stop them: they notice their control socket closing
     await wait_until(lambda: not any(alive(pid) for pid in children), timeout=20)
+
+
+@pytest.mark.slow
+async def test_kv_workers_send_a_shared_prefix_to_the_same_warm_engine(nursery):
+    """Each child builds its own index from the engines' events: whichever accepts a connection, a
+    prefix goes where it is cached."""
+    from support import start_mock_engine
+
+    kv_events = '{"publisher": "zmq", "endpoint": "tcp://*:0", "replay_endpoint": "tcp://*:0", "topic": ""}'
+    engines = [
+        await start_mock_engine(nursery, "--speedup", "inf", "--incremental-streaming-output", "--kv-events-config", kv_events)
+        for _ in range(3)
+    ]
+    urls = [arg for engine in engines for arg in ("--engine-url", engine.url)]
+    supervisor = await start_supervisor(
+        nursery, "--workers", "2", "--router-mode", "kv", "--served-model-name", "trio-direct-mock", *urls
+    )
+    await wait_until(lambda: supervisor.logged(r"all 2 workers ready on (http://\S+)") is not None, timeout=60)
+    base = supervisor.logged(r"all 2 workers ready on (http://\S+)")[1]
+    system = "You are the assistant of one team. " + " ".join(f"Rule {i}: answer with care." for i in range(150))
+
+    async def ask(question: str) -> dict:
+        body = {"model": "trio-direct-mock", "messages": [{"role": "system", "content": system},
+                                                          {"role": "user", "content": question}], "max_tokens": 3}  # fmt: skip
+        async with httpx.AsyncClient(base_url=base, timeout=30) as client:  # a fresh connection: either child
+            reply = await client.post("/v1/chat/completions", json=body)
+        assert reply.status_code == 200, reply.text
+        return reply.json()["usage"]
+
+    await ask("first question")
+    await trio.sleep(0.5)  # its KV events reach both children
+    usages = [await ask(f"follow-up {turn}") for turn in range(16)]
+    cached = sum(u["prompt_tokens_details"]["cached_tokens"] for u in usages)
+    assert cached / sum(u["prompt_tokens"] for u in usages) >= 0.9
+    served = await served_by_each_worker(base)
+    assert all(count > 0 for count in served.values()), "both children served"

@@ -1,7 +1,8 @@
 """`trio-direct bench`: replay a request trace against an OpenAI endpoint and report what users saw.
 
 Against a running frontend (`--url`) or an embedded fleet of mock engines behind an in-process
-trio-direct (`--mock-engines N`). See docs/bench.md.
+trio-direct (`--mock-engines N`). The workload is the trace given with `--trace PATH`, else a
+synthetic multi-turn one, so the command runs in a fresh clone. See docs/bench.md.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import trio
 
 from trio_direct.bench.report import format_summary, summarize, write_report
 from trio_direct.bench.runner import (
+    PROGRESS_INTERVAL_S,
     BenchResult,
     FleetSpec,
     HttpError,
@@ -40,15 +42,23 @@ from trio_direct.bench.trace import (
     synthetic_multiturn,
 )
 
-__all__ = ["TRACE_NAME", "bench_main", "build_parser", "default_trace_path", "plan_requests"]
+__all__ = ["DEFAULT_OUT", "TRACE_NAME", "TRACE_URL", "bench_main", "build_parser", "default_trace_path", "plan_requests"]
 
 TRACE_NAME = "mooncake_conversation_trace.jsonl"
+#: Where to download the Mooncake conversation trace (Apache-2.0) that `--trace` replays.
+TRACE_URL = "https://raw.githubusercontent.com/kvcache-ai/Mooncake/main/FAST25-release/traces/conversation_trace.jsonl"
+#: Default output directory (one subdirectory per run); .gitignore covers it.
+DEFAULT_OUT = Path("bench-results")
 
 log = logging.getLogger("trio_direct.bench")
 
 
 def default_trace_path() -> Path | None:
-    """The shared Mooncake trace (`<ancestor>/shared/traces/...` of this file or the working directory)."""
+    """A local copy of the Mooncake trace for the project's own tests and benchmarks
+    (`<ancestor>/shared/traces/...` of this file or the working directory), if there is one.
+
+    `trio-direct bench` itself never looks for it: a trace is replayed only when given with `--trace`.
+    """
     seen: set[Path] = set()
     for origin in (Path.cwd(), Path(__file__).resolve().parent):
         for ancestor in (origin, *origin.parents):
@@ -119,9 +129,13 @@ def build_parser(prog: str = "trio-direct bench") -> argparse.ArgumentParser:
     workload = p.add_argument_group("workload")
     source = workload.add_mutually_exclusive_group()
     source.add_argument(
-        "--trace", type=Path, metavar="PATH", help=f"Mooncake JSONL trace (default: shared/traces/{TRACE_NAME})"
+        "--trace", type=Path, metavar="PATH",
+        help=f"Mooncake JSONL trace to replay, e.g. the conversation trace from {TRACE_URL} "
+        "(default: the --synthetic workload)",
     )
-    source.add_argument("--synthetic", action="store_true", help="a generated multi-turn workload instead of a trace")
+    source.add_argument(
+        "--synthetic", action="store_true", help="a generated multi-turn workload (the default without --trace)"
+    )
     workload.add_argument("--start", metavar="I", type=int, default=0, help="index of the first request (default 0)")
     workload.add_argument("--limit", metavar="N", type=int, help="number of requests to replay (default: all)")
     workload.add_argument(
@@ -175,7 +189,7 @@ def build_parser(prog: str = "trio-direct bench") -> argparse.ArgumentParser:
         "--timeout", metavar="SECONDS", type=_positive_float, default=600.0,
         help="per-request timeout (default %(default)s)",
     )
-    run.add_argument("--out", metavar="DIR", type=Path, help="output directory (default: bench-results/<date-time>)")
+    run.add_argument("--out", metavar="DIR", type=Path, help=f"output directory (default: {DEFAULT_OUT}/<date-time>)")
     run.add_argument(
         "--keep-alive", action=argparse.BooleanOptionalAction, default=True,
         help="reuse HTTP connections between requests (default on)",
@@ -186,14 +200,19 @@ def build_parser(prog: str = "trio-direct bench") -> argparse.ArgumentParser:
         "(default on)",
     )
     run.add_argument(
-        "--progress", action=argparse.BooleanOptionalAction, default=True, help="a progress line on a terminal"
+        "--progress", action=argparse.BooleanOptionalAction, default=True,
+        help="progress on stderr: one rewritten line on a terminal, else a line every --progress-interval seconds",
+    )
+    run.add_argument(
+        "--progress-interval", metavar="SECONDS", type=_positive_float, default=PROGRESS_INTERVAL_S,
+        help="seconds between progress lines when stderr is not a terminal (default %(default)s)",
     )
     return p
 
 
 def plan_requests(args: argparse.Namespace) -> tuple[list[TraceRequest], str]:
     """The requests to replay and a description of where they came from."""
-    if args.synthetic:
+    if args.trace is None:  # --synthetic, or no workload given: the synthetic one
         requests = synthetic_multiturn(args.conversations, args.turns, args.system_prompts, seed=args.seed)
         end = None if args.limit is None else args.start + args.limit
         requests = rebase(requests[args.start : end], args.time_scale)
@@ -202,10 +221,11 @@ def plan_requests(args: argparse.Namespace) -> tuple[list[TraceRequest], str]:
             f"{args.system_prompts} system prompts"
         )
     else:
-        path = args.trace or default_trace_path()
-        if path is None:
+        path = args.trace
+        if not path.is_file():
             raise ValueError(
-                f"no trace found (looked for shared/traces/{TRACE_NAME}); pass --trace PATH or --synthetic"
+                f"no trace file at {path}; download the Mooncake conversation trace from {TRACE_URL} "
+                "and pass its path with --trace, or run the synthetic workload (--synthetic)"
             )
         requests = load_trace(
             path,
@@ -246,7 +266,7 @@ def bench_main(argv: Sequence[str] | None = None, *, prog: str = "trio-direct be
     except (OSError, ValueError) as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
-    out = args.out or Path("bench-results") / time.strftime("%Y%m%d-%H%M%S")
+    out = args.out or DEFAULT_OUT / time.strftime("%Y%m%d-%H%M%S")
     target = args.url or (
         f"embedded: {args.mock_engines} mock engine(s), speedup {args.mock_speedup:g}, {args.router_mode}"
     )
@@ -289,7 +309,9 @@ def _leaves(exc: BaseException) -> list[BaseException]:
 async def _bench(
     args: argparse.Namespace, spec: FleetSpec | None, requests: list[TraceRequest]
 ) -> tuple[BenchResult, dict[str, Any]]:
-    config: dict[str, Any] = {key: _json_safe(value) for key, value in vars(args).items() if key != "progress"}
+    config: dict[str, Any] = {
+        key: _json_safe(value) for key, value in vars(args).items() if key not in ("progress", "progress_interval")
+    }
     if spec is None:
         prompts = PromptSynthesizer(
             low=DEFAULT_MIN_TOKEN_ID if args.min_token_id is None else args.min_token_id,
@@ -338,6 +360,7 @@ async def _measure(
         concurrency_limit=args.concurrency,
         timeout=args.timeout,
         progress=args.progress,
+        progress_interval=args.progress_interval,
         duration=args.duration,
         prompts=prompts,
         keep_alive=args.keep_alive,

@@ -24,6 +24,7 @@ import sys
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any, TextIO
 from urllib.parse import urlsplit
@@ -41,6 +42,7 @@ from trio_direct.bench.trace import (
 
 __all__ = [
     "CAPPED_ERROR",
+    "PROGRESS_INTERVAL_S",
     "BenchResult",
     "EmbeddedFleet",
     "FleetSpec",
@@ -67,6 +69,10 @@ CAPPED_ERROR = "cancelled at the duration cap"
 
 #: How often engine load is sampled in embedded mode.
 LOAD_POLL_INTERVAL_S = 0.25
+#: How often the progress line is redrawn on a terminal.
+TERMINAL_PROGRESS_S = 0.5
+#: Default seconds between progress lines when stderr is not a terminal (a log file, CI).
+PROGRESS_INTERVAL_S = 5.0
 
 
 # --- results ---------------------------------------------------------------------------------------
@@ -168,7 +174,7 @@ class SseDecoder:
 class StreamMeter:
     """Turns the SSE payloads of one streamed completion into a `RequestRecord`'s measurements."""
 
-    __slots__ = ("record", "started", "done", "_last_token")
+    __slots__ = ("_last_token", "done", "record", "started")
 
     def __init__(self, record: RequestRecord, started: float) -> None:
         self.record = record
@@ -245,7 +251,7 @@ class _Endpoint:
 
 
 class _Connection:
-    __slots__ = ("stream", "h11", "reused")
+    __slots__ = ("h11", "reused", "stream")
 
     def __init__(self, stream: trio.SocketStream) -> None:
         self.stream = stream
@@ -448,20 +454,23 @@ async def run_bench(
     keep_alive: bool = True,
     load_targets: Sequence[tuple[str, str, int]] = (),
     progress_stream: TextIO | None = None,
+    progress_interval: float = PROGRESS_INTERVAL_S,
 ) -> BenchResult:
     """Replay `requests` open-loop at their `arrival_s` and measure each one.
 
     `timeout` bounds each request; `duration` bounds the run: at the cap no more requests start and
     those in flight are cancelled (recorded with error "cancelled at the duration cap").
     `load_targets` (name, host, port) are mock engines whose native `GetLoad` is sampled every
-    250 ms (needs the trio-asyncio loop, as every gRPC call here). `progress` draws a one-line
-    display on `progress_stream` (default stderr) when that is a terminal.
+    250 ms (needs the trio-asyncio loop, as every gRPC call here). `progress` writes to
+    `progress_stream` (default stderr): on a terminal one line, rewritten in place; otherwise (a log
+    file, CI) a line every `progress_interval` seconds, so a long run still shows it is alive.
+    Either way the final counts end it.
     """
     if concurrency_limit is not None and concurrency_limit < 1:
         raise ValueError("concurrency_limit must be at least 1")
     prompts = prompts or PromptSynthesizer(low=DEFAULT_MIN_TOKEN_ID, high=DEFAULT_VOCAB_SIZE)
     stream = progress_stream if progress_stream is not None else sys.stderr
-    show_progress = progress and stream.isatty()
+    terminal = stream.isatty()
     client = HttpClient(base_url, keep_alive=keep_alive)
     limiter = trio.Semaphore(concurrency_limit) if concurrency_limit else None
     records: list[RequestRecord] = []
@@ -497,8 +506,9 @@ async def run_bench(
             for name, host, port in load_targets:  # each reports once it has its first sample
                 await background.start(_poll_load, name, host, port, load)
             t0 = ended = trio.current_time()
-            if show_progress:
-                background.start_soon(_show_progress, stream, len(requests), records, counts, t0)
+            if progress:
+                show = partial(_show_progress, stream, len(requests), records, counts, t0)
+                background.start_soon(show, terminal, TERMINAL_PROGRESS_S if terminal else progress_interval)
             with trio.CancelScope(deadline=t0 + duration if duration is not None else math.inf) as cap:
                 async with trio.open_nursery() as in_flight:
                     for request in requests:
@@ -514,12 +524,12 @@ async def run_bench(
             background.cancel_scope.cancel()
     finally:
         await client.aclose()
-    if show_progress:
+    if progress:
         line = progress_line(
             planned=len(requests), started=len(records), finished=counts["finished"], failed=counts["failed"],
             elapsed_s=ended - t0,
         )
-        stream.write(f"\r{line}\n")
+        stream.write(f"\r{line}\n" if terminal else f"{line}\n")
         stream.flush()
     return BenchResult(
         base_url=base_url,
@@ -535,16 +545,26 @@ async def run_bench(
 
 
 async def _show_progress(
-    stream: TextIO, planned: int, records: list[RequestRecord], counts: dict[str, int], t0: float
+    stream: TextIO,
+    planned: int,
+    records: list[RequestRecord],
+    counts: dict[str, int],
+    t0: float,
+    terminal: bool,
+    interval: float,
 ) -> None:
+    """The progress line every `interval` seconds: rewritten in place on a terminal, else appended
+    from the first interval on (a run shorter than that shows only its final line)."""
+    if not terminal:
+        await trio.sleep(interval)
     while True:
         line = progress_line(
             planned=planned, started=len(records), finished=counts["finished"], failed=counts["failed"],
             elapsed_s=trio.current_time() - t0,
         )
-        stream.write(f"\r{line}\x1b[K")
+        stream.write(f"\r{line}\x1b[K" if terminal else f"{line}\n")
         stream.flush()
-        await trio.sleep(0.5)
+        await trio.sleep(interval)
 
 
 async def _poll_load(

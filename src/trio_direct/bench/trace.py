@@ -22,10 +22,12 @@ __all__ = [
     "BLOCK_SIZE",
     "DEFAULT_MIN_TOKEN_ID",
     "DEFAULT_VOCAB_SIZE",
+    "ChatTurn",
     "PromptSynthesizer",
     "TraceRequest",
     "cap_lengths",
     "conversation_key",
+    "conversation_turns",
     "load_trace",
     "parse_trace_line",
     "rebase",
@@ -86,6 +88,42 @@ def conversation_key(request: TraceRequest) -> int:
     in two; sampling then keeps or drops the parts separately, losing a little reuse.)
     """
     return request.hash_ids[1] if len(request.hash_ids) > 1 else request.hash_ids[0]
+
+
+@dataclass(slots=True, frozen=True)
+class ChatTurn:
+    """One request of a conversation, as a chat turn: the blocks it adds to what came before."""
+
+    request: TraceRequest
+    #: Hash ids past the prefix this turn shares with the conversation's previous turn (block 0,
+    #: the shared system prompt, never counts as new); the last block again when none are new.
+    new_blocks: tuple[int, ...]
+
+
+def conversation_turns(requests: Iterable[TraceRequest], *, min_turns: int = 1) -> list[list[ChatTurn]]:
+    """Requests grouped by conversation (`conversation_key`), in order of first appearance, each
+    turn with the blocks it adds; conversations with fewer than `min_turns` turns are left out.
+
+    A multi-turn chat built from them (system prompt = block 0, then per turn a user message of
+    its new blocks, with an answer between turns) resends its whole history every turn, as chat
+    clients do, and its prompts share prefixes as the trace's hash ids say.
+    """
+    by_conversation: dict[int, list[TraceRequest]] = {}
+    for request in requests:
+        by_conversation.setdefault(conversation_key(request), []).append(request)
+    conversations = []
+    for turns in by_conversation.values():
+        if len(turns) < min_turns:
+            continue
+        chat, previous = [], turns[0].hash_ids[:1]
+        for turn in turns:
+            shared = 0
+            while shared < min(len(previous), len(turn.hash_ids)) and previous[shared] == turn.hash_ids[shared]:
+                shared += 1
+            chat.append(ChatTurn(turn, turn.hash_ids[max(shared, 1) :] or turn.hash_ids[-1:]))
+            previous = turn.hash_ids
+        conversations.append(chat)
+    return conversations
 
 
 def _keeps(request: TraceRequest, fraction: float, seed: int) -> bool:

@@ -122,8 +122,8 @@ class ChoiceOutput:
         if self.reasoning_parser is not None:
             split = self.reasoning_parser.feed(event.text)
             if event.finish_reason is not None:
-                tail = self.reasoning_parser.finish()
-                split = ReasoningDelta(split.reasoning + tail.reasoning, split.content + tail.content)
+                rest = self.reasoning_parser.finish()
+                split = ReasoningDelta(split.reasoning + rest.reasoning, split.content + rest.content)
             event.reasoning, event.text = split.reasoning, split.content
         if self.tool_parser is not None:
             tools = self.tool_parser.feed(event.text)
@@ -168,11 +168,13 @@ class ChoiceResult:
     reasoning_parts: list[str] = field(default_factory=list)
     call_deltas: list[ToolCallDelta] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     matched_stop: int | str | None = None
 
     def add(self, event: ChoiceEvent) -> None:
         self.text_parts.append(event.text)
+        self.token_ids += event.token_ids
         self.reasoning_parts.append(event.reasoning)
         self.call_deltas += event.tool_calls
         self.logprobs += event.logprobs or ()

@@ -12,10 +12,10 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
-from trio_direct.core.pool import ServingPool
 from trio_direct.core.output import ChoiceOutput, ReasoningSplitter
+from trio_direct.core.pool import ServingPool
 from trio_direct.engine.types import GenerateInput, SamplingOptions
 from trio_direct.logs import REQUEST_ID
 from trio_direct.openai import errors
@@ -23,7 +23,6 @@ from trio_direct.parsers.selection import skip_special_tokens
 from trio_direct.parsers.tools import ToolParser
 from trio_direct.text.detokenizer import IncrementalDetokenizer
 from trio_direct.text.stop_strings import StopStringMatcher
-
 
 __all__ = [
     "ChoicePlan",
@@ -39,13 +38,15 @@ __all__ = [
 
 @dataclass(slots=True)
 class Prompt:
-    """One prompt as the engine gets it, and as `echo` returns it."""
+    """One prompt as the engine gets it, and as `echo` returns it; `image_data` are its images
+    (URLs or data URLs), one per image placeholder the text holds."""
 
     token_ids: list[int]
     text: str
     #: Tokens that end the turn for this prompt's format, beyond the tokenizer's EOS (harmony's
     #: `<|return|>` and `<|call|>`).
     stop_token_ids: tuple[int, ...] = ()
+    image_data: list[str] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -88,7 +89,10 @@ class RequestPlan:
     def usage(self) -> Usage:
         outputs = [choice.output for choice in self.choices]
         return Usage(
-            prompt_tokens=sum(len(p.token_ids) for p in self.prompts),
+            # the engine's count where it gave one: it includes what images expand to
+            prompt_tokens=sum(
+                max(len(p.token_ids), o.prompt_tokens) for p, o in zip(self.prompts, outputs[:: self.n], strict=True)
+            ),
             completion_tokens=sum(o.completion_tokens for o in outputs),
             # the choices of one prompt share its cache hit: count it once per prompt
             cached_tokens=sum(o.usage_cached_tokens for o in outputs[:: self.n]),
@@ -134,6 +138,8 @@ def plan_request(
     created: int | None = None,
 ) -> RequestPlan:
     """One `ChoicePlan` per prompt and sample; raises `OpenAIError` for what no engine could serve."""
+    if pool.is_embedding:
+        raise errors.embedding_model_cannot_generate(pool.name)
     if n > pool.config.max_n:
         raise errors.invalid_request(f"n must be at most {pool.config.max_n}.", param="n")
     limit = pool.context_length
@@ -164,6 +170,7 @@ def plan_request(
                 return_logprob=return_logprob,
                 top_logprobs_num=top_logprobs,
                 original_text=prompt.text,
+                image_data=prompt.image_data,
             )
             reasoning = output.reasoning_parser(prompt) if output.reasoning_parser is not None else None
             tools = output.tool_parser() if output.tool_parser is not None else None

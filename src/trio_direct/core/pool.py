@@ -27,6 +27,10 @@ class ServingPool(Protocol):
     @property
     def context_length(self) -> int | None: ...
 
+    @property
+    def is_embedding(self) -> bool:
+        """The model is an embedding model: it serves `Embed`, never `Generate`."""
+
     def choose_route(
         self, token_ids: Sequence[int] = (), request_id: str | None = None, session_key: str | None = None
     ) -> Route[Worker]:

@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from typing import Protocol
 
 import trio
+from prometheus_client import Histogram
 
 from trio_direct import metrics
 from trio_direct.core.dispatch import abort_error, client_error, dispatch
@@ -123,7 +124,9 @@ async def stream_response(
     """
     failure: OpenAIError | None = None
     headers_sent = False
-    ttft = gaps = None  # looked up once the engine calls are dispatched
+    # Looked up once the engine calls are dispatched, off the first token's path.
+    ttft: Histogram | None = None
+    gaps: Histogram | None = None
     last: float | None = None
 
     async def write(data: bytes) -> None:
@@ -133,9 +136,10 @@ async def stream_response(
         now = time.perf_counter()
         await writer.send(data)
         if last is None:
-            ttft.observe(now - started)  # type: ignore[union-attr]
-        else:
-            gaps.observe(now - last)  # type: ignore[union-attr]
+            if ttft is not None:
+                ttft.observe(now - started)
+        elif gaps is not None:
+            gaps.observe(now - last)
         last = now
 
     with cutter.guard() as guard:

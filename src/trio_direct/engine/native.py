@@ -18,12 +18,20 @@ from typing import Any
 from trio_direct._proto.native import sglang_pb2 as pb
 from trio_direct.engine.chunk_stream import ChunkStream
 from trio_direct.engine.transport import EngineChannel
-from trio_direct.engine.types import GenerateChunk, GenerateInput, SamplingOptions, TokenLogprob
+from trio_direct.engine.types import (
+    EmbedInput,
+    EmbedOutput,
+    GenerateChunk,
+    GenerateInput,
+    SamplingOptions,
+    TokenLogprob,
+)
 
 log = logging.getLogger(__name__)
 
 _SERVICE = "/sglang.runtime.v1.SglangService/"
 GENERATE = _SERVICE + "Generate"
+EMBED = _SERVICE + "Embed"
 ABORT = _SERVICE + "Abort"
 HEALTH_CHECK = _SERVICE + "HealthCheck"
 GET_MODEL_INFO = _SERVICE + "GetModelInfo"
@@ -69,12 +77,25 @@ def generate_request(request: GenerateInput) -> pb.GenerateRequest:
         message.logprob_start_len = request.logprob_start_len
     if request.routed_dp_rank is not None:
         message.routed_dp_rank = request.routed_dp_rank
+    if request.image_data:
+        message.image_data.extend(request.image_data)
     if request.bootstrap is not None:
         bootstrap = request.bootstrap
         message.disaggregated_params.bootstrap_host = bootstrap.host
         message.disaggregated_params.bootstrap_port = bootstrap.port
         message.disaggregated_params.bootstrap_room = bootstrap.room
     return message
+
+
+def embed_request(request: EmbedInput) -> pb.EmbedRequest:
+    """The native `EmbedRequest` has no DP-rank field: the engine places the request itself."""
+    return pb.EmbedRequest(input_ids=request.input_ids, rid=request.rid)
+
+
+def embed_output(reply: pb.EmbedResponse, request: EmbedInput) -> EmbedOutput:
+    """`prompt_tokens` from `meta_info` (a JSON document, as for generation), else the input length."""
+    prompt_tokens = _count(reply.meta_info.get("prompt_tokens")) or len(request.input_ids)
+    return EmbedOutput(list(reply.embedding), prompt_tokens)
 
 
 def decode_meta_info(meta_info: Any) -> dict[str, Any]:
@@ -139,7 +160,7 @@ def _logprob_rows(raw_tokens: str, raw_top: str | None) -> list[TokenLogprob]:
     tokens = _lenient_json(raw_tokens) or []
     tops = (_lenient_json(raw_top) if raw_top else None) or [None] * len(tokens)
     rows = []
-    for (logprob, token_id, *_), top in zip(tokens, tops):
+    for (logprob, token_id, *_), top in zip(tokens, tops, strict=False):
         alternatives = tuple((entry[1], entry[0]) for entry in top or ())
         rows.append(TokenLogprob(token_id, logprob, alternatives))
     return rows
@@ -210,6 +231,10 @@ class NativeEngineClient:
         message = generate_request(request)
         async with self.channel.open_stream(GENERATE, message, pb.GenerateResponse, timeout=None) as stream:
             yield ChunkStream(stream, _ChunkDecoder(cumulative), self.name)
+
+    async def embed(self, request: EmbedInput) -> EmbedOutput:
+        reply = await self.channel.unary_work(EMBED, embed_request(request), pb.EmbedResponse, timeout=None)
+        return embed_output(reply, request)
 
     async def connect(self) -> None:
         await self.channel.connect_for_streams()

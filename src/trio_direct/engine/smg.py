@@ -18,12 +18,20 @@ from google.protobuf import empty_pb2, json_format, unknown_fields
 
 from trio_direct._proto.smg import sglang_scheduler_pb2 as pb
 from trio_direct.engine.chunk_stream import ChunkStream
-from trio_direct.engine.errors import EngineInternal
+from trio_direct.engine.errors import EngineInternal, EngineInvalidArgument
 from trio_direct.engine.transport import EngineChannel
-from trio_direct.engine.types import GenerateChunk, GenerateInput, SamplingOptions, TokenLogprob
+from trio_direct.engine.types import (
+    EmbedInput,
+    EmbedOutput,
+    GenerateChunk,
+    GenerateInput,
+    SamplingOptions,
+    TokenLogprob,
+)
 
 _SERVICE = "/sglang.grpc.scheduler.SglangScheduler/"
 GENERATE = _SERVICE + "Generate"
+EMBED = _SERVICE + "Embed"
 ABORT = _SERVICE + "Abort"
 HEALTH_CHECK = _SERVICE + "HealthCheck"
 GET_MODEL_INFO = _SERVICE + "GetModelInfo"
@@ -69,6 +77,11 @@ def sampling_params(options: SamplingOptions) -> pb.SamplingParams:
 
 
 def generate_request(request: GenerateInput) -> pb.GenerateRequest:
+    if request.image_data:
+        # The SMG servicers read images only as pixel values a gateway's image processor made
+        # (`MultimodalInputs.pixel_values`); `image_urls` is read only by an encoder-disaggregated
+        # deployment. Sent as URLs they would be dropped silently.
+        raise EngineInvalidArgument("the SMG API takes no image URLs: serve image input from the native API")
     message = pb.GenerateRequest(
         request_id=request.rid,
         tokenized=pb.TokenizedInput(original_text=request.original_text, input_ids=request.input_ids),
@@ -88,6 +101,21 @@ def generate_request(request: GenerateInput) -> pb.GenerateRequest:
         message.disaggregated_params.bootstrap_port = bootstrap.port
         message.disaggregated_params.bootstrap_room = bootstrap.room
     return message
+
+
+def embed_request(request: EmbedInput) -> pb.EmbedRequest:
+    message = pb.EmbedRequest(
+        request_id=request.rid,
+        tokenized=pb.TokenizedInput(original_text=request.original_text, input_ids=request.input_ids),
+    )
+    if request.routed_dp_rank is not None:
+        message.data_parallel_rank = request.routed_dp_rank
+    return message
+
+
+def embed_output(reply: pb.EmbedResponse, request: EmbedInput) -> EmbedOutput:
+    """The flat `EmbedResponse` (smg-grpc-proto 0.4.6+; errors arrive as gRPC statuses)."""
+    return EmbedOutput(list(reply.embedding), reply.prompt_tokens or len(request.input_ids))
 
 
 class _ChunkDecoder:
@@ -144,8 +172,8 @@ class _ChunkDecoder:
 def _logprobs(rows: pb.OutputLogProbs) -> list[TokenLogprob]:
     tops = list(rows.top_logprobs)
     return [
-        TokenLogprob(token_id, logprob, tuple(zip(tops[i].token_ids, tops[i].values)) if i < len(tops) else ())
-        for i, (logprob, token_id) in enumerate(zip(rows.token_logprobs, rows.token_ids))
+        TokenLogprob(token_id, logprob, tuple(zip(tops[i].token_ids, tops[i].values, strict=False)) if i < len(tops) else ())
+        for i, (logprob, token_id) in enumerate(zip(rows.token_logprobs, rows.token_ids, strict=False))
     ]
 
 
@@ -179,6 +207,10 @@ class SmgEngineClient:
         message = generate_request(request)
         async with self.channel.open_stream(GENERATE, message, pb.GenerateResponse, timeout=None) as stream:
             yield ChunkStream(stream, _ChunkDecoder(self.name), self.name)
+
+    async def embed(self, request: EmbedInput) -> EmbedOutput:
+        reply = await self.channel.unary_work(EMBED, embed_request(request), pb.EmbedResponse, timeout=None)
+        return embed_output(reply, request)
 
     async def connect(self) -> None:
         await self.channel.connect_for_streams()

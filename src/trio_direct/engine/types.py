@@ -64,6 +64,27 @@ class GenerateInput:
     top_logprobs_num: int = 0
     logprob_start_len: int = -1
     original_text: str = ""
+    #: Images as the client gave them (http(s) or ``data:`` URLs), in prompt order: the native
+    #: API's ``GenerateRequest.image_data``. The prompt holds the model's placeholder for each.
+    image_data: Sequence[str] = ()
+
+
+@dataclass(slots=True)
+class EmbedInput:
+    """One embedding on one engine (a unary call). `rid` must never be a prefix of another live rid."""
+
+    rid: str
+    input_ids: Sequence[int]
+    original_text: str = ""
+    routed_dp_rank: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EmbedOutput:
+    """The engine's vector for one input, and the prompt tokens it counted."""
+
+    embedding: list[float]
+    prompt_tokens: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +145,9 @@ class EngineClient(Protocol):
 
     def generate(self, request: GenerateInput) -> AbstractAsyncContextManager[GenerateStream]:
         """Open a generation; leaving the context early cancels it at the engine."""
+
+    async def embed(self, request: EmbedInput) -> EmbedOutput:
+        """One embedding (the engine's `Embed` RPC); cancelling the call cancels it at the engine."""
 
     async def connect(self) -> None:
         """Open the connection generations stream on now, rather than in the first generation."""

@@ -76,6 +76,11 @@ class EngineCard:
     ``context_length`` server arg (a user override, usually null). ``block_size`` is the engine's
     ``page_size``; ``kv_block_size`` the block size of its KV events (``page_size × dcp_size``).
     ``bootstrap_host``/``bootstrap_port`` are set on prefill engines only.
+
+    ``is_embedding``: the engine serves an embedding model (``is_generation`` false), which answers
+    `Embed` and no `Generate`. ``supports_images``: it takes image input (``image_data``): a native
+    0.5.23+ engine whose ``grpc_features.image_inputs`` lists any format. SMG engines never count:
+    their servicers read images only as pixel values a gateway's image processor made.
     """
 
     url: str
@@ -96,6 +101,8 @@ class EngineCard:
     incremental_streaming: bool
     tool_call_parser: str | None
     reasoning_parser: str | None
+    is_embedding: bool = False
+    supports_images: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -117,6 +124,8 @@ class EngineCard:
             "incremental_streaming": self.incremental_streaming,
             "tool_call_parser": self.tool_call_parser,
             "reasoning_parser": self.reasoning_parser,
+            "is_embedding": self.is_embedding,
+            "supports_images": self.supports_images,
         }
 
 
@@ -185,7 +194,22 @@ def engine_card(
         incremental_streaming=incremental,
         tool_call_parser=_text(first("tool_call_parser")),
         reasoning_parser=_text(first("reasoning_parser")),
+        is_embedding=_is_embedding(model_info, server_info),
+        supports_images=api == "native" and _lists_image_inputs(server_info.get("grpc_features")),
     )
+
+
+def _is_embedding(model_info: Mapping[str, Any], server_info: Mapping[str, Any]) -> bool:
+    """GetModelInfo's ``is_generation`` (both APIs), else the ``is_embedding`` server arg."""
+    generation = model_info.get("is_generation")
+    if isinstance(generation, bool):
+        return not generation
+    return server_info.get("is_embedding") is True
+
+
+def _lists_image_inputs(features: Any) -> bool:
+    """0.5.23's ``grpc_features``: the image formats the model's processor takes (none: text only)."""
+    return isinstance(features, Mapping) and bool(features.get("image_inputs"))
 
 
 def _context_length(model_info: Mapping[str, Any], server_info: Mapping[str, Any]) -> int | None:

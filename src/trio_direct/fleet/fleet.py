@@ -72,7 +72,9 @@ class FleetOverrides:
 class FleetModel:
     """The one model the fleet serves, as the frontend presents and tokenizes it.
 
-    ``context_length`` is the smallest any engine accepts, so a prompt that fits fits everywhere.
+    ``context_length`` is the smallest any engine accepts, so a prompt that fits fits everywhere;
+    ``supports_images`` holds only if every engine takes image input. ``is_embedding`` must agree:
+    an embedding model serves `Embed` and no `Generate`, so its engines form a pool of their own.
     """
 
     served_model_name: str
@@ -82,6 +84,8 @@ class FleetModel:
     context_length: int | None
     tool_call_parser: str | None
     reasoning_parser: str | None
+    is_embedding: bool = False
+    supports_images: bool = False
 
 
 @dataclass(slots=True, eq=False)
@@ -352,6 +356,7 @@ def fleet_model(cards: Sequence[tuple[str, EngineCard]], overrides: FleetOverrid
     served = _agreed(cards, "served_model_name", overrides.served_model_name, "--served-model-name")
     model_path = _agreed(cards, "model_path", overrides.model_path, "--model-path")
     block_size = _agreed(cards, "block_size", overrides.kv_cache_block_size, "--page-size")
+    is_embedding = _agreed(cards, "is_embedding", None, "--is-embedding (or without it)")
     first = cards[0][1]
     tool_parser = _agreed(cards, "tool_call_parser", None, "--tool-call-parser", strict=False)
     reasoning_parser = _agreed(cards, "reasoning_parser", None, "--reasoning-parser", strict=False)
@@ -364,6 +369,8 @@ def fleet_model(cards: Sequence[tuple[str, EngineCard]], overrides: FleetOverrid
         context_length=min(lengths) if lengths else None,
         tool_call_parser=tool_parser,
         reasoning_parser=reasoning_parser,
+        is_embedding=bool(is_embedding),
+        supports_images=all(card.supports_images for _, card in cards),
     )
 
 

@@ -90,10 +90,12 @@ async def probe_engine(
 
 
 async def probe_command(urls: Sequence[str], api: ApiChoice = "auto", timeout: float = 10.0) -> int:
-    """``trio-direct probe URL...``: print each engine's card as JSON; 0 when every probe worked.
+    """``trio-direct probe URL...``: print one JSON array of engine cards; 0 when every probe worked.
 
-    Probes run concurrently; cards are printed in the order of ``urls``, failures go to stderr.
-    Opens its own trio-asyncio loop, so call it straight from `trio.run`.
+    Probes run concurrently. The array holds the card of each engine that answered, in the order of
+    ``urls`` (each card names its ``url``), and is an array for one URL too, so output is always
+    parsed the same way; failures go to stderr. Opens its own trio-asyncio loop, so call it
+    straight from `trio.run`.
     """
     results: list[EngineCard | str] = ["" for _ in urls]
 
@@ -111,11 +113,9 @@ async def probe_command(urls: Sequence[str], api: ApiChoice = "auto", timeout: f
                     nursery.start_soon(probe_one, index, url)
         finally:
             pool.close()
-    failed = 0
-    for result in results:
-        if isinstance(result, EngineCard):
-            print(json.dumps(result.to_json(), indent=2), flush=True)
-        else:
-            failed += 1
-            print(f"probe failed: {result}", file=sys.stderr, flush=True)
-    return 1 if failed else 0
+    failures = [result for result in results if not isinstance(result, EngineCard)]
+    for failure in failures:
+        print(f"probe failed: {failure}", file=sys.stderr, flush=True)
+    cards = [result.to_json() for result in results if isinstance(result, EngineCard)]
+    print(json.dumps(cards, indent=2), flush=True)
+    return 1 if failures else 0

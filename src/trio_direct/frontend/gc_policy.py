@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass
 
 import trio
+import trio_util
 
 from trio_direct import metrics
 
@@ -71,8 +72,7 @@ async def run_gc_policy(
     schedule = FullCollectionSchedule(growth, sys.getallocatedblocks())
     task_status.started(schedule)
     try:
-        while True:
-            await trio.sleep(check_every)
+        async for _ in trio_util.periodic(check_every):
             allocated = sys.getallocatedblocks()
             if schedule.due(allocated):
                 grew = allocated / max(1, schedule.baseline) - 1.0

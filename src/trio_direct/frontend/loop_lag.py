@@ -7,13 +7,18 @@ is the time a ready task waited for the loop. A stall of S seconds shows as a la
 `interval` and S. The figures go to `/metrics`; a stall over `warn_after` is logged (at most one line
 per `warn_every`, counting the ones it did not log).
 
-Overhead: one wake-up per `interval` (50 per second at 20 ms) and one histogram observation each.
+Overhead: one wake-up per `interval` (50 per second at 20 ms) and one histogram observation each,
+while requests are in flight. With none in flight nobody waits for the loop, and those wake-ups were
+most of what an idle frontend costs (each runs with cold caches: ~0.25 ms, 1.3 % of a core at 50 per
+second): the timer then runs every `idle_interval`. A stall that covers one of those wake-ups is
+still measured in full; the monitor is back to `interval` within `idle_interval` of the first request.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import trio
@@ -46,8 +51,7 @@ class LagTracker:
         """Record one wake-up `lag` seconds late at time `now`; a warning when it should be logged."""
         lag = max(0.0, lag)
         self.samples += 1
-        if lag > self.worst:
-            self.worst = lag
+        self.worst = max(self.worst, lag)
         if lag <= self.warn_after:
             return None
         if now - self._last_warning < self.warn_every:
@@ -58,17 +62,24 @@ class LagTracker:
         return warning
 
 
+def _requests_in_flight() -> bool:
+    return metrics.requests_in_flight() > 0
+
+
 async def monitor_loop_lag(
     interval: float = 0.02,
     *,
+    idle_interval: float = 0.5,
+    busy: Callable[[], bool] = _requests_in_flight,
     tracker: LagTracker | None = None,
     task_status: trio.TaskStatus[LagTracker] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Measure the loop's lag every `interval` seconds until cancelled (reports the tracker)."""
+    """Measure the loop's lag every `interval` seconds while `busy()` (default: completion requests
+    are in flight), every `idle_interval` otherwise, until cancelled (reports the tracker)."""
     tracker = LagTracker() if tracker is None else tracker
     task_status.started(tracker)
     while True:
-        deadline = trio.current_time() + interval
+        deadline = trio.current_time() + (interval if busy() else idle_interval)
         await trio.sleep_until(deadline)
         now = trio.current_time()
         lag = now - deadline

@@ -17,8 +17,9 @@ and `hypercorn trio_direct.app:app` (whose lifespan starts it).
 from __future__ import annotations
 
 import gc
+import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -52,12 +53,15 @@ from trio_direct.fleet.sources import (
 from trio_direct.frontend.gc_policy import run_gc_policy
 from trio_direct.frontend.loop_lag import monitor_loop_lag
 from trio_direct.kv_sync.feeds import KvFeeds
+from trio_direct.mock import MOCK_MODEL_NAME  # the built-in mocks' model name (light: no mock engine loaded)
 from trio_direct.openai import errors
 from trio_direct.openai.requests import warm_up_request_decoding
 from trio_direct.parsers.selection import ParserSelection, select_parsers
+from trio_direct.routing.affinity import SessionAffinity
 from trio_direct.routing.block_hash import RoutingKey
-from trio_direct.routing.kv_routing import KvRouting
+from trio_direct.routing.kv_routing import LOAD_MODES, KvRouting
 from trio_direct.routing.policy import Candidates, Route, RoutingPolicy
+from trio_direct.surfaces.response_store import ResponseStore
 from trio_direct.text.chat_template import ChatTemplateError, load_chat_template, render_chat
 from trio_direct.text.harmony import harmony_encoding, is_harmony_model
 from trio_direct.text.tokenizer import ModelTokenizer, TokenizerLoadError
@@ -82,6 +86,8 @@ class Frontend:
         self.cutter = StreamCutter()
         #: Set once a shutdown began: readiness (`/health`) answers 503 so load balancers move on.
         self.draining = False
+        #: The Responses API's stored responses (`store: true`), for `previous_response_id` and GET.
+        self.responses = ResponseStore(config.responses_store_max_items, config.responses_store_max_bytes)
 
     def pools(self) -> list[ModelPool]:
         return list(self._pools.values())
@@ -156,13 +162,16 @@ class ModelPool:
     parsers: ParserSelection = field(default_factory=lambda: ParserSelection(None, None))
     #: A gpt-oss model: prompts are written in harmony by openai-harmony's encoder.
     harmony: bool = False
-    #: `--router-mode kv`: the KV-event subscriptions and load polling that feed `routing.kv`.
+    #: `--router-mode kv`, `least-load`, `power-of-two`: the KV-event subscriptions (kv) and the
+    #: load polling that feed `routing.kv`.
     kv_feeds: KvFeeds | None = None
     health: EngineHealth | None = None
     #: Engines that may join this pool but are not up yet (or refused), for `GET /debug/routing`.
     waiting: Callable[[], Sequence[Any]] = tuple
     #: Told when health checks take an engine out (the fleet's membership lets some leave then).
     on_engine_down: Callable[[Engine], None] | None = None
+    #: The model directory's `config.json` (`hidden_size`, Matryoshka dimensions of an embedding model).
+    model_config: Mapping[str, Any] = field(default_factory=dict)
     _token_texts: dict[int, str] = field(default_factory=dict)
 
     @property
@@ -182,6 +191,16 @@ class ModelPool:
     @property
     def context_length(self) -> int | None:
         return self.fleet.model.context_length
+
+    @property
+    def is_embedding(self) -> bool:
+        """The engines serve an embedding model: `/v1/embeddings` only, no generation."""
+        return self.fleet.model.is_embedding
+
+    @property
+    def supports_images(self) -> bool:
+        """Every engine takes image input (`image_data`)."""
+        return self.fleet.model.supports_images
 
     @property
     def tool_call_parser(self) -> str | None:
@@ -215,8 +234,15 @@ class ModelPool:
     ) -> Route[Worker]:
         """Where a request goes (`RoutingPolicy.choose`); raises `NoWorkerAvailable` when nothing
         healthy can serve it. A route chosen with a `request_id` counts as load until `release`.
-        `session_key` is the request's affinity key (`X-Session-ID`), for affinity routing."""
-        return self.routing.choose(self.candidates(), token_ids, request_id)
+
+        `session_key`: the request's ``X-Session-ID`` header, else (with
+        `--router-affinity-from-user`) its ``user`` field: see `session_key`."""
+        return self.routing.choose(self.candidates(), token_ids, request_id, session_key)
+
+    def session_key(self, header: str | None, user: object = None) -> str | None:
+        """The session key of a request, from its ``X-Session-ID`` header value and its body's
+        ``user`` field (used only with `--router-affinity-from-user`); ``None``: no affinity."""
+        return session_key(header, user, from_user=self.config.router_affinity_from_user)
 
     def explain_route(self, token_ids: Sequence[int] | None = None) -> dict:
         """What `GET/POST /debug/routing` shows: the mode, the workers, and in kv mode the index
@@ -251,7 +277,7 @@ class ModelPool:
 
     def check_join(self, engine: Engine) -> None:
         """The frontend's rules for an engine joining after start-up (`FleetError` refuses it)."""
-        check_role(engine, self.config.prefill_engine_url, self.config.engine_url)
+        check_role(engine, self.config.prefill_engine_url)
         if self.routing.kv is not None:
             try:
                 self.routing.kv.check_join(engine.card)
@@ -290,8 +316,32 @@ class ModelPool:
         self.routing.release(request_id)
 
 
+def read_model_config(directory: Path) -> dict[str, Any]:
+    """The model directory's `config.json`; {} when it has none (a tokenizer-only directory)."""
+    try:
+        value = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
 def routing_key(worker: Worker) -> RoutingKey:
     return RoutingKey(worker.engine.id, worker.dp_rank)
+
+
+#: Longest session key kept; longer ones are used by their first characters only.
+MAX_SESSION_KEY = 256
+
+
+def session_key(header: str | None, user: object = None, *, from_user: bool = False) -> str | None:
+    """A request's session key: the header's value, else the ``user`` field when `from_user`.
+
+    Blank values are no key; keys are cut to `MAX_SESSION_KEY` characters so a client cannot
+    grow the affinity table's memory by its key's length."""
+    for value, wanted in ((header, True), (user, from_user)):
+        if wanted and isinstance(value, str) and value.strip():
+            return value.strip()[:MAX_SESSION_KEY]
+    return None
 
 
 def route_json(route: Route[Worker]) -> dict:
@@ -333,33 +383,21 @@ def select_model_parsers(config: ServeConfig, model: FleetModel) -> ParserSelect
     return selection
 
 
-def check_roles(fleet: Fleet, prefill_urls: list[str], engine_urls: list[str] | None = None) -> None:
-    """Roles come from the probe. When `--prefill-engine-url` is given, it must name prefill
-    engines, and `--engine-url` must then name none. `engine_urls` None: every engine not given
-    with `--prefill-engine-url` was given with `--engine-url`."""
+def check_roles(fleet: Fleet, prefill_urls: list[str]) -> None:
+    """Roles come from the probe: every engine serves in the role it reports, whichever flag gave
+    it. `--prefill-engine-url` only adds an assertion: the engines it names must be prefill engines."""
     for engine in fleet.engines:
-        check_role(engine, prefill_urls, engine_urls)
+        check_role(engine, prefill_urls)
 
 
-def check_role(engine: Engine, prefill_urls: list[str], engine_urls: list[str] | None = None) -> None:
-    """`check_roles` for one engine (also run when an engine joins after start-up). An engine found
-    by discovery (in neither list) has the role its probe reports."""
-    if not prefill_urls:
-        return
-    meant_prefill = engine.card.url in prefill_urls
-    if not meant_prefill and engine_urls is not None and engine.card.url not in engine_urls:
-        return
-    if meant_prefill != (engine.card.role == "prefill"):
-        flag = "--prefill-engine-url" if meant_prefill else "--engine-url"
+def check_role(engine: Engine, prefill_urls: list[str]) -> None:
+    """`check_roles` for one engine (also run when an engine joins after start-up)."""
+    if engine.card.url in prefill_urls and engine.card.role != "prefill":
         raise FleetError(
-            f"engine {engine.id} ({engine.card.url}) reports role {engine.card.role!r} "
-            f"(disaggregation_mode), but was given with {flag}"
-            + (" (expected a prefill engine)" if meant_prefill else "; give prefill engines with --prefill-engine-url")
+            f"engine {engine.id} ({engine.card.url}) was given with --prefill-engine-url, but reports role "
+            f"{engine.card.role!r} (disaggregation_mode), not 'prefill'; give it with --engine-url, where every "
+            "engine serves in the role it reports"
         )
-
-
-#: The model name clients use with the built-in mock engines.
-MOCK_MODEL_NAME = "trio-direct-mock"
 
 
 async def start_mock_engines(count: int, speedup: float, nursery: trio.Nursery) -> list[str]:
@@ -434,17 +472,19 @@ async def open_model_pool(
     except TokenizerLoadError as error:
         raise FleetError(f"model {model.served_model_name!r}: {error} (give --model-path)") from None
     kv = None
-    if config.router_mode == "kv":
+    if config.router_mode in LOAD_MODES:
         try:
             kv = KvRouting([engine.card for engine in fleet.engines], config)
         except ValueError as error:
             raise FleetError(str(error)) from None
-    routing = RoutingPolicy(config.router_mode, enforce_disagg=config.enforce_disagg, kv=kv)
+    affinity = SessionAffinity(config.router_session_ttl) if config.router_session_ttl > 0 else None
+    routing = RoutingPolicy(config.router_mode, enforce_disagg=config.enforce_disagg, kv=kv, affinity=affinity)
     harmony = is_harmony_model(model.model_path, model.served_model_name)
     pool = ModelPool(
         config, fleet, routing, tokenizer, chat_template, select_model_parsers(config, model), harmony,
         on_engine_down=on_engine_down,
     )  # fmt: skip
+    pool.model_config = await trio.to_thread.run_sync(read_model_config, Path(model.tokenizer_path))
     # KV routing before health checking: an engine that joins is indexed at once.
     if kv is not None:
         pool.kv_feeds = KvFeeds(kv, fleet, load_poll_interval=config.load_poll_interval)
@@ -473,7 +513,7 @@ async def run_model_pool(
         async with trio.open_nursery() as nursery:
             if pool.kv_feeds is not None:
                 await nursery.start(pool.kv_feeds.run)
-                log.info("model %r: KV-aware routing: %s", pool.name, pool.kv_feeds.stats())
+                log.info("model %r: %s routing: %s", pool.name, pool.config.router_mode, pool.kv_feeds.stats())
             if pool.health is not None:
                 await nursery.start(pool.health.run)
             task_status.started()
@@ -517,7 +557,7 @@ class FleetPools:
         overrides = self.settings.overrides(name, [pool.name for pool in self.frontend.pools()])
         fleet = Fleet(engines, fleet_model([(e.id, e.card) for e in engines], overrides), overrides=overrides)
         for engine in engines:
-            check_role(engine, self.config.prefill_engine_url, self.config.engine_url)
+            check_role(engine, self.config.prefill_engine_url)
         pool = await open_model_pool(
             self.config, fleet, self.channels, self.chat_template, on_engine_down=self._engine_down
         )

@@ -16,14 +16,13 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-import hypercorn
-import hypercorn.trio
 import trio
 
 from trio_direct.config import ServeConfig
 from trio_direct.engine.transport import open_asyncio_loop
 from trio_direct.frontend.runtime import Frontend, run_frontend
 from trio_direct.http.app import create_app
+from trio_direct.http.server import serve_app
 
 log = logging.getLogger(__name__)
 
@@ -37,24 +36,6 @@ class Shutdown:
 
     drain: trio.Event = field(default_factory=trio.Event)
     cut: trio.Event = field(default_factory=trio.Event)
-
-
-def hypercorn_config(
-    host: str, port: int, log_level: str = "info", graceful_timeout: float = 30.0, *, listen_fd: int | None = None
-) -> hypercorn.Config:
-    """`listen_fd`: serve that already listening socket (a `--workers` child's) instead of binding."""
-    config = hypercorn.Config()
-    config.loglevel = log_level.upper()
-    if listen_fd is not None:
-        config.bind = [f"fd://{listen_fd}"]
-    else:
-        config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
-    config.accesslog = None
-    # hypercorn's logger as is: its lines reach the root handler, formatted like ours, and only once.
-    config.errorlog = logging.getLogger("hypercorn.error")
-    config.keep_alive_timeout = 75
-    config.graceful_timeout = graceful_timeout
-    return config
 
 
 async def serve(
@@ -72,18 +53,18 @@ async def serve(
     async with open_asyncio_loop(), trio.open_nursery() as nursery:
         frontend: Frontend = await nursery.start(run_frontend, config)
         app = create_app(lambda: frontend, config)
-        # hypercorn's own deadline comes after ours: by then every response has ended itself.
-        http = hypercorn_config(
-            config.host,
-            config.port,
-            config.log_level,
-            config.graceful_shutdown_timeout + config.abort_timeout + CUT_GRACE,
-            listen_fd=listen_fd,
-        )
         stopping = trio.Event()
 
         async def http_server(*, task_status: trio.TaskStatus[list[str]]) -> None:
-            await hypercorn.trio.serve(app, http, shutdown_trigger=stopping.wait, task_status=task_status)
+            # hypercorn's own deadline comes after ours: by then every response has ended itself.
+            await serve_app(
+                app,
+                config,
+                listen_fd=listen_fd,
+                shutdown_trigger=stopping.wait,
+                graceful_timeout=config.graceful_shutdown_timeout + config.abort_timeout + CUT_GRACE,
+                task_status=task_status,
+            )
             nursery.cancel_scope.cancel()  # drained: the frontend's own tasks stop too
 
         binds = await nursery.start(http_server)

@@ -1,9 +1,12 @@
 """The one HTTP layer: an ASGI app that serves the route table (`http.routes`).
 
-Every request passes the same rules, written once, in this order: route lookup (404, 405), CORS
-preflight, API key, "server is starting" (503), admission against ``--max-concurrent-requests``
-(429 with Retry-After, generation routes), the body read within ``--max-body-bytes`` (413, refused
-up front when the declared Content-Length is over), the client-disconnect watch, then the handler;
+Every request passes the same rules, written once, in this order: the protocol guard
+(`http/asgi_guard.py`: a declared Content-Length over ``--max-body-bytes`` is a 413 before any body
+is read, Content-Length with Transfer-Encoding a 400 and a closed connection, a WebSocket handshake a
+400), route lookup (404, 405), CORS preflight, API key, "server is starting" (503), admission
+against ``--max-concurrent-requests`` (429 with Retry-After, generation routes), the body read
+within ``--max-body-bytes`` (413 for a chunked body that grows past it), the client-disconnect
+watch, then the handler;
 whatever it raises as `OpenAIError` is written in the route's own error envelope, and anything else
 is logged and answered 500 in that envelope. Nothing answers a bare error page.
 
@@ -12,7 +15,7 @@ cancels the request's scope; engine calls then end through `core.engine_call.ope
 ``finally`` (an `Abort` each).
 
 The ASGI lifespan protocol starts the frontend when the app is served by ``hypercorn
-trio_direct.app:app`` (`create_app(..., start=...)`); WebSocket connections are refused (403).
+trio_direct.app:app`` (`create_app(..., start=...)`).
 """
 
 from __future__ import annotations
@@ -27,9 +30,10 @@ import trio
 
 from trio_direct import metrics
 from trio_direct.config import ServeConfig
+from trio_direct.http.asgi_guard import ProtocolGuard
 from trio_direct.http.exchange import Exchange, Receive, Scope, Send
 from trio_direct.http.routes import ROUTES
-from trio_direct.http.routing_table import Route, RouteTable
+from trio_direct.http.routing_table import ErrorFormat, Route, RouteTable, openai_error_body
 from trio_direct.openai import errors
 from trio_direct.openai.errors import OpenAIError
 
@@ -72,8 +76,6 @@ def create_app(
             await serve_http(scope, receive, send)
         elif kind == "lifespan":
             await _lifespan(receive, send, start)
-        else:  # a WebSocket: refused before it is accepted (the server answers 403)
-            await send({"type": "websocket.close", "code": 1008})
 
     async def serve_http(scope: Scope, receive: Receive, send: Send) -> None:
         path, method = scope["path"], scope["method"]
@@ -122,15 +124,16 @@ def create_app(
             metrics.REQUESTS.labels(model=exchange.model, endpoint=route.endpoint, stream=stream, status=str(status)).inc()
             metrics.DURATION.labels(exchange.model, route.endpoint).observe(time.perf_counter() - exchange.started)
 
-    return app
+    def error_body_for(scope: Scope) -> ErrorFormat:
+        route = routes.match(scope["method"], scope["path"]).route
+        return route.error_body if route is not None else openai_error_body
+
+    return ProtocolGuard(app, max_body_bytes=max_body, error_body_for=error_body_for)
 
 
 async def _run(route: Route, exchange: Exchange, receive: Receive, max_body: int) -> None:
     """Read the body, watch for the client leaving, run the handler; errors in the route's envelope."""
     try:
-        declared = _content_length(exchange)
-        if declared is not None and declared > max_body:
-            raise errors.payload_too_large(max_body)
         async with trio.open_nursery() as nursery:
             body = await _read_body(receive, max_body)
             if body is None:
@@ -170,16 +173,6 @@ async def _cancel_on_disconnect(receive: Receive, scope: trio.CancelScope) -> No
     while (await receive())["type"] != "http.disconnect":
         pass
     scope.cancel()
-
-
-def _content_length(exchange: Exchange) -> int | None:
-    value = exchange.header(b"content-length")
-    if value is None:
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        return None  # the server's HTTP parser answers malformed framing itself
 
 
 def _authorized(exchange: Exchange, route: Route, expected: bytes) -> bool:

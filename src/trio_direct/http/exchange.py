@@ -10,7 +10,7 @@ own envelope.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -18,6 +18,7 @@ import trio
 from trio_direct import metrics
 from trio_direct.core.plan import RequestPlan
 from trio_direct.core.render import Renderer, stream_response, unary_response
+from trio_direct.frontend.runtime import session_key
 
 if TYPE_CHECKING:
     from trio_direct.frontend.runtime import Frontend, ModelPool
@@ -92,13 +93,10 @@ class Exchange:
 
     def session_key(self, user: str | None = None) -> str | None:
         """The routing affinity key: the `X-Session-ID` header, else the request's `user` when
-        ``--router-affinity-from-user`` is on."""
+        ``--router-affinity-from-user`` is on (`frontend.runtime.session_key`)."""
         value = self.header(b"x-session-id")
-        if value:
-            return value.decode("latin-1")
-        if user and getattr(self.frontend.config, "router_affinity_from_user", False):
-            return user
-        return None
+        header = value.decode("latin-1") if value is not None else None
+        return session_key(header, user, from_user=self.frontend.config.router_affinity_from_user)
 
     # ---- the response --------------------------------------------------------------------------------
 
@@ -115,7 +113,7 @@ class Exchange:
         await _shielded_last(self._send, {"type": "http.response.body", "body": data, "more_body": False})
 
     async def json(
-        self, status: int, payload: bytes, *, headers: list[tuple[bytes, bytes]] = (), close: bool = False
+        self, status: int, payload: bytes, *, headers: Sequence[tuple[bytes, bytes]] = (), close: bool = False
     ) -> None:
         """A whole JSON response. After a stream's headers went out, only ends the stream."""
         if self.ended:

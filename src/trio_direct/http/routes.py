@@ -3,10 +3,25 @@ apply to it, in one place. Adding an API surface adds a row here."""
 
 from __future__ import annotations
 
+from trio_direct.anthropic.errors import anthropic_error_body
 from trio_direct.http.routing_table import Route, RouteTable
-from trio_direct.surfaces import admin, chat, completions, models, operations
+from trio_direct.surfaces import (
+    admin,
+    chat,
+    completions,
+    embeddings,
+    generate,
+    messages,
+    models,
+    operations,
+    responses,
+    tokenization,
+)
 
 __all__ = ["ROUTES"]
+
+#: The Messages API's key header (Anthropic's SDK sends `x-api-key`); its errors use Anthropic's envelope.
+_X_API_KEY = (b"x-api-key",)
 
 ROUTES = RouteTable([
     Route("GET", "/live", operations.live, open=True, needs_frontend=False),
@@ -16,6 +31,20 @@ ROUTES = RouteTable([
     Route("GET", "/v1/models/{model:path}", models.retrieve_model),
     Route("POST", "/v1/chat/completions", chat.handle, endpoint="chat"),
     Route("POST", "/v1/completions", completions.handle, endpoint="completions"),
+    Route("POST", "/v1/embeddings", embeddings.handle, endpoint="embeddings"),
+    Route("POST", "/generate", generate.handle, endpoint="generate"),
+    Route("PUT", "/generate", generate.handle, endpoint="generate"),  # SGLang's server takes both
+    Route("POST", "/v1/tokenize", tokenization.tokenize),
+    Route("POST", "/tokenize", tokenization.tokenize),
+    Route("POST", "/v1/detokenize", tokenization.detokenize),
+    Route("POST", "/detokenize", tokenization.detokenize),
+    Route("POST", "/v1/responses", responses.create, endpoint="responses"),
+    Route("GET", "/v1/responses/{response_id}", responses.retrieve),
+    Route("DELETE", "/v1/responses/{response_id}", responses.delete),
+    Route("POST", "/v1/messages", messages.handle, endpoint="messages",
+          error_body=anthropic_error_body, api_key_headers=_X_API_KEY),
+    Route("POST", "/v1/messages/count_tokens", messages.count_tokens,
+          error_body=anthropic_error_body, api_key_headers=_X_API_KEY),
     Route("GET", "/debug/routing", operations.routing_state),
     Route("POST", "/debug/routing", operations.routing_for_prompt),
     Route("GET", "/admin/engines", admin.list_engines, admin=True),

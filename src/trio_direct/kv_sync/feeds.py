@@ -1,7 +1,9 @@
 """What keeps KV routing's view of the engines current: their KV events and their load.
 
 One ZMQ subscription per engine (a `KvEventSubscriber`, one SUB socket per DP rank) feeds the
-fleet's `KvRouting` index; `GetLoad` polling (``--load-poll-interval``) feeds its load.
+fleet's `KvRouting` index; `GetLoad` polling (``--load-poll-interval``, 1 s by default) feeds its
+load: what every frontend has on each engine, to which `KvRouting` adds this one's own requests
+since the poll was sent.
 
 - An engine that joins after start-up (`engine_joined`) is registered and subscribed to like the
   others; its subscription runs in `run`'s nursery, so it ends with the rest.
@@ -125,12 +127,13 @@ class KvFeeds:
             for engine in list(self.fleet.engines):  # engines may join while a poll awaits
                 if not engine.healthy:
                     continue
+                own = self.kv.own_load(engine.id, engine.card)  # what the poll will include
                 try:
                     loads = await engine.client.load(timeout=min(self.load_poll_interval, 5.0))
                 except EngineError as error:
                     log.debug("GetLoad on %s failed: %s", engine.id, error)
                     continue
-                self.kv.apply_load(engine.id, engine.card, loads)
+                self.kv.apply_load(engine.id, engine.card, loads, own)
 
     def stats(self) -> dict:
         return {**self.kv.stats(), "subscribers": {s.engine: s.counters.as_dict() for s in self.subscribers}}

@@ -1,12 +1,17 @@
 """Subscribes to one SGLang engine's ZMQ KV-event publishers and keeps its index honest.
 
-One SUB socket per DP rank receives ``[topic, seq (8-byte big-endian), msgpack batch]``
-(``kv-events.md`` §3). Every batch goes through the rank's ``SequenceTracker``; a gap is
-filled from the engine's replay ROUTER when it has one (§5), and whenever history is
-provably lost -- no replay endpoint, replay too short or failed, publisher restarted, engine
-down -- the sink is told to clear that rank, because routing on a stale index is worse than
-routing on an empty one (``user-asks.md`` §4). Decoding and sequence rules live in
-``kv_events``; this module only moves frames and applies the decisions.
+One SUB socket per DP rank receives ``[topic, seq (8-byte big-endian), msgpack batch]``.
+Every batch goes through the rank's ``SequenceTracker``. The first batch from a publisher sets
+the baseline: with a replay endpoint, what the publisher still buffers before it is fetched
+first (the engine's cache as it was before this frontend subscribed); without one, nothing is
+cleared for batches this socket never saw. A later gap is filled from the engine's replay
+ROUTER when it has one, and whenever history is provably lost -- no replay endpoint, replay
+too short or failed, publisher restarted, engine down -- the sink is told to clear that rank,
+because routing on a stale index is worse than routing on an empty one. Decoding and sequence
+rules live in ``kv_events``; this module only moves frames and applies the decisions.
+
+Counters count incidents, not sequence arithmetic: a publisher that jumps from seq 5 to 2**63
+caused one gap (and, if history was lost, one loss), one that steps back one restart.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from trio_direct.routing.kv_events import (
     Apply,
     BadBatch,
     Gap,
+    Join,
     KvEvent,
     Restart,
     SequenceTracker,
@@ -72,14 +78,17 @@ class KvEventCounters:
 
     ``batches``/``events``: applied to the sink. ``dropped_events``: malformed events left out
     of otherwise good batches. ``bad_batches``: undecodable payloads or malformed frames.
-    ``gaps``: sequence gaps seen (joining mid-stream included). ``replays``: replay requests.
-    ``lost``: batches never applied because history was gone. ``restarts``: publisher restarts.
+    ``joins``: first batches from a publisher (at start-up, after a restart or an engine down).
+    ``gaps``: sequence gaps seen after the first batch, each counted once however many seqs it
+    skipped. ``replays``: replay requests. ``lost``: gaps (or holes in a replay) whose batches
+    could not be had, each once: the rank was cleared. ``restarts``: publisher restarts.
     """
 
     batches: int = 0
     events: int = 0
     dropped_events: int = 0
     bad_batches: int = 0
+    joins: int = 0
     gaps: int = 0
     replays: int = 0
     lost: int = 0
@@ -209,6 +218,8 @@ class KvEventSubscriber:
             action = rank.tracker.observe(seq)
         if isinstance(action, Apply):
             self._apply(rank, seq, payload)
+        elif isinstance(action, Join):
+            await self._join(rank, seq, payload)
         elif isinstance(action, Gap):
             await self._recover(rank, action, payload)
 
@@ -246,19 +257,50 @@ class KvEventSubscriber:
             "engine %s rank %d: skipped malformed message (%s)", self.engine, rank.source.dp_rank, what
         )
 
-    # -- gaps ----------------------------------------------------------------------------
+    # -- joins and gaps ----------------------------------------------------------------------
+
+    async def _join(self, rank: _Rank, seq: int, payload: bytes) -> None:
+        """The first batch from a publisher, numbered ``seq`` > 0: take what replay still has
+        from before it (if there is a replay endpoint), then apply it."""
+        self.counters.joins += 1
+        dp_rank = rank.source.dp_rank
+        if rank.source.replay_endpoint is None:
+            log.info(
+                "engine %s rank %d: first batch is seq %d, no replay endpoint: what the engine cached "
+                "before is learnt as it stores on top of it", self.engine, dp_rank, seq,
+            )  # fmt: skip
+            rank.tracker.start_at(seq)
+            self._apply_next(rank, seq, payload)
+            return
+        self.counters.replays += 1
+        epoch = rank.epoch
+        try:
+            replayed = await self._replay_holding_live(rank, 0)
+        except _ReplayFailed as exc:
+            if rank.epoch == epoch:
+                log.info("engine %s rank %d: first batch is seq %d, replay failed (%s)", self.engine, dp_rank, seq, exc)
+                rank.tracker.start_at(seq)
+                self._apply_next(rank, seq, payload)
+            return
+        if rank.epoch != epoch:
+            return  # engine_down reset the rank meanwhile: its next batch joins again
+        first = min(replayed[0][0], seq) if replayed else seq
+        rank.tracker.start_at(first)
+        applied, lost = self._apply_in_order(rank, replayed, seq, payload, f"joined at seq {seq}")
+        log.info(
+            "engine %s rank %d: first batch is seq %d; replayed %d earlier batches%s",
+            self.engine, dp_rank, seq, applied, " (with a hole: index cleared)" if lost else "",
+        )  # fmt: skip
 
     async def _recover(self, rank: _Rank, gap: Gap, payload: bytes) -> None:
         """Fill ``gap`` from replay if possible, else clear the rank; then apply ``gap.got``."""
         self.counters.gaps += 1
         dp_rank = rank.source.dp_rank
-        joined = rank.tracker.last_applied is None
-        what = f"joined at seq {gap.got}" if joined else f"gap {gap.expected}→{gap.got}"
+        what = f"gap {gap.expected}→{gap.got}"
         if rank.source.replay_endpoint is None:
-            lost = self._lose(rank, gap.expected, gap.got, f"{what}, no replay endpoint")
+            self._lose(rank, gap.got, f"{what}, no replay endpoint")
             log.warning(
-                "engine %s rank %d: %s, no replay endpoint: %d batches lost, index cleared",
-                self.engine, dp_rank, what, lost,
+                "engine %s rank %d: %s, no replay endpoint: history lost, index cleared", self.engine, dp_rank, what
             )
             self._apply_next(rank, gap.got, payload)
             return
@@ -269,52 +311,63 @@ class KvEventSubscriber:
             replayed = await self._replay_holding_live(rank, gap.expected)
         except _ReplayFailed as exc:
             if rank.epoch == epoch:
-                lost = self._lose(rank, gap.expected, gap.got, f"{what}, replay failed ({exc})")
+                self._lose(rank, gap.got, f"{what}, replay failed ({exc})")
                 log.warning(
-                    "engine %s rank %d: %s, replay failed (%s): %d batches lost, index cleared",
-                    self.engine, dp_rank, what, exc, lost,
-                )
+                    "engine %s rank %d: %s, replay failed (%s): history lost, index cleared",
+                    self.engine, dp_rank, what, exc,
+                )  # fmt: skip
                 self._apply_next(rank, gap.got, payload)
             return
         if rank.epoch != epoch:
             # engine_down cleared the rank meanwhile; these batches predate the clear.
             return
 
-        first = replayed[0][0] if replayed else None
-        lost_history = rank.tracker.replay_result(first)
-        applied = lost = 0
-        for index, (seq, data) in enumerate([*replayed, (gap.got, payload)]):
-            action = rank.tracker.observe_replayed(seq)
-            if isinstance(action, Gap):
-                why = "replay had nothing" if first is None else f"replay starts at {first}"
-                lost += self._lose(rank, action.expected, seq, f"{what}, history lost ({why})")
-                action = rank.tracker.observe_replayed(seq)
-            if isinstance(action, Apply):
-                self._apply(rank, seq, data)
-                applied += index < len(replayed)
-            else:
-                assert isinstance(action, Skip)
+        lost_history = rank.tracker.replay_result(replayed[0][0] if replayed else None)
+        applied, lost = self._apply_in_order(rank, replayed, gap.got, payload, what)
         if lost_history or lost:
             log.warning(
-                "engine %s rank %d: %s, history lost: %d batches lost, index cleared, replayed %d batches",
-                self.engine, dp_rank, what, lost, applied,
-            )
+                "engine %s rank %d: %s, history lost: index cleared, replayed %d batches",
+                self.engine, dp_rank, what, applied,
+            )  # fmt: skip
         else:
             log.info("engine %s rank %d: %s, replayed %d batches", self.engine, dp_rank, what, applied)
 
+    def _apply_in_order(
+        self, rank: _Rank, replayed: list[tuple[int, bytes]], seq: int, payload: bytes, what: str
+    ) -> tuple[int, bool]:
+        """Apply replayed batches and then the live one that revealed the need, in seq order.
+
+        A hole (replay starting past what is needed, or missing a seq) loses history once.
+        Returns (replayed batches applied, whether history was lost).
+        """
+        first = replayed[0][0] if replayed else None
+        applied = 0
+        lost = False
+        for index, (number, data) in enumerate([*replayed, (seq, payload)]):
+            action = rank.tracker.observe_replayed(number)
+            if isinstance(action, Gap):
+                why = "replay had nothing" if first is None else f"replay starts at {first}"
+                self._lose(rank, number, f"{what}, {why}")
+                lost = True
+                action = rank.tracker.observe_replayed(number)
+            if isinstance(action, Apply):
+                self._apply(rank, number, data)
+                applied += index < len(replayed)
+            else:
+                assert isinstance(action, Skip)
+        return applied, lost
+
     def _apply_next(self, rank: _Rank, seq: int, payload: bytes) -> None:
-        """Apply the batch that ``accept_loss`` made the next one."""
+        """Apply the batch that ``start_at`` / ``accept_loss`` made the next one."""
         action = rank.tracker.observe_replayed(seq)
         assert isinstance(action, Apply), action
         self._apply(rank, seq, payload)
 
-    def _lose(self, rank: _Rank, expected: int, resume: int, why: str) -> int:
-        """Batches ``expected`` .. ``resume - 1`` are gone: clear the rank, resume at ``resume``."""
-        missing = resume - expected
-        self.counters.lost += missing
-        self.sink.on_clear(rank.source.dp_rank, f"{why}: {missing} batches lost")
+    def _lose(self, rank: _Rank, resume: int, why: str) -> None:
+        """History before ``resume`` is gone: clear the rank (one loss), resume at ``resume``."""
+        self.counters.lost += 1
+        self.sink.on_clear(rank.source.dp_rank, f"{why}: history lost")
         rank.tracker.accept_loss(resume)
-        return missing
 
     async def _replay_holding_live(self, rank: _Rank, start_seq: int) -> list[tuple[int, bytes]]:
         """Replay from ``start_seq`` while holding live batches that arrive meanwhile."""

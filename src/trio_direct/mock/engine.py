@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -104,8 +105,13 @@ class EngineInfo:
     kv_event_sources: list[dict[str, Any]] = field(default_factory=list)
     incremental_streaming_output: bool = False
     expose_accounting: bool = False
-    #: Seed of requests that bring none (``--seed``); None leaves it to the scheduler.
-    default_seed: int | None = None
+    #: ``--is-embedding``: `Embed` vectors of `embedding_dim` floats, no generation.
+    is_embedding: bool = False
+    #: ``--multimodal``: requests may carry images (`mock.pooling`).
+    multimodal: bool = False
+    embedding_dim: int = 1024
+    #: Seed of the engine's sampling RNG (``--seed``, as SGLang's ``--random-seed``); None: fresh entropy.
+    random_seed: int | None = None
     #: ``--scripted-outputs``: fixed answers for chosen prompts.
     scripts: ScriptedOutputs | None = None
     #: Wall-clock start (seconds) and its nanoseconds, the native API's ``instance_id``.
@@ -114,13 +120,22 @@ class EngineInfo:
     #: A ``tokenizers.Tokenizer`` when the model directory has one (Tokenize, Detokenize).
     tokenizer: Any = None
 
-    def sample_seeds(self, seed: int | None, n: int) -> list[int | None]:
-        """Seeds of a request's ``n`` samples: an explicit seed is shared (like SGLang's
-        ``sampling_seed``); without one, sample i gets ``default_seed + i`` so samples differ."""
-        if seed is not None or n == 1:
-            return [seed if seed is not None else self.default_seed] * n
-        base = self.default_seed or 0
-        return [base + i for i in range(n)]
+    _sampling_rng: random.Random = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._sampling_rng = random.Random(self.random_seed)
+
+    def sample_variations(self, seed: int | None, n: int) -> list[int | None]:
+        """The `MockRequest.variation` of each of a request's ``n`` samples.
+
+        With a seed there is none: the seed decides every token, shared by the samples (like
+        SGLang's ``sampling_seed``), so the request is repeatable. Without one, each sample draws its
+        own from the engine's RNG, so identical requests and the samples of one request differ, as on
+        a real engine; a fresh engine with ``--seed`` draws the same sequence.
+        """
+        if seed is not None:
+            return [None] * n
+        return [self._sampling_rng.getrandbits(64) for _ in range(n)]
 
     @property
     def disaggregation_mode(self) -> str:
@@ -329,10 +344,9 @@ class MockEngine:
         """
         if self._nursery is None:
             raise RuntimeError("the engine is not running")
-        if routed_dp_rank is not None and not (self.dp_size == 1 and routed_dp_rank == 0):
-            if not 0 <= routed_dp_rank < self.dp_size:
-                self.accounting.rejected += len(requests)
-                raise ValueError(f"routed_dp_rank={routed_dp_rank} out of range [0, {self.dp_size})")
+        if routed_dp_rank is not None and not 0 <= routed_dp_rank < self.dp_size:
+            self.accounting.rejected += len(requests)
+            raise ValueError(f"routed_dp_rank={routed_dp_rank} out of range [0, {self.dp_size})")
         role_pd = "none" if self.role == "aggregated" else self.role
         pd = role_pd if bootstrap is not None else "none"
         added: list[tuple[int, MockRequest]] = []

@@ -5,7 +5,8 @@ frontend's subscriber, gap detection and replay can be tested against it: a PUB 
 sending ``[topic, seq (8-byte big-endian), msgpack batch]`` and an optional ROUTER
 answering replay requests from a ring of the last ``buffer_steps`` batches. ``format``
 picks the generation: ``"map"`` is 0.5.23 (map-encoded events, 4-frame replay replies),
-``"array"`` is 0.5.19 (tagged arrays with trailing ``medium``, 3-frame replies).
+``"array"`` is 0.5.19 (tagged arrays with trailing ``medium``, 3-frame replies). Batches are
+numbered from 1, as a stock SGLang engine's are (a subscriber there sees 1 as the first seq).
 """
 
 from __future__ import annotations
@@ -45,6 +46,9 @@ EventFormat = Literal["map", "array"]
 
 #: Sequence frame of the replay end marker: -1 as eight 0xFF bytes.
 END_SEQ = b"\xff" * 8
+
+#: The seq of a publisher's first batch: SGLang's first is 1.
+FIRST_SEQ = 1
 
 DEFAULT_ENDPOINT = "tcp://*:5557"
 DEFAULT_BUFFER_STEPS = 10_000
@@ -89,7 +93,7 @@ class KvEventsConfig:
             return cls()
         raw = json.loads(text)
         if not isinstance(raw, dict):
-            raise ValueError("kv-events config must be a JSON object")
+            raise ValueError("kv-events config must be a JSON object")  # noqa: TRY004 (a bad flag value)
         return cls.from_dict(raw)
 
     @classmethod
@@ -144,7 +148,7 @@ def decode_batch(payload: bytes) -> tuple[float, list[KvEvent], int | None]:
         raise ValueError("not a KV event batch")
     ts = raw[0]
     if not isinstance(ts, int | float) or isinstance(ts, bool):
-        raise ValueError("KV event batch without a timestamp")
+        raise ValueError("KV event batch without a timestamp")  # noqa: TRY004 (bytes from the wire)
     rank = raw[2] if len(raw) > 2 and _is_int(raw[2]) else None
     events = [event for item in raw[1] if (event := _decode_event(item)) is not None]
     return float(ts), events, rank
@@ -160,7 +164,7 @@ class KvEventPublisher:
         self.config = config
         self.dp_rank = dp_rank
         self._topic = config.topic.encode()
-        self._seq = 0
+        self._seq = FIRST_SEQ
         self._skip = 0
         self._buffer: deque[tuple[int, bytes]] = deque(
             maxlen=config.buffer_steps if config.replay_endpoint else 0
@@ -237,8 +241,8 @@ class KvEventPublisher:
         self._pub.send_multipart_nowait(list(frames))
 
     def restart_sequence(self) -> None:
-        """Test hook: number from 0 again with an empty replay ring, as a restarted publisher does."""
-        self._seq = 0
+        """Test hook: number from the start again with an empty replay ring, as a restarted publisher does."""
+        self._seq = FIRST_SEQ
         self._skip = 0
         self._buffer.clear()
 

@@ -20,9 +20,18 @@ from trio_direct._proto.native import sglang_pb2 as pb
 from trio_direct.engine.transport.server import RpcMethod, ServerCall
 from trio_direct.mock.engine import Bootstrap, EngineInfo, MockEngine
 from trio_direct.mock.logprobs import TokenRow, token_rows
+from trio_direct.mock.pooling import EmbedSink, image_prompt_tokens
 from trio_direct.mock.scheduler import Finish, MockRequest, RequestOutput
 
-__all__ = ["SERVICE", "NativeService", "finish_reason_json", "grpc_features"]
+__all__ = [
+    "NOT_AN_EMBEDDING_MODEL",
+    "NOT_A_GENERATION_MODEL",
+    "NO_IMAGE_INPUT",
+    "SERVICE",
+    "NativeService",
+    "finish_reason_json",
+    "grpc_features",
+]
 
 SERVICE = "sglang.runtime.v1.SglangService"
 
@@ -38,9 +47,21 @@ class _Internal(Exception):
     """An engine-side refusal: INTERNAL with the exception text, as the Rust bridge maps it."""
 
 
-def grpc_features() -> dict[str, list[str]]:
-    """0.5.23's ``grpc_features``: the mock's tokenizer-only model accepts no media."""
-    return {"image_inputs": [], "video_inputs": [], "audio_inputs": []}
+def grpc_features(multimodal: bool = False) -> dict[str, list[str]]:
+    """0.5.23's ``grpc_features``: no media, or with ``--multimodal`` images as URLs and data URLs."""
+    images = ["url", "data_url"] if multimodal else []
+    return {"image_inputs": images, "video_inputs": [], "audio_inputs": []}
+
+
+#: SGLang's refusal of an embedding request to a generation model.
+NOT_AN_EMBEDDING_MODEL = (
+    "This model does not appear to be an embedding model by default. "
+    "Please add `--is-embedding` when launching the server or try another model."
+)
+#: The mock's refusal of a generation request to an embedding model.
+NOT_A_GENERATION_MODEL = "This model is an embedding model (--is-embedding): it does not generate."
+#: The mock's refusal of images sent to an engine without ``--multimodal``.
+NO_IMAGE_INPUT = "This model does not accept image input."
 
 
 def finish_reason_json(finish: Finish | None) -> dict[str, Any] | None:
@@ -64,6 +85,7 @@ class NativeService:
     def methods(self) -> list[RpcMethod]:
         handlers: dict[str, Callable[[ServerCall], None]] = {
             "Generate": self._generate,
+            "Embed": self._embed,
             "Abort": self._abort,
             "HealthCheck": self._health_check,
             "GetModelInfo": self._get_model_info,
@@ -92,6 +114,12 @@ class NativeService:
 
     def _generate(self, call: ServerCall) -> None:
         req: pb.GenerateRequest = call.request
+        if self.info.is_embedding:
+            call.fail("INVALID_ARGUMENT", NOT_A_GENERATION_MODEL)
+            return
+        if req.image_data and not self.info.multimodal:
+            call.fail("INVALID_ARGUMENT", NO_IMAGE_INPUT)
+            return
         try:
             requests = self._mock_requests(req)
         except _Invalid as exc:
@@ -144,23 +172,51 @@ class NativeService:
             rids = [req.rid if req.HasField("rid") else str(uuid.uuid4())]
         else:
             rids = [uuid.uuid4().hex for _ in range(n)]
-        seeds = self.info.sample_seeds(sp.seed if sp.HasField("seed") else None, n)
+        seed = sp.seed if sp.HasField("seed") else None
+        variations = self.info.sample_variations(seed, n)
         script = self.info.scripts.tokens_for(list(req.input_ids)) if self.info.scripts else None
+        input_ids = image_prompt_tokens(req.image_data, self.info.vocab_size) + list(req.input_ids)
         return [
             MockRequest(
                 rid=rid,
-                input_ids=list(req.input_ids),
+                input_ids=input_ids,
                 max_new_tokens=max_new_tokens,
                 min_new_tokens=min_new_tokens,
                 stop_token_ids=frozenset(sp.stop_token_ids),
                 ignore_eos=sp.ignore_eos,
                 stop_strings=tuple(sp.stop),
                 seed=seed,
+                variation=variation,
                 temperature=sp.temperature if sp.HasField("temperature") else 1.0,
                 script=script,
             )
-            for rid, seed in zip(rids, seeds)
+            for rid, variation in zip(rids, variations, strict=True)
         ]
+
+    # --- Embed ---------------------------------------------------------------------------------
+
+    def _embed(self, call: ServerCall) -> None:
+        """A prefill-only scheduler request whose end answers the vector (`mock.pooling`)."""
+        req: pb.EmbedRequest = call.request
+        if not self.info.is_embedding:
+            call.fail("INVALID_ARGUMENT", NOT_AN_EMBEDDING_MODEL)
+            return
+        rid = req.rid if req.HasField("rid") else uuid.uuid4().hex
+        input_ids = list(req.input_ids)
+
+        def reply(vector: list[float], prompt_tokens: int) -> None:
+            meta = {"id": json.dumps(rid), "prompt_tokens": json.dumps(prompt_tokens), "weight_version": '"default"'}
+            _reply(call, pb.EmbedResponse(embedding=vector, meta_info=meta))
+
+        sink = EmbedSink(input_ids, self.info.embedding_dim, reply, call.fail)
+        request = MockRequest(rid=rid, input_ids=input_ids, max_new_tokens=0, temperature=0.0)
+        try:
+            self.engine.submit([request], sink, api="native")
+        except ValueError as exc:
+            call.fail("INTERNAL", str(exc))
+            return
+        if not call.done:
+            call.on_cancel = lambda: self.engine.cancel([rid])
 
     # --- control -------------------------------------------------------------------------------
 
@@ -192,7 +248,7 @@ class NativeService:
             "model_path": info.model_path,
             "served_model_name": info.served_model_name,
             "tokenizer_path": info.tokenizer_path,
-            "is_generation": True,
+            "is_generation": not info.is_embedding,
             "weight_version": "default",
             "load_format": args.get("load_format", "auto"),
             "reasoning_parser": args.get("reasoning_parser"),
@@ -209,7 +265,7 @@ class NativeService:
         payload.update(info.scheduler_info)
         payload["kv_events"] = info.kv_events
         payload["kv_event_sources"] = info.kv_event_sources
-        payload["grpc_features"] = grpc_features()
+        payload["grpc_features"] = grpc_features(info.multimodal)
         if info.expose_accounting:
             payload["mock_accounting"] = self.engine.accounting.to_json()
         return payload
@@ -328,18 +384,18 @@ class _GenerateCall:
     __slots__ = (
         "_call",
         "_engine",
-        "_index",
-        "_ids",
         "_finishes",
+        "_ids",
+        "_incremental",
+        "_index",
         "_last",
+        "_logprobs",
+        "_report_rank",
+        "_rows",
         "_sent_first",
         "_started",
         "_stream",
-        "_incremental",
-        "_report_rank",
         "_unsent",
-        "_logprobs",
-        "_rows",
         "_unsent_rows",
     )
 

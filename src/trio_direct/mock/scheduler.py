@@ -8,15 +8,18 @@ decode batch giving every running request one token. KV memory is the prefix cac
 pool: requests wait while their pages do not fit, and a decode step that runs out of pages
 retracts the newest requests back to the queue, as SGLang does.
 
-Output tokens are a pure function of (seed, prompt, position), so identical requests give
-identical outputs on any engine, and nothing here reads a clock.
+Output tokens are a pure function of (seed, prompt, position), so identical requests with the same
+seed give identical outputs on any engine, and nothing here reads a clock. A request without a seed
+carries a `variation` (the engine shell draws one per sample, as a real engine samples afresh): it
+changes which tokens are sampled but not where the answer stops, which stays a function of the
+prompt, so unseeded answers differ while their lengths and finish reasons stay repeatable.
 """
 
 from __future__ import annotations
 
 from array import array
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -77,6 +80,8 @@ class MockRequest:
     ignore_eos: bool = False
     stop_strings: tuple[str, ...] = ()
     seed: int | None = None
+    #: Without a `seed`: this sample's own draw, varying its tokens but not where it stops.
+    variation: int | None = None
     temperature: float = 1.0
     pd: Literal["none", "prefill", "decode"] = "none"
     #: Scripted output (`--scripted-outputs`): these tokens, then EOS, instead of sampled ones.
@@ -142,14 +147,15 @@ class _Req:
         "private",
         "prompt_len",
         "rid",
+        "sample_key",
+        "script",
         "state",
         "stop_ids",
         "stop_strs",
         "stop_window",
-        "script",
     )
 
-    def __init__(self, req: MockRequest, max_new: int, key: int, stop_ids: frozenset[int]):
+    def __init__(self, req: MockRequest, max_new: int, key: int, sample_key: int, stop_ids: frozenset[int]):
         self.rid = req.rid
         self.script = req.script
         self.input_ids = req.input_ids
@@ -158,7 +164,8 @@ class _Req:
         self.pd = req.pd
         self.max_new = max_new
         self.min_new = req.min_new_tokens
-        self.key = key
+        self.key = key  # decides where the answer stops (and its tokens, unless sample_key differs)
+        self.sample_key = sample_key  # decides the other tokens
         self.stop_ids = stop_ids
         # Below min_new_tokens, stop tokens are masked out of sampling (SGLang's penalizer).
         self.mask = stop_ids if req.min_new_tokens > 0 else frozenset()
@@ -284,9 +291,12 @@ class Scheduler:
             raise ValueError("input_ids must be integers in [0, 2**32)") from None
         if min(req.input_ids) < 0 or max(req.input_ids) >= 1 << 32:
             raise ValueError("input_ids must be integers in [0, 2**32)")
-        # Greedy decoding ignores the seed; no seed samples like seed 0 (deterministic).
+        # Greedy decoding ignores the seed; no seed stops like seed 0 (deterministic).
         seed = 0 if req.seed is None or req.temperature <= 0 else req.seed & _MASK64
         key = xxhash.xxh3_64_intdigest(prompt_bytes, seed=seed)
+        sample_key = key
+        if req.seed is None and req.variation is not None and req.temperature > 0:
+            sample_key = xxhash.xxh3_64_intdigest(prompt_bytes, seed=req.variation & _MASK64)
         stop_ids = frozenset() if req.ignore_eos else self._eos | req.stop_token_ids
         if req.min_new_tokens > 0 and stop_ids:
             blocked = self._excluded | {t for t in stop_ids if 0 <= t < self._vocab}
@@ -294,7 +304,7 @@ class Scheduler:
                 raise ValueError("min_new_tokens cannot be met: every token is a stop token")
         # Also keep the sequence within the KV pool, as SGLang clips to max_total_num_tokens.
         limit = (ctx if max_new is None else n + max_new, self._max_total_tokens)
-        r = _Req(req, min(limit) - n, key, stop_ids)
+        r = _Req(req, min(limit) - n, key, sample_key, stop_ids)
         self._reqs[req.rid] = r
         if req.pd == "decode":
             r.state = _AWAIT_KV
@@ -602,18 +612,12 @@ class Scheduler:
         vocab = self._vocab
         excluded = self._excluded
         mask = r.mask if pos < r.min_new else ()
-        base = r.key + (pos << 20) * _GOLDEN
-        attempt = 0
-        while True:
-            z = (base + attempt * _GOLDEN) & _MASK64
-            z = ((z ^ (z >> 30)) * _MIX1) & _MASK64
-            z = ((z ^ (z >> 27)) * _MIX2) & _MASK64
-            tok = (z ^ (z >> 31)) % vocab
-            if tok not in excluded and tok not in mask:
-                break
-            attempt += 1
-            if attempt > _MAX_RESAMPLES:
-                raise RuntimeError("no sampleable token found")
+        step = (pos << 20) * _GOLDEN
+        if r.sample_key == r.key:
+            tok = _draw(r.key + step, vocab, excluded, mask)
+        else:  # the key's token decides whether this step stops; the sample's, what it says otherwise
+            stop = _draw(r.key + step, vocab, excluded, mask) if r.stop_ids else None
+            tok = stop if stop in r.stop_ids else _draw(r.sample_key + step, vocab, excluded, r.stop_ids)
         output.append(tok)
         n = pos + 1
         finish = None
@@ -676,3 +680,19 @@ class Scheduler:
         if r.node is not None:
             self._cache.unlock(r.node)
             r.node = None
+
+
+def _draw(base: int, vocab: int, excluded: frozenset[int], avoid: Collection[int]) -> int:
+    """The token at `base` (a splitmix64 stream over the vocabulary), resampled past `excluded`
+    and `avoid` ids."""
+    attempt = 0
+    while True:
+        z = (base + attempt * _GOLDEN) & _MASK64
+        z = ((z ^ (z >> 30)) * _MIX1) & _MASK64
+        z = ((z ^ (z >> 27)) * _MIX2) & _MASK64
+        tok = (z ^ (z >> 31)) % vocab
+        if tok not in excluded and tok not in avoid:
+            return tok
+        attempt += 1
+        if attempt > _MAX_RESAMPLES:
+            raise RuntimeError("no sampleable token found")

@@ -20,11 +20,13 @@ import trio
 from tokenizers import Tokenizer
 
 from trio_direct.engine.transport.server import RpcMethod, serve_grpc
+from trio_direct.mock import MOCK_MODEL_NAME
 from trio_direct.mock.bootstrap import BootstrapServer, open_bootstrap_server
 from trio_direct.mock.engine import EngineInfo, MockEngine, Role
 from trio_direct.mock.kv_publisher import KvEventPublishers, KvEventsConfig, describe, open_kv_publishers
-from trio_direct.mock.native_service import NativeService
 from trio_direct.mock.native_service import SERVICE as NATIVE_SERVICE
+from trio_direct.mock.native_service import NativeService
+from trio_direct.mock.pooling import DEFAULT_EMBEDDING_DIM
 from trio_direct.mock.scheduler import SchedulerConfig
 from trio_direct.mock.scripted import ScriptedOutputs
 from trio_direct.mock.smg_service import SERVICE as SMG_SERVICE
@@ -62,11 +64,16 @@ class MockEngineConfig:
     bootstrap_timeout: float = 30.0
     #: A local tokenizer directory; None uses the tiny ChatML model (written on first use).
     model_path: str | None = None
+    #: None serves `MOCK_MODEL_NAME`, the name `trio-direct serve`'s built-in mocks use.
     served_model_name: str | None = None
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
     seed: int | None = None
     scripted_outputs: str | None = None
+    #: Serve an embedding model (SGLang's ``--is-embedding``): `Embed` answers, `Generate` refuses.
+    is_embedding: bool = False
+    #: Take image input (``image_data``) and report it (``grpc_features``, ``supports_vision``).
+    multimodal: bool = False
     expose_accounting: bool = True
     log_level: str = "info"
     launch_command: str = ""
@@ -101,6 +108,8 @@ class ModelFiles:
     context_length: int
     model_type: str
     architectures: tuple[str, ...]
+    #: `hidden_size` of config.json: the size of an embedding model's vectors.
+    hidden_size: int = DEFAULT_EMBEDDING_DIM
 
 
 @dataclass(slots=True, frozen=True)
@@ -153,6 +162,9 @@ def load_model_files(path: Path) -> ModelFiles:
     context = config.get("max_position_embeddings") or tokenizer_config.get("model_max_length")
     if not isinstance(context, int) or context <= 0 or context > 1 << 24:
         context = _DEFAULT_CONTEXT_LENGTH
+    hidden_size = config.get("hidden_size")
+    if not isinstance(hidden_size, int) or not 0 < hidden_size <= 1 << 16:
+        hidden_size = DEFAULT_EMBEDDING_DIM
     return ModelFiles(
         path=path,
         tokenizer=tokenizer,
@@ -162,6 +174,7 @@ def load_model_files(path: Path) -> ModelFiles:
         context_length=context,
         model_type=str(config.get("model_type") or "unknown"),
         architectures=tuple(config.get("architectures") or ()),
+        hidden_size=hidden_size,
     )
 
 
@@ -219,7 +232,7 @@ async def run_mock_engine(
         )
         info = EngineInfo(
             model_path=str(model_path),
-            served_model_name=config.served_model_name or str(model_path),
+            served_model_name=config.served_model_name or MOCK_MODEL_NAME,
             tokenizer_path=str(model_path),
             context_length=context_length,
             max_total_num_tokens=max_total,
@@ -230,7 +243,10 @@ async def run_mock_engine(
             architectures=list(model.architectures),
             incremental_streaming_output=config.incremental_streaming_output,
             expose_accounting=config.expose_accounting,
-            default_seed=config.seed,
+            is_embedding=config.is_embedding,
+            multimodal=config.multimodal,
+            embedding_dim=model.hidden_size,
+            random_seed=config.seed,
             tokenizer=tokenizer,
             scripts=ScriptedOutputs.from_file(config.scripted_outputs, tokenizer) if config.scripted_outputs else None,
         )
@@ -299,6 +315,7 @@ def _server_args(
         "stream_interval": 1,
         "random_seed": config.seed,
         "skip_tokenizer_init": False,
+        "is_embedding": config.is_embedding,
         "load_format": "auto",
         "disaggregation_mode": "null" if config.role == "aggregated" else config.role,
         "disaggregation_bootstrap_port": (

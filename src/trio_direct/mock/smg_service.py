@@ -15,7 +15,7 @@ import io
 import time
 import zipfile
 from collections.abc import Callable, Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,8 @@ from trio_direct.engine.transport.server import RpcMethod, ServerCall
 from trio_direct.mock.engine import FAKE_BOOTSTRAP_HOST, Bootstrap, EngineInfo, MockEngine
 from trio_direct.mock.kv_types import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
 from trio_direct.mock.logprobs import TokenRow, token_rows
+from trio_direct.mock.native_service import NOT_A_GENERATION_MODEL, NOT_AN_EMBEDDING_MODEL
+from trio_direct.mock.pooling import EmbedSink
 from trio_direct.mock.scheduler import Finish, MockRequest, RequestOutput
 
 __all__ = ["HEALTH_SERVICE", "SERVICE", "SGLANG_VERSION", "SmgService", "health_methods"]
@@ -84,6 +86,7 @@ class SmgService:
     def methods(self) -> list[RpcMethod]:
         handlers: dict[str, Callable[[ServerCall], None]] = {
             "Generate": self._generate,
+            "Embed": self._embed,
             "Abort": self._abort,
             "HealthCheck": self._health_check,
             "GetModelInfo": self._get_model_info,
@@ -111,6 +114,9 @@ class SmgService:
     def _generate(self, call: ServerCall) -> None:
         req: pb.GenerateRequest = call.request
         self._last_receive = time.time()
+        if self.info.is_embedding:
+            call.fail("INVALID_ARGUMENT", NOT_A_GENERATION_MODEL)
+            return
         try:
             requests = self._mock_requests(req)
         except _Invalid as exc:
@@ -142,7 +148,7 @@ class SmgService:
             raise _Invalid("return_hidden_states is not supported by this servicer")
         sp = req.sampling_params
         max_new_tokens = sp.max_new_tokens if sp.HasField("max_new_tokens") else None
-        n = sp.n if sp.n > 1 else 1
+        n = max(1, sp.n)
         rid = req.request_id
         # The servicer splits n>1 into "<rid>-<i>" (after a prefill-only "<rid>-prefix" the mock skips).
         rids = [rid] if n == 1 else [f"{rid}-{i}" for i in range(n)]
@@ -155,12 +161,40 @@ class SmgService:
                 stop_token_ids=frozenset(sp.stop_token_ids),
                 ignore_eos=sp.ignore_eos,
                 stop_strings=tuple(sp.stop),
-                seed=seed,
+                variation=variation,  # the SMG API has no seed
                 temperature=sp.temperature,
                 script=self.info.scripts.tokens_for(list(req.tokenized.input_ids)) if self.info.scripts else None,
             )
-            for sample, seed in zip(rids, self.info.sample_seeds(None, n))
+            for sample, variation in zip(rids, self.info.sample_variations(None, n), strict=True)
         ]
+
+    # --- Embed ---------------------------------------------------------------------------------
+
+    def _embed(self, call: ServerCall) -> None:
+        """A prefill-only scheduler request whose end answers the flat `EmbedResponse` (0.4.6+)."""
+        req: pb.EmbedRequest = call.request
+        self._last_receive = time.time()
+        if not req.HasField("tokenized"):
+            call.fail("INVALID_ARGUMENT", "Tokenized input must be provided")
+            return
+        if not self.info.is_embedding:
+            call.fail("INVALID_ARGUMENT", NOT_AN_EMBEDDING_MODEL)
+            return
+        rid = req.request_id
+        input_ids = list(req.tokenized.input_ids)
+
+        def reply(vector: list[float], prompt_tokens: int) -> None:
+            _reply(call, pb.EmbedResponse(embedding=vector, embedding_dim=len(vector), prompt_tokens=prompt_tokens))
+
+        sink = EmbedSink(input_ids, self.info.embedding_dim, reply, call.fail)
+        request = MockRequest(rid=rid, input_ids=input_ids, max_new_tokens=0, temperature=0.0)
+        try:
+            self.engine.submit([request], sink, api="smg")
+        except ValueError as exc:
+            call.fail("INVALID_ARGUMENT", str(exc))
+            return
+        if not call.done:
+            call.on_cancel = lambda: self.engine.cancel([rid])
 
     def _forget(self, sink: _GenerateCall) -> None:
         calls = self._calls.get(sink.request_id)
@@ -190,7 +224,9 @@ class SmgService:
         rid = f"HEALTH_CHECK_{time.time():.6f}_{self._probes}"
         probe = _HealthProbe(self.engine, call, rid)
         bootstrap = Bootstrap(FAKE_BOOTSTRAP_HOST, 0, 0) if self.engine.role != "aggregated" else None
-        request = MockRequest(rid=rid, input_ids=[0], max_new_tokens=1, temperature=0.0)
+        # An embedding model's probe is an embedding (prefill only), as the servicer's is.
+        probe_tokens = 0 if self.info.is_embedding else 1
+        request = MockRequest(rid=rid, input_ids=[0], max_new_tokens=probe_tokens, temperature=0.0)
         try:
             self.engine.submit([request], probe, api="smg", bootstrap=bootstrap)
         except ValueError as exc:
@@ -216,7 +252,7 @@ class SmgService:
             pb.GetModelInfoResponse(
                 model_path=info.model_path,
                 tokenizer_path=info.tokenizer_path,
-                is_generation=True,
+                is_generation=not info.is_embedding,
                 preferred_sampling_params="",
                 weight_version="default",
                 served_model_name=info.served_model_name,
@@ -301,7 +337,7 @@ class SmgService:
         _reply(
             call,
             pb.GetLoadsResponse(
-                timestamp=datetime.now(timezone.utc).isoformat(),
+                timestamp=datetime.now(UTC).isoformat(),
                 version=SGLANG_VERSION,
                 dp_rank_count=self.engine.dp_size,
                 loads=loads,
@@ -352,19 +388,19 @@ class _GenerateCall:
     """One SMG Generate call: chunks and completes per sample ``index``."""
 
     __slots__ = (
-        "request_id",
         "_call",
-        "_engine",
-        "_index",
-        "_ids",
-        "_last",
         "_completes",
+        "_engine",
         "_finished",
-        "_stream",
-        "_silenced",
+        "_ids",
+        "_index",
+        "_last",
         "_on_end",
-        "logprobs",
         "_rows",
+        "_silenced",
+        "_stream",
+        "logprobs",
+        "request_id",
     )
 
     def __init__(
@@ -467,7 +503,7 @@ class _GenerateCall:
 class _HealthProbe:
     """The servicer's HealthCheck: healthy as soon as the one-token probe produces output."""
 
-    __slots__ = ("_engine", "_call", "_rid", "_answered")
+    __slots__ = ("_answered", "_call", "_engine", "_rid")
 
     def __init__(self, engine: MockEngine, call: ServerCall, rid: str) -> None:
         self._engine = engine

@@ -145,3 +145,26 @@ def context_length_exceeded(
         param=param,
         code="context_length_exceeded",
     )
+
+
+def embedding_model_cannot_generate(model: str) -> OpenAIError:
+    """400 for a generation request (chat, completions, generate, ...) to an embedding model."""
+    return OpenAIError(
+        f"The model `{model}` is an embedding model: it serves /v1/embeddings, not generation.",
+        status=400,
+        type="invalid_request_error",
+        param="model",
+        code="model_not_supported",
+    )
+
+
+def generation_model_cannot_embed(model: str) -> OpenAIError:
+    """400 for an embeddings request to a generation model (SGLang's engines need --is-embedding)."""
+    return OpenAIError(
+        f"The model `{model}` is not an embedding model: its engines must be started with --is-embedding "
+        "to serve /v1/embeddings.",
+        status=400,
+        type="invalid_request_error",
+        param="model",
+        code="model_not_supported",
+    )

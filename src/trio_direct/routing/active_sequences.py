@@ -12,13 +12,15 @@ the moment it is routed:
   private block every ``block_size`` tokens it generates (``grow``, optional);
 * **requests**: one until ``free`` (completion, abort or error).
 
-Load from other frontends (router replicas, direct clients) is invisible here; numbers polled from
-the engines (``GetLoad``) are merged in with ``set_external_load``. Combination rule, per worker:
-the *larger* of own-tracked and polled, for each of decode blocks (``ceil(used_tokens /
-block_size)``), pending prefill tokens (``waiting_tokens``, when polled) and requests (``running +
-waiting``). A poll includes this router's own requests as of the poll, so adding the two would
-count them twice; the max never does, still shows other frontends' load, and still sees requests
-routed since the poll.
+Load from other frontends (router replicas, ``--workers`` siblings, direct clients) is invisible
+here; numbers polled from the engines (``GetLoad``) are merged in with ``set_external_load``. The
+poll is the shared truth, this router's own in-flight count the correction on top: per worker,
+load = own now + what *others* had there at the poll, i.e. ``max(0, polled - own at the poll)``,
+for each of decode blocks (``ceil(used_tokens / block_size)``), pending prefill tokens
+(``waiting_tokens``, when polled) and requests (``running + waiting``). A poll includes this
+router's own requests as of the poll, so subtracting what it had then counts them once; requests
+it routed or finished since move the estimate at once. Every replica thus sees the same load on
+an engine, up to what each routed since its last poll, and so picks the same warm engine.
 
 Sans-IO: plain synchronous bookkeeping, driven by the request lifecycle.
 """
@@ -28,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["ActiveSequences", "ExternalLoad"]
+__all__ = ["ActiveSequences", "ExternalLoad", "OwnLoad"]
 
 Worker = Hashable
 
@@ -41,6 +43,20 @@ class ExternalLoad:
     waiting: int
     used_tokens: int
     waiting_tokens: int | None = None
+    max_tokens: int | None = None
+    """The engine's KV pool in tokens (``max_total_num_tokens``), when reported."""
+
+
+@dataclass(frozen=True, slots=True)
+class OwnLoad:
+    """This router's own load on a worker at one moment (what a poll taken then includes)."""
+
+    requests: int = 0
+    decode_blocks: int = 0
+    prefill_tokens: int = 0
+
+
+_IDLE = OwnLoad()
 
 
 @dataclass(slots=True)
@@ -64,7 +80,7 @@ class _WorkerLoad:
 class ActiveSequences:
     """In-flight requests per worker, as this router routed them."""
 
-    __slots__ = ("_block", "_external", "_requests", "_workers")
+    __slots__ = ("_at_poll", "_block", "_external", "_requests", "_workers")
 
     def __init__(self, block_size: int) -> None:
         if block_size < 1:
@@ -73,6 +89,7 @@ class ActiveSequences:
         self._requests: dict[str, _Request] = {}
         self._workers: dict[Worker, _WorkerLoad] = {}
         self._external: dict[Worker, ExternalLoad] = {}
+        self._at_poll: dict[Worker, OwnLoad] = {}
 
     @property
     def block_size(self) -> int:
@@ -175,6 +192,14 @@ class ActiveSequences:
             for rid in gone:
                 del self._requests[rid]
         self._external.pop(worker, None)
+        self._at_poll.pop(worker, None)
+
+    def own_load(self, worker: Worker) -> OwnLoad:
+        """This router's own load on ``worker`` now: take it when a poll is sent."""
+        load = self._workers.get(worker)
+        if load is None:
+            return _IDLE
+        return OwnLoad(load.requests, len(load.blocks) + load.output_blocks, load.prefill)
 
     def set_external_load(
         self,
@@ -184,15 +209,21 @@ class ActiveSequences:
         used_tokens: int,
         *,
         waiting_tokens: int | None = None,
+        max_tokens: int | None = None,
+        own_at_poll: OwnLoad | None = None,
     ) -> None:
         """Record load polled from the engine (``GetLoad``): running and waiting requests, KV
         tokens in use and, if known, uncached tokens waiting for prefill. Replaces the last poll.
+
+        ``own_at_poll`` is ``own_load`` taken when the poll was sent (default: now).
         """
-        self._external[worker] = ExternalLoad(running, waiting, used_tokens, waiting_tokens)
+        self._external[worker] = ExternalLoad(running, waiting, used_tokens, waiting_tokens, max_tokens)
+        self._at_poll[worker] = own_at_poll if own_at_poll is not None else self.own_load(worker)
 
     def clear_external_load(self, worker: Worker) -> None:
         """Drop a poll that can no longer be trusted (engine restarted, poller stopped)."""
         self._external.pop(worker, None)
+        self._at_poll.pop(worker, None)
 
     def external_load(self, worker: Worker) -> ExternalLoad | None:
         """The last poll recorded for ``worker``."""
@@ -201,31 +232,38 @@ class ActiveSequences:
     # -- load ------------------------------------------------------------------------------
 
     def prefill_tokens(self, worker: Worker, *, own_only: bool = False) -> int:
-        """Prompt tokens routed to ``worker`` and not yet prefilled (max with the poll)."""
+        """Prompt tokens routed to ``worker`` and not yet prefilled, plus others' at the poll."""
         load = self._workers.get(worker)
         own = load.prefill if load is not None else 0
         external = None if own_only else self._external.get(worker)
         if external is None or external.waiting_tokens is None:
             return own
-        return max(own, external.waiting_tokens)
+        return own + max(0, external.waiting_tokens - self._at_poll[worker].prefill_tokens)
 
     def decode_blocks(self, worker: Worker, *, own_only: bool = False) -> int:
-        """KV blocks the worker's in-flight requests hold (max with the poll's used tokens)."""
+        """KV blocks the worker's in-flight requests hold, plus others' at the poll."""
         load = self._workers.get(worker)
         own = len(load.blocks) + load.output_blocks if load is not None else 0
         external = None if own_only else self._external.get(worker)
         if external is None:
             return own
-        return max(own, -(-external.used_tokens // self._block))
+        return own + max(0, -(-external.used_tokens // self._block) - self._at_poll[worker].decode_blocks)
 
     def active_requests(self, worker: Worker, *, own_only: bool = False) -> int:
-        """Requests in flight on ``worker`` (max with the poll's running + waiting)."""
+        """Requests in flight on ``worker``, plus others' at the poll."""
         load = self._workers.get(worker)
         own = load.requests if load is not None else 0
         external = None if own_only else self._external.get(worker)
         if external is None:
             return own
-        return max(own, external.running + external.waiting)
+        return own + max(0, external.running + external.waiting - self._at_poll[worker].requests)
+
+    def kv_usage(self, worker: Worker) -> float | None:
+        """Fraction of the worker's KV pool in use (``None`` unless a poll reported the pool's size)."""
+        external = self._external.get(worker)
+        if external is None or not external.max_tokens:
+            return None
+        return self.decode_blocks(worker) * self._block / external.max_tokens
 
     def active_overlap(self, worker: Worker, seq_hashes: Sequence[int]) -> int:
         """How many leading blocks of a prompt are already active on ``worker``.

@@ -33,6 +33,7 @@ __all__ = [
     "token_array",
     "token_bytes",
     "token_view",
+    "tokens_from_bytes",
 ]
 
 SEED = 1337
@@ -83,6 +84,15 @@ def token_view(token_ids: Sequence[int]) -> memoryview:
         packed = array(_U32, packed)
         packed.byteswap()
     return memoryview(packed).cast("B")
+
+
+def tokens_from_bytes(data: bytes | memoryview) -> array:
+    """Inverse of ``token_bytes``: little-endian u32 bytes back to a native token array."""
+    packed = array(_U32)
+    packed.frombytes(data)
+    if _SWAP:
+        packed.byteswap()
+    return packed
 
 
 def local_block_hashes(

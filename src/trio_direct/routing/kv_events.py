@@ -8,7 +8,9 @@ Two jobs the ZMQ subscriber needs and a unit test can check on its own:
   trailing fields are ignored and one bad event is dropped (and counted) without losing the
   rest of its batch. Only a payload that is no batch at all raises ``BadBatch``.
 * ``SequenceTracker`` decides, from a batch's sequence number alone, whether to apply it,
-  skip it, recover a gap through replay, or treat the publisher as restarted (§3, §8).
+  skip it, recover a gap through replay, or treat the publisher as restarted (§3, §8). The
+  first batch from a publisher sets the baseline: SGLang numbers its first batch 1, and a
+  subscriber that joins late never saw the earlier ones, so neither is a gap.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ __all__ = [
     "BlockStored",
     "DecodedBatch",
     "Gap",
+    "Join",
     "KvEvent",
     "Restart",
     "SequenceTracker",
@@ -208,7 +211,11 @@ class Skip:
 
 @dataclass(slots=True, frozen=True)
 class Gap:
-    """Batches ``expected`` .. ``got - 1`` never arrived."""
+    """Batches ``expected`` .. ``got - 1`` never arrived.
+
+    However far a publisher jumps, it is one gap: counters count gaps, never ``missing``,
+    which a broken or hostile publisher can make as large as 2**64.
+    """
 
     expected: int
     got: int
@@ -219,14 +226,27 @@ class Gap:
 
 
 @dataclass(slots=True, frozen=True)
+class Join:
+    """The first batch seen from this publisher, numbered ``got`` > 0: it sets the baseline.
+
+    The batches before it were published before this socket subscribed (or never existed:
+    SGLang numbers its first batch 1). They were never seen, so nothing is lost and nothing
+    needs clearing; with a replay endpoint the caller may fetch them to learn what the engine
+    cached, then ``start_at`` the first one it got.
+    """
+
+    got: int
+
+
+@dataclass(slots=True, frozen=True)
 class Restart:
-    """The live stream went backwards: a new publisher (engine restart) numbering from 0."""
+    """The live stream went backwards: a new publisher (engine restart) numbering afresh."""
 
     last: int
     got: int
 
 
-Action = Apply | Skip | Gap | Restart
+Action = Apply | Skip | Gap | Join | Restart
 
 APPLY = Apply()
 SKIP = Skip()
@@ -238,8 +258,9 @@ class SequenceTracker:
     Two watermarks: the last seq *applied* (live or replayed) and the last seq seen on the
     *live* socket. A PUB delivers each batch once and in order, so a live seq that does not
     rise is a new publisher, however small the step back; a live seq that rises but is not
-    above the applied watermark was already applied through replay. A fresh tracker expects
-    seq 0, so joining a publisher mid-stream shows up as a gap from 0 and gets replayed too.
+    above the applied watermark was already applied through replay. A fresh tracker takes the
+    first live seq as its baseline (``Join``, or ``APPLY`` for seq 0): joining a publisher
+    mid-stream, or SGLang's first batch being 1, is not a gap.
 
     After a ``Restart`` the tracker is fresh again: observe the same seq once more to learn
     what to do with that batch.
@@ -257,7 +278,7 @@ class SequenceTracker:
 
     @property
     def expected(self) -> int:
-        """The seq the next applied batch must carry."""
+        """The seq the next applied batch must carry (0 before the baseline is set)."""
         return 0 if self._applied is None else self._applied + 1
 
     def observe(self, seq: int) -> Action:
@@ -267,6 +288,8 @@ class SequenceTracker:
             self.reset()
             return restart
         self._live = seq
+        if self._applied is None and seq > 0:
+            return Join(seq)
         return self.observe_replayed(seq)
 
     def observe_replayed(self, seq: int) -> Action:
@@ -282,6 +305,10 @@ class SequenceTracker:
         self._applied = seq
         return APPLY
 
+    def start_at(self, seq: int) -> None:
+        """Set the baseline after a ``Join``: ``seq`` is the next batch to apply."""
+        self._applied = seq - 1 if seq > 0 else None
+
     def replay_result(self, first_seq: int | None) -> bool:
         """Whether a replay from ``expected`` proves history lost.
 
@@ -295,7 +322,7 @@ class SequenceTracker:
 
         The caller has cleared the rank's index entries, so later batches stand on their own.
         """
-        self._applied = resume_seq - 1 if resume_seq > 0 else None
+        self.start_at(resume_seq)
 
     def reset(self) -> None:
         """Forget everything: the next live batch is judged as if just subscribed."""

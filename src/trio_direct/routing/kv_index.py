@@ -14,8 +14,22 @@ page size.
 
 A removed page takes with it everything after it in that worker's chain: the routing block
 holding it and every later one are no longer a guaranteed prefix hit there. Stores that cannot
-be placed (unknown parent, duplicate pages, wrong block size) are dropped and counted, never
-guessed: a stale index costs routing quality, a guessed one misroutes silently.
+be placed (duplicate pages, wrong block size, malformed) are dropped and counted.
+
+Lost history is not lost routing. A store whose parent page the index never saw (the frontend
+restarted, a gap was not replayed, the engine published before this subscription) still proves
+that its engine holds the parent's whole prefix: SGLang chains a page's hash onto its parent's,
+and an engine only stores on top of what it caches. Such a store is kept as a *floating* run
+under an ``_Anchor`` for the unknown parent hash: its pages are indexed (later stores extend
+it, removals resolve it), but its routing blocks cannot be hashed until the prefix's tokens are
+known. They are learnt from the prompts this frontend routed to that worker (``note_routed``):
+the store is what the engine computed of such a prompt after its cached prefix, so where its
+tokens sit in the prompt says what the prefix is (where several prompts could say, SGLang's
+own hash of the anchor page decides, ``engine_hash``). Once located, the anchor holds the prefix's
+routing blocks (known by inference, reported as such) and every run under it is hashed as if
+it had been seen from the root. Removals stay exact: removing the anchor's page drops the
+whole inferred prefix with it (an engine evicts leaves first, so everything under it is gone
+already); the pages before it, whose hashes were never seen, are no longer claimed.
 
 Sans-IO: plain synchronous code, fed by whatever consumes the engines' event streams.
 """
@@ -24,11 +38,13 @@ from __future__ import annotations
 
 import logging
 from array import array
+from collections import deque
 from collections.abc import Hashable, Iterable, Sequence
 from itertools import count
 from typing import Protocol
 
-from trio_direct.routing.block_hash import prefix_hashes_from_bytes, token_array, token_view
+from trio_direct.routing.block_hash import prefix_hashes_from_bytes, token_array, token_view, tokens_from_bytes
+from trio_direct.routing.engine_hash import same_engine_hash, sglang_prefix_hash
 
 __all__ = ["BlockRemovedLike", "BlockStoredLike", "KvIndex", "Worker"]
 
@@ -39,6 +55,12 @@ Worker = Hashable
 
 _FIRST_CHUNK = 32  # blocks hashed before the first lookup in find_matches; doubles after
 _JUMP = 16  # find_matches probes every _JUMP-th block, bisecting where a worker drops out
+#: Prompts recently routed to each worker, kept to locate stores that chain onto unseen pages.
+HINTS_PER_WORKER = 32
+#: Tokens of a floating run searched for in a routed prompt: enough to be unambiguous.
+_NEEDLE_TOKENS = 64
+#: Floating anchors a newly routed prompt is tried against (bounded: routing stays O(1) in them).
+_RECENT_ANCHORS = 8
 
 
 class BlockStoredLike(Protocol):
@@ -68,9 +90,14 @@ class _Run:
     (by its ancestors) and ``base`` the sequence hash of the last routing block completed
     before it (``None`` at the root). ``blocks`` are the sequence hashes of the routing blocks
     completed inside the run, in order: ``len(blocks) == (len(lead) + len(tokens)) // R``.
+
+    A *floating* run descends from an ``_Anchor`` whose prefix is not known yet: its ``base``
+    and ``lead`` are unknown and it has no ``blocks`` until the anchor is located.
     """
 
-    __slots__ = ("base", "blocks", "children", "hashes", "id", "lead", "parent", "parent_index", "tokens")
+    __slots__ = (
+        "anchor", "base", "blocks", "children", "floating", "hashes", "id", "lead", "parent", "parent_index", "tokens",
+    )  # fmt: skip
 
     def __init__(
         self, run_id: int, parent: _Run | None, parent_index: int, base: int | None, lead: array
@@ -84,6 +111,29 @@ class _Run:
         self.hashes: list[int] = []
         self.blocks: list[int] = []
         self.children: set[_Run] = set()
+        #: A root run chaining onto a page never seen stored: the anchor for that page.
+        self.anchor: _Anchor | None = None
+        self.floating = False
+
+
+class _Anchor:
+    """An engine page that stores chained onto but that the index never saw stored.
+
+    ``runs`` are the runs stored directly on top of it. ``blocks`` are the routing blocks of
+    the prefix through that page once it is located (``None`` before), ``base`` and ``lead``
+    what a run continuing it starts from (as for ``_Run``).
+    """
+
+    __slots__ = ("base", "blocks", "hash", "lead", "runs", "tried_at")
+
+    def __init__(self, page_hash: int) -> None:
+        self.hash = page_hash
+        self.runs: set[_Run] = set()
+        self.blocks: list[int] | None = None
+        self.base: int | None = None
+        self.lead = token_array()
+        #: Tokens above it when locating it was last tried (tried again each time they double).
+        self.tried_at = 0
 
 
 #: A page's place is one int, ``run id << _INDEX_BITS | page index in the run``: a page-size-1
@@ -94,7 +144,9 @@ _INDEX_MASK = (1 << _INDEX_BITS) - 1
 
 
 class _WorkerState:
-    __slots__ = ("bit", "extra", "held", "page_size", "pages", "roots", "runs", "warned")
+    __slots__ = (
+        "anchors", "bit", "extra", "held", "hints", "inferred", "page_size", "pages", "recent", "roots", "runs", "warned",
+    )  # fmt: skip
 
     def __init__(self, bit: int, page_size: int) -> None:
         self.bit = bit
@@ -103,9 +155,17 @@ class _WorkerState:
         self.pages: dict[int, int] = {}
         self.runs: dict[int, _Run] = {}
         self.roots: set[_Run] = set()
+        # unseen parent page hash -> the runs stored on top of it
+        self.anchors: dict[int, _Anchor] = {}
         # routing blocks this worker holds more than once (the same tokens under two engine
         # chains, e.g. two LoRA namespaces): holds beyond the first
         self.extra: dict[int, int] = {}
+        # routing block -> holds that come from an anchor's inferred prefix
+        self.inferred: dict[int, int] = {}
+        # prompts recently routed here (little-endian u32 bytes), newest last
+        self.hints: deque[bytes] = deque(maxlen=HINTS_PER_WORKER)
+        # the anchors created last, which a prompt noted after their store may still locate
+        self.recent: deque[_Anchor] = deque(maxlen=_RECENT_ANCHORS)
         self.held = 0
         self.warned = False
 
@@ -115,6 +175,8 @@ _COUNTERS = (
     "removed_pages",
     "clears",
     "orphan_stores",
+    "anchors_located",
+    "anchors_removed",
     "duplicate_stores",
     "malformed_stores",
     "bad_block_size",
@@ -261,18 +323,40 @@ class KvIndex:
         if parent is None:
             run = self._new_run(state, None, -1, None, token_array())
             state.roots.add(run)
-        else:
-            where = pages.get(parent)
-            if where is None:
-                counts["orphan_stores"] += 1
-                return
+        elif (where := pages.get(parent)) is not None:
             parent_run, index = state.runs[where >> _INDEX_BITS], where & _INDEX_MASK
             if index == len(parent_run.hashes) - 1:
                 run = parent_run
             else:
                 run = self._branch(state, parent_run, index)
+        else:
+            anchor = state.anchors.get(parent)
+            if anchor is None:
+                counts["orphan_stores"] += 1
+                anchor = state.anchors[parent] = _Anchor(parent)
+                state.recent.append(anchor)
+            run = self._new_run(state, None, -1, anchor.base, anchor.lead)
+            run.anchor = anchor
+            run.floating = anchor.blocks is None
+            anchor.runs.add(run)
+        start = len(run.hashes)
         self._extend(state, run, hashes, packed)
         counts["stored_pages"] += n
+        if state.anchors:
+            for offset, value in enumerate(hashes):
+                anchor = state.anchors.get(value)
+                if anchor is not None and _root(run).anchor is not anchor:
+                    # A page stores chained onto is stored after all (a chain that would
+                    # contain itself, from a broken publisher, is left as it is).
+                    del state.anchors[value]
+                    self._adopt(state, anchor, run, start + offset)
+        top = _root(run) if run.floating else None
+        if top is not None and top.anchor is not None:
+            anchor = top.anchor
+            if anchor.tried_at < _NEEDLE_TOKENS and len(top.tokens) >= 2 * anchor.tried_at:
+                # Now, and again as the run grows (engines that publish a page per event).
+                anchor.tried_at = max(len(top.tokens), 1)
+                self._locate(state, anchor)
 
     def apply_removed(self, worker: Worker, event: BlockRemovedLike) -> None:
         """Drop pages ``worker`` evicted, and everything after each in its chain."""
@@ -285,13 +369,16 @@ class KvIndex:
         # Count unknown pages before removing any: a page that goes with an earlier page of
         # this same event is not unknown.
         hashes = event.block_hashes
+        anchors = state.anchors
         for value in hashes:
-            if value not in pages:
+            if value not in pages and value not in anchors:
                 counts["unknown_removals"] += 1
         for value in hashes:
             where = pages.get(value)
             if where is not None:
                 self._truncate(state, state.runs[where >> _INDEX_BITS], where & _INDEX_MASK)
+            elif (anchor := anchors.get(value)) is not None:
+                self._drop_anchor(state, anchor)
 
     # -- lookups -------------------------------------------------------------------------
 
@@ -331,20 +418,75 @@ class KvIndex:
                 self._credit(result, alive, len(seq_hashes))
         return result
 
+    def inferred_blocks(self, worker: Worker, seq_hashes: Sequence[int], depth: int) -> int:
+        """How many of the first ``depth`` blocks of a prompt ``worker`` holds only by inference.
+
+        Those come from a located anchor: the engine stored on top of them, but the frontend
+        never saw them stored. An anchor's blocks lead its chain, so this is the length of the
+        leading run of such blocks (binary search).
+        """
+        state = self._workers.get(worker)
+        if state is None or not state.inferred or depth <= 0:
+            return 0
+        inferred, extra = state.inferred, state.extra
+        lo, hi = 0, min(depth, len(seq_hashes))
+        while lo < hi:
+            mid = (lo + hi) // 2
+            value = seq_hashes[mid]
+            if inferred.get(value, 0) > extra.get(value, 0):
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    def note_routed(self, worker: Worker, token_ids: Sequence[int]) -> None:
+        """A prompt was just routed to ``worker``: what it stores next may chain onto pages this
+        index never saw, and the prompt says what they hold."""
+        state = self._workers.get(worker)
+        if state is None or len(token_ids) < 2 * state.page_size:
+            return
+        try:
+            state.hints.append(token_view(token_ids).tobytes())
+        except ValueError:  # token ids out of u32 range: nothing could be located with them
+            return
+        for anchor in list(state.recent):
+            # A store that arrived before the prompt that explains it was noted.
+            if anchor.blocks is None and state.anchors.get(anchor.hash) is anchor:
+                self._locate(state, anchor, hints=(state.hints[-1],))
+
+    def locate_anchor(self, worker: Worker, page_hash: int, prefix_tokens: Sequence[int]) -> bool:
+        """Declare that ``worker``'s page ``page_hash`` (one stores chained onto, never seen
+        stored) ends the prefix ``prefix_tokens``; False if there is no such floating anchor or
+        the prefix is not whole pages."""
+        state = self._workers.get(worker)
+        anchor = state.anchors.get(page_hash) if state is not None else None
+        if state is None or anchor is None or anchor.blocks is not None:
+            return False
+        if not prefix_tokens or len(prefix_tokens) % state.page_size:
+            return False
+        self._settle(state, anchor, token_array(list(prefix_tokens)))
+        return True
+
     def stats(self) -> dict[str, int]:
         """Sizes and event counters: anomalies here mean the index is stale somewhere.
 
-        ``orphan_stores``: stores whose parent page was unknown (missed events);
+        ``orphan_stores``: stores onto a parent page never seen stored (missed history): kept
+        under an anchor; ``anchors_located``: anchors whose prefix a routed prompt revealed;
+        ``anchors_removed``: anchor pages the engine evicted (their inferred prefix went too);
         ``duplicate_stores``: stores of pages already cached (replays, missed removals);
         ``malformed_stores``: token count not pages × page size, repeated hashes, bad tokens;
         ``bad_block_size``: stores whose page size is not the registered one;
         ``unknown_removals``: removals of pages not indexed (normal after a dropped store
         or a removed ancestor).
         """
+        states = self._workers.values()
         out = {
             "workers": len(self._workers),
             "blocks": len(self._blocks),
-            "pages": sum(len(state.pages) for state in self._workers.values()),
+            "pages": sum(len(state.pages) for state in states),
+            "floating_pages": sum(len(r.hashes) for state in states for r in state.runs.values() if r.floating),
+            "anchors": sum(len(state.anchors) for state in states),
+            "inferred_blocks": sum(len(state.inferred) for state in states),
         }
         out.update(self._counts)
         return out
@@ -423,59 +565,81 @@ class KvIndex:
 
     def _branch(self, state: _WorkerState, parent: _Run, index: int) -> _Run:
         """A new run continuing ``parent`` after its page ``index`` (not its last)."""
-        block = self._block
-        through = (index + 1) * state.page_size
-        lead_len = len(parent.lead)
-        done = (lead_len + through) // block
-        if done == 0:
-            base = parent.base
-            lead = parent.lead + parent.tokens[:through]
+        if parent.floating:
+            run = self._new_run(state, parent, index, None, token_array())
+            run.floating = True
         else:
-            base = parent.blocks[done - 1]
-            lead = parent.tokens[done * block - lead_len : through]
-        run = self._new_run(state, parent, index, base, lead)
+            base, lead = self._continuation(state, parent, index)
+            run = self._new_run(state, parent, index, base, lead)
         parent.children.add(run)
         return run
+
+    def _continuation(self, state: _WorkerState, run: _Run, index: int) -> tuple[int | None, array]:
+        """``base`` and ``lead`` of a run continuing ``run`` after its page ``index``."""
+        block = self._block
+        through = (index + 1) * state.page_size
+        lead_len = len(run.lead)
+        done = (lead_len + through) // block
+        if done == 0:
+            return run.base, run.lead + run.tokens[:through]
+        return run.blocks[done - 1], run.tokens[done * block - lead_len : through]
 
     def _extend(
         self, state: _WorkerState, run: _Run, hashes: Sequence[int], tokens: array
     ) -> None:
-        block = self._block
-        lead_len = len(run.lead)
-        have = len(run.tokens)
-        blocks = run.blocks
-        partial = lead_len + have - len(blocks) * block
-        if not partial:
-            pending = tokens
-        elif partial <= have:
-            pending = run.tokens[have - partial :] + tokens
-        else:
-            pending = run.lead + run.tokens + tokens
-        base = blocks[-1] if blocks else run.base
         start = len(run.hashes)
         run.tokens.extend(tokens)
         run.hashes.extend(hashes)
         first = run.id << _INDEX_BITS | start
         state.pages.update(zip(hashes, range(first, first + len(hashes))))
+        if run.floating:
+            return  # hashed once its anchor is located
+        block = self._block
+        lead_len = len(run.lead)
+        have = len(run.tokens) - len(tokens)
+        blocks = run.blocks
+        partial = lead_len + have - len(blocks) * block
+        if not partial:
+            pending = tokens
+        elif partial <= have:
+            pending = run.tokens[have - partial : have] + tokens
+        else:
+            pending = run.lead + run.tokens
+        base = blocks[-1] if blocks else run.base
         new = prefix_hashes_from_bytes(token_view(pending), block, base)
-        if not new:
-            return
-        blocks.extend(new)
+        if new:
+            blocks.extend(new)
+            self._hold(state, new)
+
+    def _hold(self, state: _WorkerState, values: Iterable[int], *, inferred: bool = False) -> None:
         index = self._blocks
         bit = state.bit
         get = index.get
-        for value in new:
+        extra = state.extra
+        for value in values:
             mask = get(value, 0)
             if mask & bit:
-                state.extra[value] = state.extra.get(value, 0) + 1
+                extra[value] = extra.get(value, 0) + 1
             else:
                 index[value] = mask | bit
                 state.held += 1
+        if inferred:
+            counts = state.inferred
+            for value in values:
+                counts[value] = counts.get(value, 0) + 1
 
-    def _release(self, state: _WorkerState, values: Iterable[int]) -> None:
+    def _release(self, state: _WorkerState, values: Iterable[int], *, inferred: bool = False) -> None:
         index = self._blocks
         extra = state.extra
         keep = ~state.bit
+        if inferred:
+            counts = state.inferred
+            for value in values:
+                left = counts[value] - 1
+                if left:
+                    counts[value] = left
+                else:
+                    del counts[value]
         for value in values:
             if extra:
                 more = extra.get(value)
@@ -511,11 +675,17 @@ class KvIndex:
                 self._drop_subtree(state, child)
         if index == 0:
             del state.runs[run.id]
-            if run.parent is None:
-                state.roots.discard(run)
-            else:
+            if run.parent is not None:
                 run.parent.children.discard(run)
                 run.parent = None
+            elif run.anchor is not None:
+                anchor = run.anchor
+                anchor.runs.discard(run)
+                run.anchor = None
+                if not anchor.runs and anchor.blocks is None:
+                    del state.anchors[anchor.hash]  # nothing known under it any more
+            else:
+                state.roots.discard(run)
 
     def _drop_subtree(self, state: _WorkerState, run: _Run) -> None:
         pages = state.pages
@@ -531,28 +701,146 @@ class KvIndex:
             stack.extend(run.children)
             _unlink(run)
 
+    def _adopt(self, state: _WorkerState, anchor: _Anchor, run: _Run, index: int) -> None:
+        """The anchor's page turned out to be page ``index`` of ``run``: its runs continue it."""
+        if anchor.blocks is not None:
+            self._release(state, anchor.blocks, inferred=True)
+        if run.floating:
+            stack = []
+        else:
+            base, lead = self._continuation(state, run, index)
+            stack = [(child, base, lead) for child in anchor.runs]
+        for child in anchor.runs:
+            child.anchor = None
+            child.parent = run
+            child.parent_index = index
+            run.children.add(child)
+            if child.blocks:
+                self._release(state, child.blocks)
+                child.blocks = []
+            child.floating = run.floating
+            _float_subtree(self, state, child, run.floating)
+        anchor.runs = set()
+        self._hash_runs(state, stack)
+
+    def _drop_anchor(self, state: _WorkerState, anchor: _Anchor) -> None:
+        """The engine evicted the anchor's page: its inferred prefix and all under it are gone."""
+        self._counts["anchors_removed"] += 1
+        del state.anchors[anchor.hash]
+        if anchor.blocks is not None:
+            self._release(state, anchor.blocks, inferred=True)
+        for run in list(anchor.runs):
+            self._drop_subtree(state, run)
+        anchor.runs = set()
+
+    # -- locating anchors --------------------------------------------------------------------
+
+    def _locate(self, state: _WorkerState, anchor: _Anchor, hints: Iterable[bytes] | None = None) -> bool:
+        """Find the prefix of a floating anchor in the prompts recently routed to its worker.
+
+        The runs stored on top of the anchor are what the engine computed after the prompt's
+        cached prefix, so their tokens sit in the prompt right after the anchor's page: at a
+        page-aligned position. When several prompts hold them after different prefixes (a short
+        store, "Hi" after several system prompts), the one whose pages hash to the anchor's page
+        as SGLang hashes (`engine_hash`) is taken; with no such proof, nothing is located (the
+        store stays floating, matched by nothing).
+        """
+        run = max(anchor.runs, key=lambda r: len(r.tokens), default=None)
+        if run is None or not run.tokens:
+            return False
+        page_bytes = 4 * state.page_size
+        stored = token_view(run.tokens)
+        needle = bytes(stored[: 4 * _NEEDLE_TOKENS])
+        candidates: dict[bytes, None] = {}
+        for hint in reversed(state.hints) if hints is None else hints:
+            pos = hint.find(needle, page_bytes)
+            while pos != -1:
+                if pos % page_bytes == 0:
+                    overlap = min(len(stored), len(hint) - pos)
+                    if hint[pos : pos + overlap] == stored[:overlap]:
+                        candidates[hint[:pos]] = None
+                pos = hint.find(needle, pos + 1)
+        if len(candidates) > 1:
+            page_size = state.page_size
+            candidates = {
+                prefix: None
+                for prefix in candidates
+                if (value := sglang_prefix_hash(prefix, page_size)) is not None
+                and same_engine_hash(value, anchor.hash)
+            }
+        if len(candidates) != 1:
+            return False
+        self._counts["anchors_located"] += 1
+        self._settle(state, anchor, tokens_from_bytes(next(iter(candidates))))
+        return True
+
+    def _settle(self, state: _WorkerState, anchor: _Anchor, prefix: array) -> None:
+        """The anchor's page ends ``prefix``: hold its blocks and hash every run under it."""
+        block = self._block
+        blocks = prefix_hashes_from_bytes(token_view(prefix), block)
+        anchor.blocks = blocks
+        anchor.base = blocks[-1] if blocks else None
+        anchor.lead = prefix[len(blocks) * block :]
+        self._hold(state, blocks, inferred=True)
+        self._hash_runs(state, [(run, anchor.base, anchor.lead) for run in anchor.runs])
+
+    def _hash_runs(self, state: _WorkerState, stack: list[tuple[_Run, int | None, array]]) -> None:
+        """Give each floating run (and its descendants) its ``base`` and ``lead``, and hold its blocks."""
+        block = self._block
+        while stack:
+            run, base, lead = stack.pop()
+            run.floating = False
+            run.base, run.lead = base, lead
+            run.blocks = prefix_hashes_from_bytes(token_view(lead + run.tokens), block, base)
+            self._hold(state, run.blocks)
+            for child in run.children:
+                stack.append((child, *self._continuation(state, run, child.parent_index)))
+
     def _clear(self, state: _WorkerState) -> None:
         index = self._blocks
         keep = ~state.bit
-        stack = list(state.roots)
-        while stack:
-            run = stack.pop()
-            for value in run.blocks:
+        held = [run.blocks for run in state.runs.values()]
+        held += [anchor.blocks for anchor in state.anchors.values() if anchor.blocks]
+        for blocks in held:
+            for value in blocks:
                 mask = index.get(value, 0) & keep
                 if mask:
                     index[value] = mask
                 else:
                     index.pop(value, None)
-            stack.extend(run.children)
+        for run in state.runs.values():
             _unlink(run)
+        for anchor in state.anchors.values():
+            anchor.runs = set()
         state.pages = {}
         state.runs = {}
         state.roots = set()
+        state.anchors = {}
         state.extra = {}
+        state.inferred = {}
         state.held = 0
+
+
+def _root(run: _Run) -> _Run:
+    while run.parent is not None:
+        run = run.parent
+    return run
+
+
+def _float_subtree(index: KvIndex, state: _WorkerState, run: _Run, floating: bool) -> None:
+    """Release the blocks below ``run`` and mark them floating (to be hashed again)."""
+    stack = list(run.children)
+    while stack:
+        child = stack.pop()
+        if child.blocks:
+            index._release(state, child.blocks)
+            child.blocks = []
+        child.floating = floating
+        stack.extend(child.children)
 
 
 def _unlink(run: _Run) -> None:
     """Break a dropped run's parent/child cycle so its memory is freed at once, not by the GC."""
     run.parent = None
+    run.anchor = None
     run.children = set()

@@ -20,7 +20,14 @@ the costs to [0, 1] and samples ``p ∝ exp(-normalised / T)``: at ``T = 1`` the
 ``e`` times likelier than the dearest, whatever the costs' scale; equal costs are uniform.
 
 Every decision is a ``Decision`` listing each candidate's overlap, load and cost, for the log
-line (``explain``) and ``GET /debug/routing`` (``to_json``).
+line (``explain``) and ``GET /debug/routing`` (``to_json``). A candidate's overlap says how much
+of it the frontend saw stored and how much it holds only by inference (``KvIndex`` anchors:
+history the frontend never saw, located from the prompts it routed).
+
+The same router serves the load-only policies (``selection``): ``least-load`` takes the worker
+with the fewest requests in flight (ties: fewer KV blocks in use, then random), ``power-of-two``
+the less loaded of two drawn at random. Their load is the same as the cost's: polled from the
+engines and corrected by this router's own in-flight requests (``ActiveSequences``).
 
 Sans-IO: plain synchronous code; the frontend calls ``route``, then ``first_token`` and
 ``free`` as the request progresses.
@@ -41,11 +48,14 @@ from trio_direct.routing.block_hash import RoutingKey, prefix_hashes
 from trio_direct.routing.kv_index import KvIndex
 from trio_direct.routing.simple import NoWorkerAvailable
 
-__all__ = ["Candidate", "Decision", "KvRouter", "KvRouterConfig", "worker_label"]
+__all__ = ["SELECTIONS", "Candidate", "Decision", "KvRouter", "KvRouterConfig", "worker_label"]
 
 Worker = Hashable
 
 _TIE = 1e-9  # relative: costs this close count as equal
+
+#: How a worker is picked: by the KV cost, or by load alone.
+SELECTIONS = ("cost", "least-load", "power-of-two")
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,8 +76,12 @@ class KvRouterConfig:
     """Routing block in tokens: a multiple of every engine's page size."""
     approximate_max_blocks: int = DEFAULT_MAX_BLOCKS
     """Memory bound of the approximate index, in (worker, block) entries."""
+    selection: str = "cost"
+    """``cost`` (overlap and load), or load alone: ``least-load``, ``power-of-two``."""
 
     def __post_init__(self) -> None:
+        if self.selection not in SELECTIONS:
+            raise ValueError(f"selection must be one of {', '.join(SELECTIONS)}")
         if self.block_size < 1:
             raise ValueError("block_size must be >= 1")
         if self.overlap_score_credit < 0 or self.prefill_load_scale < 0:
@@ -89,6 +103,19 @@ class Candidate:
     cost: float
     probability: float | None = None
     """Chance it was drawn (temperature > 0); ``None`` at temperature 0."""
+    inferred_blocks: int = 0
+    """Leading overlap blocks held only by inference, never seen stored (``KvIndex`` anchors)."""
+    requests: int = 0
+    """Requests in flight on the worker (polled and own), what the load-only policies weigh."""
+
+    @property
+    def overlap_source(self) -> str | None:
+        """``stored``, ``inferred`` or ``stored+inferred``: where the overlap came from."""
+        if not self.overlap_blocks:
+            return None
+        if not self.inferred_blocks:
+            return "stored"
+        return "inferred" if self.inferred_blocks >= self.overlap_blocks else "stored+inferred"
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"worker": worker_label(self.worker)}
@@ -96,6 +123,10 @@ class Candidate:
             out["engine_id"] = self.worker.engine_id
             out["dp_rank"] = self.worker.dp_rank
         out["overlap_blocks"] = self.overlap_blocks
+        out["overlap_source"] = self.overlap_source
+        out["overlap_stored_blocks"] = self.overlap_blocks - self.inferred_blocks
+        out["overlap_inferred_blocks"] = self.inferred_blocks
+        out["requests"] = self.requests
         out["prefill_blocks"] = self.prefill_blocks
         out["decode_blocks"] = self.decode_blocks
         out["cost"] = self.cost
@@ -115,7 +146,7 @@ class Decision:
     reason: str
     request_id: str | None = None
     mode: str = "events"
-    """``events`` (KvIndex) or ``approximate`` (learned from routing)."""
+    """``events`` (KvIndex), ``approximate`` (learned from routing) or ``load`` (load-only policies)."""
     seq_hashes: tuple[int, ...] = field(default=(), repr=False)
 
     @property
@@ -131,9 +162,10 @@ class Decision:
         """One log line: the choice, then every candidate's overlap, load and cost."""
         parts = []
         for c in self.candidates:
+            inferred = f" ({c.inferred_blocks} inferred)" if c.inferred_blocks else ""
             text = (
-                f"{worker_label(c.worker)} overlap {c.overlap_blocks} prefill"
-                f" {c.prefill_blocks:.1f} decode {c.decode_blocks} cost {c.cost:.1f}"
+                f"{worker_label(c.worker)} overlap {c.overlap_blocks}{inferred} prefill"
+                f" {c.prefill_blocks:.1f} decode {c.decode_blocks} requests {c.requests} cost {c.cost:.1f}"
             )
             if c.probability is not None:
                 text += f" p {c.probability:.2f}"
@@ -188,11 +220,13 @@ class KvRouter:
             raise ValueError(
                 f"index block size {index.block_size} != router block size {config.block_size}"
             )
-        if config.use_kv_events:
-            self._index: KvIndex | None = index if index is not None else KvIndex(config.block_size)
-            self._approx: ApproximateIndex | None = None
+        self._index: KvIndex | None = None
+        self._approx: ApproximateIndex | None = None
+        if config.selection != "cost":
+            pass  # load alone: no index of any kind
+        elif config.use_kv_events:
+            self._index = index if index is not None else KvIndex(config.block_size)
         else:
-            self._index = None
             self._approx = ApproximateIndex(
                 config.block_size, config.ttl_secs, max_blocks=config.approximate_max_blocks
             )
@@ -227,16 +261,22 @@ class KvRouter:
         workers: Sequence[Worker],
         *,
         request_id: str | None = None,
+        pinned: Worker | None = None,
     ) -> Decision:
-        """Weigh every worker for this prompt and pick one; records nothing."""
+        """Weigh every worker for this prompt and pick one; records nothing.
+
+        ``pinned``, if among ``workers``, is picked whatever its cost (session affinity).
+        """
         if not workers:
             raise NoWorkerAvailable("no healthy worker to route to")
         config = self._config
         block = config.block_size
         prompt_tokens = len(token_ids)
         seq_hashes = tuple(prefix_hashes(token_ids, block))
-        credit = config.overlap_score_credit
+        load_only = config.selection != "cost"
+        credit = 0.0 if load_only else config.overlap_score_credit
         matches = self._matches(seq_hashes) if credit else {}
+        kv_index = self._index
         scale = config.prefill_load_scale
         active = self._active
         n_blocks = len(seq_hashes)
@@ -251,15 +291,22 @@ class KvRouter:
             decode = active.decode_blocks(worker) + n_blocks
             if decode > n_blocks:  # blocks already active there are not added again
                 decode -= active.active_overlap(worker, seq_hashes)
-            candidates.append(Candidate(worker, overlap, prefill, decode, scale * prefill + decode))
+            requests = active.active_requests(worker)
+            inferred = kv_index.inferred_blocks(worker, seq_hashes, overlap) if kv_index and overlap else 0
+            cost = float(requests) if load_only else scale * prefill + decode
+            candidates.append(Candidate(worker, overlap, prefill, decode, cost, None, inferred, requests))
 
-        index, reason = self._select(candidates)
+        keys = [c.worker for c in candidates]
+        if pinned is not None and pinned in keys:
+            index, reason = keys.index(pinned), "session affinity"
+        else:
+            index, reason = self._select_by_load(candidates) if load_only else self._select(candidates)
         chosen = candidates[index]
         best = max(candidates, key=lambda c: c.overlap_blocks)
         if best.overlap_blocks > chosen.overlap_blocks:
             reason += (
-                f"; longest prefix ({best.overlap_blocks} blocks on"
-                f" {worker_label(best.worker)}) passed over for load"
+                f"; longest prefix ({best.overlap_blocks} blocks on {worker_label(best.worker)})"
+                + (" elsewhere" if reason == "session affinity" else " passed over for load")
             )
         return Decision(
             worker=chosen.worker,
@@ -268,17 +315,17 @@ class KvRouter:
             overlap_blocks=chosen.overlap_blocks,
             reason=reason,
             request_id=request_id,
-            mode="events" if self._index is not None else "approximate",
+            mode="load" if load_only else "events" if self._index is not None else "approximate",
             seq_hashes=seq_hashes,
         )
 
     def route(
-        self, request_id: str, token_ids: Sequence[int], workers: Sequence[Worker]
+        self, request_id: str, token_ids: Sequence[int], workers: Sequence[Worker], *, pinned: Worker | None = None
     ) -> Decision:
         """``decide``, then count the request on the chosen worker (and, without KV events,
         remember its prefix there). Pair with ``free`` whatever happens to the request.
         """
-        decision = self.decide(token_ids, workers, request_id=request_id)
+        decision = self.decide(token_ids, workers, request_id=request_id, pinned=pinned)
         self._active.add(
             request_id,
             decision.worker,
@@ -288,6 +335,8 @@ class KvRouter:
         )
         if self._approx is not None and decision.seq_hashes:
             self._approx.insert(decision.worker, decision.seq_hashes, self._clock())
+        if self._index is not None:
+            self._index.note_routed(decision.worker, token_ids)
         return decision
 
     def first_token(self, request_id: str) -> None:
@@ -321,6 +370,25 @@ class KvRouter:
         assert self._approx is not None
         return self._approx.find_matches_hashes(seq_hashes, self._clock())
 
+    def _select_by_load(self, candidates: list[Candidate]) -> tuple[int, str]:
+        """``least-load`` or ``power-of-two``: fewest requests, then fewest KV blocks, then random."""
+        if len(candidates) == 1:
+            return 0, "only candidate"
+        pool = list(range(len(candidates)))
+        reason = "least load"
+        if self._config.selection == "power-of-two":
+            pool = self._rng.sample(pool, 2)
+            reason = f"less loaded of two drawn ({', '.join(worker_label(candidates[i].worker) for i in pool)})"
+
+        def load(i: int) -> tuple[int, int]:
+            return candidates[i].requests, candidates[i].decode_blocks
+
+        best = min(load(i) for i in pool)
+        tied = [i for i in pool if load(i) == best]
+        if len(tied) > 1:
+            return self._rng.choice(tied), f"{reason}, tie of {len(tied)} broken at random"
+        return tied[0], reason
+
     def _select(self, candidates: list[Candidate]) -> tuple[int, str]:
         """Index of the chosen candidate and why; fills in probabilities when sampling."""
         if len(candidates) == 1:
@@ -343,7 +411,7 @@ class KvRouter:
         probabilities = [w / total for w in weights]
         for i, (c, p) in enumerate(zip(candidates, probabilities, strict=True)):
             candidates[i] = Candidate(
-                c.worker, c.overlap_blocks, c.prefill_blocks, c.decode_blocks, c.cost, p
+                c.worker, c.overlap_blocks, c.prefill_blocks, c.decode_blocks, c.cost, p, c.inferred_blocks, c.requests
             )
         draw = self._rng.random()
         acc = 0.0

@@ -1,4 +1,4 @@
-"""KV-aware routing state of one fleet (`--router-mode kv`), without I/O.
+"""Load-aware routing state of one fleet (`--router-mode kv`, `least-load`, `power-of-two`), without I/O.
 
 One `KvIndex` for the fleet, fed per engine and DP rank with the engines' own KV events (the
 subscriptions are the I/O shell's, `kv_sync.feeds`), and two `KvRouter`s: the aggregated (or
@@ -11,8 +11,12 @@ load alone (decode engines hold no prefix another request can reuse).
 - Engines that publish no events are routed by load alone, or, with ``--no-router-kv-events``,
   from an approximate index of this frontend's own decisions (TTL ``--router-ttl-secs``).
 - Load is tracked from dispatch (`ActiveSequences`), released at the first token and at the end,
-  and optionally corrected from the engines' `GetLoad` (`apply_load`), which is how load from
-  other frontends is learnt.
+  and corrected from the engines' `GetLoad` (`apply_load`), which is how load from other
+  frontends (replicas, `--workers` siblings) is learnt.
+- The cost's weights come from a preset (`--router-preset`): ``ttft`` by default, which weighs
+  the prefill work ahead of a request (what delays its first token) ten times a decode block,
+  or ``dynamo``, Dynamo's default 1:1 cost. Flags given explicitly override the preset.
+- `least-load` and `power-of-two` use the same load and bookkeeping with no index at all.
 """
 
 from __future__ import annotations
@@ -20,18 +24,24 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import Any, TypeVar, cast
 
 from trio_direct.config import ServeConfig
 from trio_direct.fleet.card import EngineCard
+from trio_direct.routing.active_sequences import OwnLoad
 from trio_direct.routing.block_hash import RoutingKey
 from trio_direct.routing.kv_index import KvIndex
 from trio_direct.routing.kv_router import Decision, KvRouter, KvRouterConfig
 
 __all__ = [
     "DEFAULT_ROUTING_BLOCK",
+    "LOAD_MODES",
+    "PRESETS",
+    "CostPreset",
     "IndexSink",
     "KvRouting",
+    "cost_settings",
     "page_size",
     "routing_block_size",
     "routing_keys",
@@ -41,7 +51,41 @@ log = logging.getLogger(__name__)
 
 DEFAULT_ROUTING_BLOCK = 16
 
+#: Router modes served by `KvRouting`: the KV cost, and the load-only policies.
+LOAD_MODES = ("kv", "least-load", "power-of-two")
+
 W = TypeVar("W")
+
+
+@dataclass(frozen=True, slots=True)
+class CostPreset:
+    """The KV cost's weights (see `KvRouterConfig`)."""
+
+    overlap_score_credit: float
+    prefill_load_scale: float
+    temperature: float
+
+
+#: `--router-preset`. ``ttft`` was chosen by the sweep in benchmarks/README.md ("KV routing
+#: defaults"); ``dynamo`` is Dynamo's own default cost.
+PRESETS = {
+    "ttft": CostPreset(overlap_score_credit=1.0, prefill_load_scale=10.0, temperature=0.0),
+    "dynamo": CostPreset(overlap_score_credit=1.0, prefill_load_scale=1.0, temperature=0.0),
+}
+
+
+def cost_settings(config: ServeConfig) -> CostPreset:
+    """The preset's weights, with each flag given explicitly taking its place."""
+    preset = PRESETS[config.router_preset]
+
+    def given(value: float | None, default: float) -> float:
+        return default if value is None else value
+
+    return CostPreset(
+        given(config.router_kv_overlap_score_credit, preset.overlap_score_credit),
+        given(config.router_prefill_load_scale, preset.prefill_load_scale),
+        given(config.router_temperature, preset.temperature),
+    )
 
 
 def page_size(card: EngineCard) -> int:
@@ -110,16 +154,20 @@ class KvRouting:
     """
 
     def __init__(self, cards: Iterable[EngineCard], config: ServeConfig) -> None:
+        self.mode = config.router_mode if config.router_mode in LOAD_MODES else "kv"
         self.block_size = routing_block_size(cards, config.kv_cache_block_size)
-        self.use_events = config.router_kv_events
+        self.use_events = config.router_kv_events and self.mode == "kv"
         self.index = KvIndex(self.block_size) if self.use_events else None
+        self.busy_threshold = config.engine_busy_threshold
+        self.cost = cost_settings(config)
         router_config = KvRouterConfig(
-            overlap_score_credit=config.router_kv_overlap_score_credit,
-            prefill_load_scale=config.router_prefill_load_scale,
-            temperature=config.router_temperature,
+            overlap_score_credit=self.cost.overlap_score_credit,
+            prefill_load_scale=self.cost.prefill_load_scale,
+            temperature=self.cost.temperature,
             use_kv_events=self.use_events,
             ttl_secs=config.router_ttl_secs,
             block_size=self.block_size,
+            selection="cost" if self.mode == "kv" else self.mode,
         )
         self.router = KvRouter(router_config, self.index)
         # Decode engines of a disaggregated fleet hold no reusable prefix: load alone decides.
@@ -201,19 +249,45 @@ class KvRouting:
             return 0
         return sum(self.index.held_blocks(key) for key in routing_keys(engine_id, card))
 
-    def apply_load(self, engine_id: str, card: EngineCard, loads: Iterable[Mapping[str, Any]]) -> None:
-        """What the engine's `GetLoad` reported, per DP rank: the load other frontends put on it."""
+    def own_load(self, engine_id: str, card: EngineCard) -> dict[RoutingKey, OwnLoad]:
+        """This frontend's load on each of the engine's ranks now: take it as a `GetLoad` is sent."""
+        router = self.decode_router if card.role == "decode" else self.router
+        return {key: router.active.own_load(key) for key in routing_keys(engine_id, card)}
+
+    def apply_load(
+        self,
+        engine_id: str,
+        card: EngineCard,
+        loads: Iterable[Mapping[str, Any]],
+        own_at_poll: Mapping[RoutingKey, OwnLoad] | None = None,
+    ) -> None:
+        """What the engine's `GetLoad` reported, per DP rank: the load every frontend put on it.
+
+        ``own_at_poll`` is `own_load` taken when the poll was sent (default: now).
+        """
         router = self.decode_router if card.role == "decode" else self.router
         for load in loads:
             rank = load.get("dp_rank")
             key = RoutingKey(engine_id, rank if card.dp_size > 1 else None)
-            router.active.set_external_load(
-                key,
-                running=int(load.get("num_running_reqs") or 0),
-                waiting=int(load.get("num_waiting_reqs") or 0),
-                used_tokens=int(load.get("num_used_tokens") or 0),
-                waiting_tokens=load.get("num_waiting_uncached_tokens"),
-            )
+            try:
+                router.active.set_external_load(
+                    key,
+                    running=_count(load.get("num_running_reqs")),
+                    waiting=_count(load.get("num_waiting_reqs")),
+                    used_tokens=_count(load.get("num_used_tokens")),
+                    waiting_tokens=_count(load["num_waiting_uncached_tokens"])
+                    if load.get("num_waiting_uncached_tokens") is not None
+                    else None,
+                    max_tokens=_count(load.get("max_total_num_tokens")) or None,
+                    own_at_poll=own_at_poll.get(key) if own_at_poll is not None else None,
+                )
+            except (TypeError, ValueError):
+                log.debug("GetLoad of %s: unreadable entry %r", engine_id, load)
+
+    def busy(self, key: RoutingKey) -> bool:
+        """Whether the worker's KV cache use (polled, plus own requests since) is over the threshold."""
+        usage = self.router.active.kv_usage(key)
+        return usage is not None and usage >= self.busy_threshold
 
     # ---- per request --------------------------------------------------------------------------------
 
@@ -224,16 +298,18 @@ class KvRouting:
         key: Callable[[W], RoutingKey],
         token_ids: Sequence[int],
         request_id: str | None,
+        pinned: RoutingKey | None = None,
     ) -> tuple[W, Decision]:
-        """Route (or, without a request id, only weigh) `token_ids` over `workers`."""
+        """Route (or, without a request id, only weigh) `token_ids` over `workers`; `pinned`, if
+        one of them, is chosen whatever the cost (session affinity), its load counted the same."""
         by_key = {key(w): w for w in workers}
         keys = list(by_key)
         if request_id is None:
-            decision = router.decide(token_ids, keys)
+            decision = router.decide(token_ids, keys, pinned=pinned)
         else:
-            decision = router.route(request_id, token_ids, keys)
+            decision = router.route(request_id, token_ids, keys, pinned=pinned)
             log.debug("%s", decision.explain())
-        return by_key[decision.worker], decision
+        return by_key[cast(RoutingKey, decision.worker)], decision
 
     def first_token(self, request_id: str) -> None:
         self.router.first_token(request_id)
@@ -246,6 +322,17 @@ class KvRouting:
     def stats(self) -> dict[str, Any]:
         return {
             "block_size": self.block_size,
-            "mode": "events" if self.use_events else "approximate",
+            "mode": "load" if self.mode != "kv" else "events" if self.use_events else "approximate",
+            "cost": {
+                "overlap_score_credit": self.cost.overlap_score_credit,
+                "prefill_load_scale": self.cost.prefill_load_scale,
+                "temperature": self.cost.temperature,
+            },
             "index": self.index.stats() if self.index is not None else None,
         }
+
+
+def _count(value: Any) -> int:
+    """A non-negative count from a JSON load report (an engine's own, so checked, not trusted)."""
+    number = int(value or 0)
+    return max(0, number)

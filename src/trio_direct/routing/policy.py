@@ -6,8 +6,15 @@ when a healthy prefill and a healthy decode worker exist; otherwise aggregated e
 unless ``--enforce-disagg`` says to refuse. A decode engine never serves alone.
 
 Round-robin and random take turns per pool; in kv mode the prefill (or aggregated) pool is weighed
-by prefix overlap and load, the decode pool by load. A route chosen with a request id counts as
-load until `release` (and its prefill share until `first_token`).
+by prefix overlap and load, the decode pool by load; least-load and power-of-two weigh load alone
+(`KvRouting` serves all three). A route chosen with a request id counts as load until `release`
+(and its prefill share until `first_token`).
+
+A request with a session key (`SessionAffinity`) goes to the aggregated engine its session went
+to last, unless that engine is no longer offered (unhealthy) or is busy (`KvRouting.busy`: KV
+cache use over `--engine-busy-threshold`); then it is routed as any other and its session follows
+the new engine. Disaggregated requests are routed without affinity: their prefix lives with the
+prefill engine KV-aware routing picks.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from trio_direct.routing.affinity import SessionAffinity
 from trio_direct.routing.block_hash import RoutingKey
 from trio_direct.routing.kv_router import Decision
 from trio_direct.routing.kv_routing import KvRouting
@@ -47,25 +55,40 @@ class Route(Generic[W]):
     #: kv mode: why the (prefill or aggregated) worker was chosen, and the decode worker.
     decision: Decision | None = None
     decode_decision: Decision | None = None
+    #: The request's session was pinned to this engine (session affinity held).
+    sticky: bool = False
 
 
 class RoutingPolicy:
     """The fleet's routing: one router per pool, or KV-aware routing (`kv`)."""
 
-    def __init__(self, mode: str = "round-robin", *, enforce_disagg: bool = False, kv: KvRouting | None = None) -> None:
+    def __init__(
+        self,
+        mode: str = "round-robin",
+        *,
+        enforce_disagg: bool = False,
+        kv: KvRouting | None = None,
+        affinity: SessionAffinity | None = None,
+    ) -> None:
         self.mode = mode
         self.enforce_disagg = enforce_disagg
         self.kv = kv
+        self.affinity = affinity
         self._router = _simple_router(mode)
         self._prefill_router: Router = RoundRobinRouter()
         self._decode_router: Router = RoundRobinRouter()
 
     def choose(
-        self, candidates: Candidates[W], token_ids: Sequence[int] = (), request_id: str | None = None
+        self,
+        candidates: Candidates[W],
+        token_ids: Sequence[int] = (),
+        request_id: str | None = None,
+        session_key: str | None = None,
     ) -> Route[W]:
         """Where a request goes; raises `NoWorkerAvailable` when nothing healthy can serve it.
 
-        Without a `request_id` nothing is recorded (`GET /debug/routing`).
+        Without a `request_id` nothing is recorded (`GET /debug/routing`), the session's pin
+        included.
         """
         kv = self.kv
         if candidates.disaggregated:
@@ -83,10 +106,28 @@ class RoutingPolicy:
         aggregated = candidates.aggregated
         if not aggregated:
             raise NoWorkerAvailable("no healthy engine")
+        pinned = self._pinned(session_key, aggregated, candidates.key)
         if kv is not None:
-            worker, decision = kv.choose(kv.router, aggregated, candidates.key, token_ids, request_id)
-            return Route(worker, None, decision)
-        return Route(self._router.choose(aggregated), None)
+            worker, decision = kv.choose(kv.router, aggregated, candidates.key, token_ids, request_id, pinned)
+            route = Route(worker, None, decision, sticky=pinned is not None)
+        elif pinned is not None:
+            route = Route(next(w for w in aggregated if candidates.key(w) == pinned), None, sticky=True)
+        else:
+            route = Route(self._router.choose(aggregated), None)
+        if session_key is not None and self.affinity is not None and request_id is not None:
+            self.affinity.remember(session_key, candidates.key(route.decode))
+        return route
+
+    def _pinned(self, session_key: str | None, workers: Sequence[W], key: Callable[[W], RoutingKey]) -> RoutingKey | None:
+        """The engine the session sticks to, if it is offered and not busy."""
+        if session_key is None or self.affinity is None:
+            return None
+        pinned = self.affinity.get(session_key)
+        if pinned is None or all(key(w) != pinned for w in workers):
+            return None
+        if self.kv is not None and isinstance(pinned, RoutingKey) and self.kv.busy(pinned):
+            return None
+        return pinned  # type: ignore[return-value]
 
     def can_route(self, candidates: Candidates[W]) -> bool:
         """Whether `choose` would find a route now (health), recording nothing."""

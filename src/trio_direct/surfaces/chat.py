@@ -3,7 +3,8 @@
 `chat_prompt` and `chat_output` are the chat-shaped planning every conversational surface shares
 (Responses and Messages build OpenAI-style messages and tools, then plan through them): the chat
 template rendered and tokenized (on a worker thread when long), and the reasoning and tool-call
-parsers set up per choice.
+parsers set up per choice. Image parts go through `surfaces.images.prepare_chat_images` first: the
+template gets `{"type": "image"}` placeholders, the prompt the images as `image_data`.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from trio_direct.openai.tool_choice import forced_tool_name, tool_choice_schema
 from trio_direct.parsers.reasoning import reasoning_parser
 from trio_direct.parsers.tools import ToolCall, ToolCallDelta, ToolParser, tool_call_parser
 from trio_direct.parsers.tools.forced import NamedToolCallParser, RequiredToolCallsParser
+from trio_direct.surfaces.images import prepare_chat_images
 from trio_direct.surfaces.prompting import in_thread_if_long
 from trio_direct.text.chat_template import ChatTemplateError, render_chat
 from trio_direct.text.harmony import HarmonyRenderError, render_harmony_chat
@@ -33,7 +35,7 @@ if TYPE_CHECKING:
     from trio_direct.frontend.runtime import ModelPool
     from trio_direct.http.exchange import Exchange
 
-__all__ = ["ChatRenderer", "chat_output", "chat_prompt", "handle", "plan_chat"]
+__all__ = ["ChatRenderer", "chat_output", "chat_prompt", "handle", "plan_chat", "request_prompt"]
 
 
 async def handle(exchange: Exchange) -> None:
@@ -44,18 +46,19 @@ async def handle(exchange: Exchange) -> None:
     await exchange.respond(pool, plan, ChatRenderer(plan, pool.token_text, logprobs=request.logprobs))
 
 
-async def plan_chat(pool: ModelPool, request: ChatCompletionRequest, *, session_key: str | None = None) -> RequestPlan:
-    messages = msgspec.to_builtins(request.messages)
-    _check_text_only(messages)
+async def plan_chat(
+    pool: ModelPool,
+    request: ChatCompletionRequest,
+    *,
+    session_key: str | None = None,
+    id_prefix: str = "chatcmpl-",
+    prompt_param: str = "messages",
+) -> RequestPlan:
+    """Plan a chat request. Other conversational surfaces (Responses, Messages) plan through here
+    with their own id prefix and the name of their prompt field, so every parser and sampling rule
+    is chat's."""
     tools = msgspec.to_builtins(request.tools) if request.tools else None
-    prompt = await chat_prompt(
-        pool,
-        messages,
-        tools,
-        continue_final_message=request.continue_final_message,
-        chat_template_kwargs=request.chat_template_kwargs,
-        reasoning_effort=request.reasoning_effort,
-    )
+    prompt = await request_prompt(pool, request)
     sampling = sampling_options(request, eos_token_ids=pool.tokenizer.eos_token_ids)
     if (schema := tool_choice_schema(request)) is not None:
         sampling = replace(sampling, json_schema=schema)
@@ -77,26 +80,46 @@ async def plan_chat(pool: ModelPool, request: ChatCompletionRequest, *, session_
         pool,
         [prompt],
         sampling,
-        id_prefix="chatcmpl-",
+        id_prefix=id_prefix,
         n=request.n,
         output=output,
         return_logprob=return_logprob,
         top_logprobs=top_logprobs,
         stream=request.stream,
         include_usage=bool(options and options.include_usage),
-        prompt_param="messages",
+        prompt_param=prompt_param,
         session_key=session_key,
     )
 
 
-def _check_text_only(messages: list[dict[str, Any]]) -> None:
+async def request_prompt(pool: ModelPool, request: ChatCompletionRequest) -> Prompt:
+    """The prompt `plan_chat` sends for `request` (also what token counting counts), with its images."""
+    messages = msgspec.to_builtins(request.messages)
+    _check_parts(messages)
+    tools = msgspec.to_builtins(request.tools) if request.tools else None
+    messages, image_data = await prepare_chat_images(pool, messages, tools)
+    prompt = await chat_prompt(
+        pool,
+        messages,
+        tools,
+        continue_final_message=request.continue_final_message,
+        chat_template_kwargs=request.chat_template_kwargs,
+        reasoning_effort=request.reasoning_effort,
+    )
+    prompt.image_data = image_data
+    return prompt
+
+
+def _check_parts(messages: list[dict[str, Any]]) -> None:
+    """Text and images (`surfaces.images`); video and audio parts are not supported."""
     for i, message in enumerate(messages):
         content = message.get("content")
         if isinstance(content, list):
             for j, part in enumerate(content):
-                if part.get("type") != "text":
+                if part.get("type") not in ("text", "image_url"):
                     raise errors.invalid_request(
-                        f"Content parts of type '{part.get('type')}' are not supported: this model takes text only.",
+                        f"Content parts of type '{part.get('type')}' are not supported: this server takes text "
+                        "and images.",
                         param=f"messages[{i}].content[{j}].type",
                         code="unsupported_parameter",
                     )
@@ -110,17 +133,28 @@ async def chat_prompt(
     continue_final_message: bool = False,
     chat_template_kwargs: Mapping[str, Any] | None = None,
     reasoning_effort: str | None = None,
+    add_generation_prompt: bool | None = None,
 ) -> Prompt:
     """The chat template rendered over `messages` and tokenized (on a thread when long).
 
     A gpt-oss model's prompt is written in harmony by openai-harmony's own encoder, as upstream
-    gateways do, rather than through its Jinja template.
+    gateways do, rather than through its Jinja template. `add_generation_prompt` defaults to
+    opening the assistant's turn unless the final message is continued.
     """
     size = sum(len(str(m.get("content") or "")) for m in messages)
     if pool.harmony:
         return await in_thread_if_long(size, _render_harmony, messages, tools, reasoning_effort)
+    if add_generation_prompt is None:
+        add_generation_prompt = not continue_final_message
     return await in_thread_if_long(
-        size, _render_and_tokenize, pool, messages, tools, continue_final_message, chat_template_kwargs
+        size,
+        _render_and_tokenize,
+        pool,
+        messages,
+        tools,
+        continue_final_message,
+        chat_template_kwargs,
+        add_generation_prompt,
     )
 
 
@@ -140,13 +174,14 @@ def _render_and_tokenize(
     tools: list[dict[str, Any]] | None,
     continue_final_message: bool,
     chat_template_kwargs: Mapping[str, Any] | None,
+    add_generation_prompt: bool = True,
 ) -> Prompt:
     try:
         text = render_chat(
             pool.tokenizer,
             messages,
             tools=tools,
-            add_generation_prompt=not continue_final_message,
+            add_generation_prompt=add_generation_prompt,
             continue_final_message=continue_final_message,
             chat_template_kwargs=chat_template_kwargs,
             chat_template=pool.chat_template_override,
@@ -154,7 +189,7 @@ def _render_and_tokenize(
     except ChatTemplateError as error:
         raise errors.invalid_request(f"Chat template error: {error}", param="messages") from None
     # The template writes the special tokens itself; do not add a second BOS.
-    return Prompt(pool.tokenizer.encode(text, add_special_tokens=False), text)
+    return Prompt(pool.tokenizer.encode_prompt(text), text)
 
 
 def chat_output(
@@ -216,7 +251,7 @@ def chat_output(
 class ChatRenderer:
     """`chat.completion.chunk` events, or one `chat.completion` body."""
 
-    __slots__ = ("_plan", "_token_text", "_logprobs", "_opening")
+    __slots__ = ("_logprobs", "_opening", "_plan", "_token_text")
 
     def __init__(self, plan: RequestPlan, token_text: TokenText, *, logprobs: bool = False) -> None:
         self._plan = plan
@@ -246,11 +281,11 @@ class ChatRenderer:
             if event.reasoning:
                 out.append(responses.chat_chunk(cid, created, model, event.index, {"reasoning_content": event.reasoning}))
             if event.text or logprobs:
-                delta = {"content": event.text}
-                out.append(responses.chat_chunk(cid, created, model, event.index, delta, logprobs=logprobs))
+                content = {"content": event.text}
+                out.append(responses.chat_chunk(cid, created, model, event.index, content, logprobs=logprobs))
             if event.tool_calls:
-                delta = {"tool_calls": [tool_call_delta(call) for call in event.tool_calls]}
-                out.append(responses.chat_chunk(cid, created, model, event.index, delta))
+                calls = {"tool_calls": [tool_call_delta(call) for call in event.tool_calls]}
+                out.append(responses.chat_chunk(cid, created, model, event.index, calls))
             if event.finish_reason is not None:
                 out.append(responses.chat_chunk(cid, created, model, event.index, {}, event.finish_reason))
         return b"".join(out)

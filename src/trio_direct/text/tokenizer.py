@@ -11,11 +11,14 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
 from tokenizers import Tokenizer
+
+from trio_direct.text.prefix_cache import DEFAULT_MAX_BYTES, PromptPrefixCache
 
 __all__ = ["ModelTokenizer", "TokenizerLoadError"]
 
@@ -23,6 +26,8 @@ __all__ = ["ModelTokenizer", "TokenizerLoadError"]
 _UNLIMITED_MAX_LENGTH = 10**18
 # Texts this long (~0.5 ms to encode) are encoded without holding the GIL; see `encode`.
 _GIL_RELEASE_CHARS = 4096
+# Above this many special tokens, only those a template writes or the config names are cuts.
+_MAX_CUT_CANDIDATES = 64
 _SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "pad_token", "unk_token")
 
 
@@ -35,7 +40,9 @@ class ModelTokenizer:
     """An HF `tokenizers.Tokenizer` plus the metadata transformers keeps beside it.
 
     `chat_templates` maps template names to sources; a single template is stored as "default"
-    (see `chat_template.select_chat_template`). Compared and hashed by identity.
+    (see `chat_template.select_chat_template`). Compared and hashed by identity. `prompt_cache`
+    (None when the tokenizer cannot be cut exactly, or when disabled) serves `encode_prompt`; it
+    is the one mutable part, and locks itself.
     """
 
     tokenizer: Tokenizer
@@ -49,15 +56,17 @@ class ModelTokenizer:
     special_token_ids: frozenset[int] = frozenset()
     add_bos_token: bool = False
     model_max_length: int | None = None
+    prompt_cache: PromptPrefixCache | None = None
 
     @classmethod
-    def from_directory(cls, path: str | Path) -> ModelTokenizer:
+    def from_directory(cls, path: str | Path, *, prompt_cache_bytes: int = DEFAULT_MAX_BYTES) -> ModelTokenizer:
         """Load `tokenizer.json` and the optional HF side files from a model directory.
 
         Reads `tokenizer_config.json`, `generation_config.json` (or `config.json` when that is
         missing, as transformers derives one from it), and the newer `chat_template.jinja` /
         `chat_template.json` / `additional_chat_templates/*.jinja` files, which take precedence
-        over `tokenizer_config.json`'s `chat_template`.
+        over `tokenizer_config.json`'s `chat_template`. `prompt_cache_bytes` bounds the cache of
+        rendered prompt prefixes behind `encode_prompt` (0: no cache).
         """
         directory = Path(path)
         tokenizer_file = directory / "tokenizer.json"
@@ -94,9 +103,8 @@ class ModelTokenizer:
         }
         for key, entry in (config.get("added_tokens_decoder") or {}).items():
             # Only trust entries that agree with tokenizer.json; the ids there are authoritative.
-            if isinstance(entry, Mapping) and entry.get("special"):
-                if token_id(entry.get("content")) == _as_int(key):
-                    special_ids.add(int(key))
+            if isinstance(entry, Mapping) and entry.get("special") and token_id(entry.get("content")) == _as_int(key):
+                special_ids.add(int(key))
         for token in (*tokens.values(), *additional):
             if (i := token_id(token)) is not None:
                 special_ids.add(i)
@@ -105,9 +113,31 @@ class ModelTokenizer:
         if not isinstance(max_length, int) or max_length >= _UNLIMITED_MAX_LENGTH:
             max_length = None
 
+        templates = _chat_templates(directory, config)
+        prompt_cache = None
+        if prompt_cache_bytes > 0:
+            # Cut at the added tokens the model's templates write and at its named special tokens
+            # (EOS ends the turns of most templates, an operator's --chat-template's included); at
+            # every special token when there are few (models with reserved ranges have thousands).
+            added = tokenizer.get_added_tokens_decoder().values()
+            named = {*(t for t in tokens.values() if t is not None), *additional}
+            if sum(token.special for token in added) <= _MAX_CUT_CANDIDATES:
+                named |= {token.content for token in added if token.special}
+            candidates = {
+                token.content
+                for token in added
+                if token.content in named or any(token.content in source for source in templates.values())
+            }
+            prompt_cache = PromptPrefixCache.for_tokenizer(
+                tokenizer,
+                partial(_encode_ids, tokenizer, add_special_tokens=False),
+                candidates=candidates,
+                max_bytes=prompt_cache_bytes,
+            )
+
         return cls(
             tokenizer=tokenizer,
-            chat_templates=MappingProxyType(_chat_templates(directory, config)),
+            chat_templates=MappingProxyType(templates),
             bos_token=tokens["bos_token"],
             eos_token=tokens["eos_token"],
             pad_token=tokens["pad_token"],
@@ -117,6 +147,7 @@ class ModelTokenizer:
             special_token_ids=frozenset(special_ids),
             add_bos_token=bool(config.get("add_bos_token", False)),
             model_max_length=max_length,
+            prompt_cache=prompt_cache,
         )
 
     @property
@@ -158,19 +189,21 @@ class ModelTokenizer:
         does for Llama-style tokenizers. Rendered chat prompts use `add_special_tokens=False`:
         the template already wrote BOS.
         """
-        if len(text) < _GIL_RELEASE_CHARS:
-            ids = self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
-        else:
-            # `Tokenizer.encode` holds the GIL for its whole run (~10 ms for 8k tokens), which
-            # would stall the event loop even from a worker thread; the batch calls release it,
-            # and the `_fast` one skips the character offsets nobody here reads (~10 % less CPU).
-            batch = self.tokenizer.encode_batch_fast([text], add_special_tokens=add_special_tokens)
-            ids = batch[0].ids
+        ids = _encode_ids(self.tokenizer, text, add_special_tokens=add_special_tokens)
         if add_special_tokens and self.add_bos_token:
             bos = self.bos_token_id
             if bos is not None and (not ids or ids[0] != bos):
                 ids.insert(0, bos)
         return ids
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """`encode(text, add_special_tokens=False)` for a rendered chat prompt: the same ids, but the
+        part of `text` that earlier prompts shared (a conversation's history) comes from the
+        prompt prefix cache, and only the rest is tokenized (see `text.prefix_cache`)."""
+        cache = self.prompt_cache
+        if cache is None:
+            return self.encode(text, add_special_tokens=False)
+        return cache.encode(text)
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         """Text for `ids`. Ids outside the vocabulary decode to nothing, as in `tokenizers`."""
@@ -195,6 +228,15 @@ class ModelTokenizer:
         if self.tokenizer.decode(ids, skip_special_tokens=False) != text:
             return None
         return ids[0]
+
+
+def _encode_ids(tokenizer: Tokenizer, text: str, *, add_special_tokens: bool) -> list[int]:
+    if len(text) < _GIL_RELEASE_CHARS:
+        return tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+    # `Tokenizer.encode` holds the GIL for its whole run (~10 ms for 8k tokens), which would stall
+    # the event loop even from a worker thread; the batch calls release it, and the `_fast` one
+    # skips the character offsets nobody here reads (~10 % less CPU).
+    return tokenizer.encode_batch_fast([text], add_special_tokens=add_special_tokens)[0].ids
 
 
 def _read_json(path: Path) -> dict[str, Any]:

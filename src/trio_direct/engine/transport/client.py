@@ -1,8 +1,9 @@
 """An engine's HTTP/2 connections and the calls trio code makes on them.
 
 Each engine gets several connections: one for control (unary) calls, so a health check or an
-`Abort` never waits behind generations, and as many for streams as the peer's
-SETTINGS_MAX_CONCURRENT_STREAMS needs (past it grpclib queues a new stream until another closes).
+`Abort` never waits behind generations, and as many for request work (generation streams, `Embed`
+calls) as the peer's SETTINGS_MAX_CONCURRENT_STREAMS needs (past it grpclib queues a new stream
+until another closes).
 A stream's whole call is one asyncio task; its messages reach trio through a memory channel.
 """
 
@@ -113,11 +114,11 @@ class _ClientProtocol(H2Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.writer = _CoalescingTransport(transport)
         super().connection_made(self.writer)  # type: ignore[arg-type]
-        h2_connection = self.connection._connection  # noqa: SLF001 - grpclib's h2 connection
+        h2_connection = self.connection._connection  # grpclib's h2 connection
         # h2 remembers how each closed stream ended, 65,536 per connection, so that a frame arriving
         # after a reset is ignored rather than answered; at thousands of requests a minute that record
         # grows the heap by ~8 MB per connection before it levels off. The recent ones are enough.
-        h2_connection._closed_streams = SizeLimitDict(size_limit=_CLOSED_STREAMS_REMEMBERED)  # noqa: SLF001
+        h2_connection._closed_streams = SizeLimitDict(size_limit=_CLOSED_STREAMS_REMEMBERED)
         processors = self.processor.processors
         process = processors[RemoteSettingsChanged]
         peer_settings = h2_connection.remote_settings
@@ -228,7 +229,7 @@ class _Connection(Channel):
         if self.stream_limit is None:
             try:
                 await asyncio.wait_for(self._settled.wait(), timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             if self.stream_limit is None:
                 self.stream_limit = _DEFAULT_STREAM_LIMIT
@@ -237,9 +238,9 @@ class _Connection(Channel):
 class EngineChannel:
     """One engine's HTTP/2 connections, connected on first use and reconnected after a loss.
 
-    Control calls (every unary call: health, abort, load, info) have a connection of their own, so
-    they never queue behind generation streams. Streams fill a connection up to the limit its peer
-    advertised (grpclib would queue the next one until a stream closes) and then open another.
+    Control calls (health, abort, load, info) have a connection of their own, so they never queue
+    behind request work. Streams and unary work calls (`Embed`) fill a connection up to the limit its
+    peer advertised (grpclib would queue the next one until a stream closes) and then open another.
 
     Must be used inside `open_asyncio_loop()`. `close()` it before that loop ends.
     """
@@ -262,12 +263,25 @@ class EngineChannel:
     # --- trio side -------------------------------------------------------------------------------
 
     async def unary(self, path: str, request: Any, response_type: type, *, timeout: float | None) -> Any:
-        """One unary call; raises a typed `EngineError` on failure."""
+        """One unary control call; raises a typed `EngineError` on failure."""
         if self.retired:
             raise EngineUnavailable(_RETIRED, engine=self.name)
         self._unary_calls += 1
         try:
             return await aio(self._unary_aio)(path, request, response_type, timeout)
+        finally:
+            self._unary_calls -= 1
+            self._note_idle()
+
+    async def unary_work(self, path: str, request: Any, response_type: type, *, timeout: float | None) -> Any:
+        """A unary call that is request work (`Embed`): it rides the connections for streams, so a
+        batch of them never queues health checks and Aborts behind it. Cancelling it resets its
+        HTTP/2 stream, which the engine observes as a client cancel."""
+        if self.retired:
+            raise EngineUnavailable(_RETIRED, engine=self.name)
+        self._unary_calls += 1
+        try:
+            return await aio(self._unary_work_aio)(path, request, response_type, timeout)
         finally:
             self._unary_calls -= 1
             self._note_idle()
@@ -316,7 +330,7 @@ class EngineChannel:
     @property
     def stream_connections(self) -> int:
         """Connections for streams that are open now (the control connection aside)."""
-        return sum(1 for connection in self._streaming if connection._connected)  # noqa: SLF001
+        return sum(1 for connection in self._streaming if connection._connected)
 
     def close(self) -> None:
         """Drop every connection; in-flight calls fail as unavailable."""
@@ -380,7 +394,7 @@ class EngineChannel:
     # --- asyncio side ----------------------------------------------------------------------------
 
     async def _connected(self, connection: _Connection) -> _Connection:
-        if connection._connected:  # noqa: SLF001 - the hot path: no task for an open connection
+        if connection._connected:  # the hot path: no task for an open connection
             return connection
         attempt = connection.connect_attempt(self.connect_timeout)
         await asyncio.wait((attempt,))  # leaving early (cancelled) leaves the attempt running
@@ -388,7 +402,7 @@ class EngineChannel:
             raise EngineUnavailable("connection closed while connecting", engine=self.name)
         try:
             attempt.result()
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise EngineUnavailable(
                 f"connect timed out after {self.connect_timeout:g}s", engine=self.name
             ) from None
@@ -447,7 +461,7 @@ class EngineChannel:
 
     def _least_loaded(self) -> _Connection | None:
         """The open connection with the fewest streams (grpclib queues past its limit), if any."""
-        open_ = [c for c in self._streaming if c._connected and c.stream_limit is not None]  # noqa: SLF001
+        open_ = [c for c in self._streaming if c._connected and c.stream_limit is not None]
         return min(open_, key=lambda c: c.open_streams) if open_ else None
 
     async def _unary_aio(self, path, request, response_type, timeout):
@@ -460,6 +474,22 @@ class EngineChannel:
             ) as stream:
                 await stream.send_message(request, end=True)
                 return await stream.recv_message()
+        except Exception as error:  # noqa: BLE001 - everything becomes a typed engine error
+            raise self._typed(error) from None
+
+    async def _unary_work_aio(self, path, request, response_type, timeout):
+        try:
+            connection = await self._stream_connection()
+            try:
+                channel = await self._connected(connection)
+                async with channel.request(
+                    path, Cardinality.UNARY_UNARY, type(request), response_type, timeout=timeout
+                ) as stream:
+                    await stream.send_message(request, end=True)
+                    channel.flush()  # the request goes now, not a scheduling round later
+                    return await stream.recv_message()
+            finally:
+                connection.open_streams -= 1
         except Exception as error:  # noqa: BLE001 - everything becomes a typed engine error
             raise self._typed(error) from None
 

@@ -1,0 +1,247 @@
+"""One client connection: hypercorn 0.18's `TCPServer` with read deadlines, HTTP/1.1 only.
+
+hypercorn reads a connection with no deadline of its own while a request head or body arrives: its
+`keep_alive_timeout` runs only until a head is complete, and its `read_timeout` would also close a
+long streamed response whose client is quietly reading. So `GuardedConnection` replaces the read
+loop with one that picks each read's deadline from the request's phase (`limits.ReadDeadlines`)
+and answers a stalled request 408. More changes, each against a hypercorn 0.18 behaviour that
+`tests/http/test_hypercorn_pins.py` pins so that an upgrade that changes it fails loudly:
+
+- When the client closes a kept-alive connection, hypercorn keeps its socket (in CLOSE-WAIT) and
+  the task until its keep-alive timer expires, since the timer runs in the connection's task group.
+  Here the timer stops as soon as the read loop ends.
+- When hypercorn closes a connection whose next request is already buffered (a pipelining client
+  at shutdown), its read loop waits for that request's turn, which never comes, and holds the
+  drain for the whole graceful timeout. Here closing the connection also ends the read loop.
+- hypercorn closes at once, so an answer sent before the request was read (413 up front, 400 to a
+  malformed request) meets a connection reset and is lost; here the connection lingers half-closed
+  (`GuardedConnection._close`). Bytes after a connection's last request no longer cut its answer
+  short (`LastRequestConnection`).
+
+No TLS is configured, so HTTP/2 could only arrive as an ``Upgrade: h2c`` or a prior-knowledge
+preface; this server speaks HTTP/1.1 alone (the deadlines above are HTTP/1.1's), so the h2c upgrade
+is ignored, as RFC 9110 §7.8 allows, and the preface is answered 505.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from contextlib import suppress
+from typing import Any
+
+import h11
+import trio
+from hypercorn.config import Config
+from hypercorn.events import Closed, Event, RawData
+from hypercorn.protocol import ProtocolWrapper
+from hypercorn.protocol.h11 import H2ProtocolAssumedError, H11Protocol
+from hypercorn.trio.task_group import TaskGroup
+from hypercorn.trio.tcp_server import MAX_RECV, TCPServer
+from hypercorn.trio.worker_context import WorkerContext
+from hypercorn.typing import AppWrapper, ConnectionState
+from hypercorn.utils import parse_socket_addr
+
+from trio_direct.http import responses
+from trio_direct.http.limits import ConnectionLimits, ReadDeadlines, ReadPhase
+from trio_direct.metrics import HTTP_TIMEOUTS
+
+#: A 408 goes to a client that may not be reading: give up writing it after this long.
+_SEND_TIMEOUT = 1.0
+#: Our h11 states in which no byte of a response was written yet.
+_NOTHING_SENT = (h11.IDLE, h11.SEND_RESPONSE)
+#: How long a connection hypercorn closes stays half-open for its answer to reach the client.
+LINGER_TIME = 5.0
+
+
+class LastRequestConnection(h11.Connection):
+    """h11's server side, quiet about bytes after the last request a connection will carry.
+
+    Once the client's request is complete on a connection that closes after the answer (either
+    side said ``Connection: close``), h11 raises a protocol error on any further byte, and hypercorn
+    then closes the connection in the middle of the answer. A request smuggled behind a
+    ``Content-Length`` + ``Transfer-Encoding`` one would cut that request's 400 short that way.
+    Here such bytes are left unread until the connection closes.
+    """
+
+    def next_event(self) -> Any:
+        if self.their_state is h11.MUST_CLOSE and self.trailing_data[0]:
+            return h11.NEED_DATA
+        return super().next_event()
+
+
+class HTTP11Protocol(H11Protocol):
+    """hypercorn's HTTP/1.1 protocol, without its switch to HTTP/2 on ``Upgrade: h2c``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        limit = self.config.h11_max_incomplete_size
+        self.connection = LastRequestConnection(h11.SERVER, max_incomplete_event_size=limit)
+
+    async def _check_protocol(self, event: h11.Request) -> None:
+        if event.method == b"PRI" and event.target == b"*" and event.http_version == b"2.0":
+            raise H2ProtocolAssumedError(b"")  # `HTTP11Only` answers it
+
+
+class HTTP11Only(ProtocolWrapper):
+    """`ProtocolWrapper`'s place in `TCPServer`, for HTTP/1.1 alone: an HTTP/2 preface gets 505."""
+
+    def __init__(self, protocol: HTTP11Protocol, send: Callable[[Event], Awaitable[None]]) -> None:
+        self.protocol = protocol
+        self.send = send
+        self.refused = False
+
+    async def initiate(self) -> None:
+        await self.protocol.initiate()
+
+    async def handle(self, event: Event) -> None:
+        if self.refused:
+            return
+        try:
+            await self.protocol.handle(event)
+        except H2ProtocolAssumedError:
+            self.refused = True
+            await self.send(RawData(responses.http2_not_supported()))
+            await self.send(Closed())
+
+
+class GuardedConnection(TCPServer):
+    """A plain-TCP client connection under `ConnectionLimits`' deadlines."""
+
+    def __init__(
+        self,
+        app: AppWrapper,
+        config: Config,
+        context: WorkerContext,
+        state: ConnectionState,
+        stream: trio.SocketStream,
+        limits: ConnectionLimits,
+    ) -> None:
+        super().__init__(app, config, context, state, stream)  # type: ignore[arg-type]
+        self.limits = limits
+        self._reading = trio.CancelScope()
+        self._reader: trio.lowlevel.Task | None = None
+        self._stop_reading = False
+        self._linger = False
+
+    async def run(self) -> None:
+        """`TCPServer.run` without TLS, with `HTTP11Only` as the protocol."""
+        socket = self.stream.socket
+        try:
+            client = parse_socket_addr(socket.family, socket.getpeername())
+            server = parse_socket_addr(socket.family, socket.getsockname())
+            async with TaskGroup() as task_group:
+                self._task_group = task_group
+                http11 = HTTP11Protocol(
+                    self.app, self.config, self.context, task_group, ConnectionState(self.state),
+                    False, client, server, self.protocol_send,
+                )  # fmt: skip
+                self.protocol = HTTP11Only(http11, self.protocol_send)
+                await self.protocol.initiate()
+                await self.idle_task.restart(self._task_group, self._idle_timeout)
+                await self._read_data()
+        except OSError:
+            pass
+        finally:
+            try:
+                await super()._close()
+            finally:
+                # The protocol holds our bound methods: without this, every connection would be left
+                # for the garbage collector's cycle detection (and reach its old generation under load).
+                vars(self).pop("protocol", None)
+                self._reader = None
+
+    async def _read_data(self) -> None:
+        deadlines = ReadDeadlines(self.limits, trio.current_time())
+        self._reader = trio.lowlevel.current_task()
+        with self._reading:
+            while not self._stop_reading:
+                their_state, buffered = self._peer()
+                phase, deadline = deadlines.next_read(their_state, buffered, trio.current_time())
+                with trio.move_on_at(deadline) as read:
+                    try:
+                        data = await self.stream.receive_some(MAX_RECV)
+                    except (trio.ClosedResourceError, trio.BrokenResourceError):
+                        break
+                if read.cancelled_caught:
+                    await self._time_out(phase, buffered)
+                    break
+                if data and self._peer()[0] is h11.MUST_CLOSE:
+                    # The client's last request is read and the connection closes after its answer:
+                    # h11 would call further bytes a protocol error, and hypercorn would then cut
+                    # the answer short. They are discarded instead.
+                    continue
+                await self.protocol.handle(RawData(bytes(data)))
+                if data == b"":
+                    break
+        if self._linger:
+            await self._discard_until_client_closes()
+        await self.protocol.handle(Closed())
+        # The client is gone (or was sent away): nothing is left for the keep-alive timer to close.
+        await self.idle_task.stop()
+
+    async def _close(self) -> None:
+        """hypercorn ends the connection (after a ``Connection: close`` answer, or an error answer).
+
+        The answer is delivered with a half-close; the socket closes once the client closed its
+        side or `LINGER_TIME` passed, reading and discarding what it still sends meanwhile. Closing
+        at once with unread bytes would reset the connection, and a reset makes the client's
+        system drop the answer it has not read yet (a 413 sent before the body, a 400 to a bad
+        request). The read loop stops handing bytes to hypercorn either way; when hypercorn closes
+        from another task (after an answer), the read loop is cancelled, since it may be parked on
+        a pipelined request that will never run. The half-close waits for a write in progress
+        (hypercorn's own `_close` does not, and a write it overlaps fails with a traceback).
+        """
+        self._linger = self._peer()[0] is not h11.CLOSED
+        try:
+            with trio.move_on_after(_SEND_TIMEOUT) as waiting:
+                async with self.send_lock:
+                    if self._linger:
+                        await self.stream.send_eof()
+                    else:
+                        await super()._close()
+            if waiting.cancelled_caught:  # a write is stuck on a client that does not read
+                self._linger = False
+                await self.stream.aclose()
+        except (trio.BrokenResourceError, trio.BusyResourceError, trio.ClosedResourceError):
+            self._linger = False
+            await self.stream.aclose()
+        finally:
+            if trio.lowlevel.current_task() is self._reader:
+                self._stop_reading = True  # hypercorn's read handling closes: let it finish, then stop
+            else:
+                self._reading.cancel()
+
+    async def _discard_until_client_closes(self) -> None:
+        with trio.move_on_after(LINGER_TIME):
+            while True:
+                try:
+                    if not await self.stream.receive_some(MAX_RECV):
+                        return
+                except (trio.ClosedResourceError, trio.BrokenResourceError):
+                    return
+
+    def _peer(self) -> tuple[object, bool]:
+        """The client's h11 state, and whether h11 holds bytes of a request it has not parsed."""
+        connection = self.protocol.protocol.connection
+        if not isinstance(connection, h11.Connection):
+            return None, False  # switched to WebSocket to answer the handshake
+        return connection.their_state, bool(connection.trailing_data[0])
+
+    async def _time_out(self, phase: ReadPhase, head_buffered: bool) -> None:
+        """Answer a stalled request 408 unless a response already began, then close at once."""
+        HTTP_TIMEOUTS.labels(phase.value).inc()
+        if phase is ReadPhase.HEAD:
+            answer = responses.header_timeout(self.limits.header_read_timeout) if head_buffered else None
+        else:
+            answer = responses.body_timeout(self.limits.body_read_timeout)
+        connection = self.protocol.protocol.connection
+        async with self.send_lock:
+            # Under the lock: no response bytes are on their way while our state says none began.
+            unanswered = isinstance(connection, h11.Connection) and connection.our_state in _NOTHING_SENT
+            if answer is not None and unanswered:
+                with trio.move_on_after(_SEND_TIMEOUT), suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                    await self.stream.send_all(answer)
+            await self.stream.aclose()
+
+
+__all__ = ["GuardedConnection", "HTTP11Only", "HTTP11Protocol", "LastRequestConnection"]

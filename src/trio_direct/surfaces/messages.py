@@ -1,0 +1,299 @@
+"""`POST /v1/messages` and `POST /v1/messages/count_tokens`: Anthropic's Messages API on the request core.
+
+The request becomes the equivalent chat request (`surfaces.conversation`), planned by chat:
+`system` is a system message; text blocks are message text; an assistant's `tool_use` blocks are
+its `tool_calls` and its `thinking` blocks its `reasoning_content`; each `tool_result` block is a
+`tool` message answering its `tool_use_id`; `tools` are function tools, `tool_choice` any/tool/none
+are chat's required/named/none (enforced with guided decoding the same way); `thinking`
+enabled/adaptive/disabled is the template's `enable_thinking`; `stop_sequences` are stop strings;
+`output_config.format` is guided JSON; a last message from the assistant is continued (prefill),
+as chat's `continue_final_message`. These are SGLang's gateway's mapping decisions.
+
+The output is rendered as Messages content blocks: the reasoning parser's output as `thinking`
+blocks, text as `text`, tool calls as `tool_use`, with `stop_reason` end_turn / max_tokens /
+stop_sequence / tool_use. Errors on these routes use Anthropic's envelope (`anthropic.errors`).
+`count_tokens` renders and tokenizes the prompt exactly as the same Messages request would be.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from trio_direct.anthropic import responses as anthropic
+from trio_direct.anthropic.errors import anthropic_error_event
+from trio_direct.anthropic.requests import (
+    CountTokensRequest,
+    ImageBlock,
+    MessageParam,
+    MessagesRequest,
+    TextBlock,
+    ThinkingAdaptive,
+    ThinkingBlock,
+    ThinkingEnabled,
+    ToolChoiceAny,
+    ToolChoiceNone,
+    ToolChoiceTool,
+    ToolResultBlock,
+    ToolUseBlock,
+    decode_count_tokens_request,
+    decode_messages_request,
+)
+from trio_direct.core.output import ChoiceEvent, ChoiceResult
+from trio_direct.core.plan import RequestPlan, Usage
+from trio_direct.openai.errors import OpenAIError
+from trio_direct.openai.extensions import extension_values
+from trio_direct.openai.requests import ChatCompletionRequest
+from trio_direct.surfaces.chat import plan_chat, request_prompt
+from trio_direct.surfaces.conversation import chat_equivalent, chat_tool, chat_tool_call
+from trio_direct.surfaces.images import anthropic_image_part, require_image_support
+from trio_direct.surfaces.output_blocks import BlockSequencer, BlockStep, OutputBlock, blocks_of
+
+if TYPE_CHECKING:
+    from trio_direct.frontend.runtime import ModelPool
+    from trio_direct.http.exchange import Exchange
+
+__all__ = ["MessagesRenderer", "chat_messages", "chat_request", "count_tokens", "handle", "plan_message"]
+
+
+async def handle(exchange: Exchange) -> None:
+    request = decode_messages_request(exchange.body)
+    pool = exchange.frontend.pool(request.model)
+    exchange.label(pool.name, request.stream)
+    user = request.metadata.user_id if request.metadata is not None else None
+    plan = await plan_message(pool, request, session_key=exchange.session_key(user))
+    await exchange.respond(pool, plan, MessagesRenderer(plan))
+
+
+async def count_tokens(exchange: Exchange) -> None:
+    request = decode_count_tokens_request(exchange.body)
+    pool = exchange.frontend.pool(request.model)
+    prompt = await request_prompt(pool, chat_request(request))
+    await exchange.json(200, anthropic.encode({"input_tokens": len(prompt.token_ids)}))
+
+
+async def plan_message(pool: ModelPool, request: MessagesRequest, *, session_key: str | None = None) -> RequestPlan:
+    images = [
+        f"messages[{i}].content[{j}]"
+        for i, message in enumerate(request.messages)
+        if not isinstance(message.content, str)
+        for j, block in enumerate(message.content)
+        if isinstance(block, ImageBlock)
+    ]
+    if images:
+        require_image_support(pool, images)  # named as the client sent them
+    return await plan_chat(pool, chat_request(request), session_key=session_key, id_prefix="msg_")
+
+
+def chat_request(request: CountTokensRequest) -> ChatCompletionRequest:
+    """The chat request that plans `request` (for count_tokens: that renders its prompt)."""
+    return chat_equivalent(_chat_body(request))
+
+
+def _chat_body(request: CountTokensRequest) -> dict[str, Any]:
+    messages = chat_messages(request.messages)
+    if request.system:
+        system = request.system if isinstance(request.system, str) else "\n".join(b.text for b in request.system)
+        messages.insert(0, {"role": "system", "content": system})
+    body: dict[str, Any] = {"model": request.model, "messages": messages}
+    body.update(extension_values(request))
+    if request.tools:
+        body["tools"] = [chat_tool(t.name, t.description, t.input_schema, t.strict) for t in request.tools]
+    choice = request.tool_choice
+    if isinstance(choice, ToolChoiceAny):
+        body["tool_choice"] = "required"
+    elif isinstance(choice, ToolChoiceTool):
+        body["tool_choice"] = {"type": "function", "function": {"name": choice.name}}
+    elif isinstance(choice, ToolChoiceNone):
+        body["tool_choice"] = "none"
+    elif choice is not None:
+        body["tool_choice"] = "auto"
+    thinking = request.thinking
+    if thinking is not None:
+        kwargs = dict(body.get("chat_template_kwargs") or {})
+        kwargs.setdefault("enable_thinking", isinstance(thinking, ThinkingEnabled | ThinkingAdaptive))
+        body["chat_template_kwargs"] = kwargs
+    last = messages[-1]
+    if last["role"] == "assistant" and isinstance(last.get("content"), str) and last["content"].strip():
+        body["continue_final_message"] = True  # Anthropic's prefill: the reply continues this text
+    if isinstance(request, MessagesRequest):
+        body["max_tokens"] = request.max_tokens
+        body["stream"] = request.stream
+        if request.stop_sequences:
+            body["stop"] = request.stop_sequences
+        for name in ("temperature", "top_p"):
+            value = getattr(request, name)
+            if value is not None:
+                body[name] = value
+        if request.metadata is not None and request.metadata.user_id is not None:
+            body["user"] = request.metadata.user_id
+        output_format = request.output_config.format if request.output_config is not None else None
+        if output_format is not None:
+            body["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": "output", "schema": output_format.schema},
+            }
+    return body
+
+
+def chat_messages(messages: list[MessageParam]) -> list[dict[str, Any]]:
+    """Anthropic messages as chat messages (see the module docstring for the mapping)."""
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        content = message.content
+        if isinstance(content, str):
+            out.append({"role": message.role, "content": content})
+        elif message.role == "user":
+            _user_blocks(content, out)
+        else:
+            out.append(_assistant_blocks(content))
+    return out
+
+
+def _user_blocks(blocks: list[Any], out: list[dict[str, Any]]) -> None:
+    """Text blocks stay the user's message; each tool_result is a tool message, in order."""
+    parts: list[dict[str, Any]] = []
+    for block in blocks:
+        if isinstance(block, ToolResultBlock):
+            if parts:
+                out.append({"role": "user", "content": parts})
+                parts = []
+            result = block.content
+            text = (
+                result
+                if isinstance(result, str)
+                else "\n".join(p.text for p in result or () if isinstance(p, TextBlock))
+            )
+            out.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": text})
+        elif isinstance(block, TextBlock):
+            parts.append({"type": "text", "text": block.text})
+        elif isinstance(block, ImageBlock):  # planning refuses it for a model that takes no images
+            parts.append(anthropic_image_part(block.source))
+    if parts or not blocks:
+        out.append({"role": "user", "content": parts})
+
+
+def _assistant_blocks(blocks: list[Any]) -> dict[str, Any]:
+    texts = [block.text for block in blocks if isinstance(block, TextBlock)]
+    thinking = [block.thinking for block in blocks if isinstance(block, ThinkingBlock)]
+    calls = [
+        chat_tool_call(block.id, block.name, json.dumps(block.input, ensure_ascii=False))
+        for block in blocks
+        if isinstance(block, ToolUseBlock)
+    ]
+    message: dict[str, Any] = {"role": "assistant"}
+    if texts or not calls:
+        message["content"] = "".join(texts)
+    if calls:
+        message["tool_calls"] = calls
+    if thinking:
+        message["reasoning_content"] = "\n".join(thinking)
+    return message
+
+
+# ---- rendering ------------------------------------------------------------------------------------
+
+
+class MessagesRenderer:
+    """Messages events (message_start, ping, content blocks, message_delta, message_stop), or one
+    `message` object."""
+
+    __slots__ = ("_blocks", "_finish", "_plan", "_started")
+
+    def __init__(self, plan: RequestPlan) -> None:
+        self._plan = plan
+        self._blocks = BlockSequencer()
+        self._started = False
+        self._finish: ChoiceEvent | None = None
+
+    def _message(self, content: list[dict[str, Any]], reason: str | None, sequence: str | None, usage: Usage) -> dict:
+        plan = self._plan
+        return {
+            "id": plan.id,
+            "type": "message",
+            "role": "assistant",
+            "model": plan.model,
+            "content": content,
+            "stop_reason": reason,
+            "stop_sequence": sequence,
+            "usage": anthropic.message_usage(usage),
+        }
+
+    def prepare(self) -> None:
+        for choice in self._plan.choices:
+            choice.output.prepare()
+
+    def opening(self) -> bytes:
+        # message_start goes out with the first tokens (`events`): by then its usage has the
+        # engine's cache hit.
+        return b""
+
+    def _start(self) -> bytes:
+        if self._started:
+            return b""
+        self._started = True
+        start = anthropic.sse_event(
+            {"type": "message_start", "message": self._message([], None, None, self._plan.usage())}
+        )
+        return start + anthropic.PING
+
+    def events(self, batch: list[ChoiceEvent]) -> bytes:
+        out = [self._start()]
+        for event in batch:
+            steps = self._blocks.feed(event)
+            if event.finish_reason is not None:
+                self._finish = event
+                steps += self._blocks.finish()
+            out.extend(self._step(step) for step in steps)
+        return b"".join(out)
+
+    def _step(self, step: BlockStep) -> bytes:
+        block = step.block
+        if step.action == "delta":
+            return anthropic.content_block_delta(block.position, block.kind, step.piece)
+        if step.action == "open":
+            return anthropic.sse_event(
+                {"type": "content_block_start", "index": block.position, "content_block": _opened(block)}
+            )
+        return anthropic.sse_event({"type": "content_block_stop", "index": block.position})
+
+    def closing(self, usage: Usage) -> bytes:
+        out = [self._start()]
+        out.extend(self._step(step) for step in self._blocks.finish())
+        finish = self._finish
+        reason, sequence = (
+            anthropic.stop_reason(finish.finish_reason, finish.matched_stop) if finish else ("end_turn", None)
+        )
+        delta = {
+            "type": "message_delta",
+            "delta": {"stop_reason": reason, "stop_sequence": sequence},
+            "usage": anthropic.message_usage(usage),
+        }
+        out.append(anthropic.sse_event(delta))
+        out.append(anthropic.sse_event({"type": "message_stop"}))
+        return b"".join(out)
+
+    def failure(self, error: OpenAIError) -> bytes:
+        return anthropic_error_event(error)
+
+    def unary(self, results: list[ChoiceResult], usage: Usage) -> bytes:
+        (result,) = results
+        content = [_finished(block) for block in blocks_of(result)]
+        reason, sequence = anthropic.stop_reason(result.finish_reason, result.matched_stop)
+        return anthropic.encode(self._message(content, reason, sequence, usage))
+
+
+def _opened(block: OutputBlock) -> dict[str, Any]:
+    if block.kind == "text":
+        return anthropic.text_block("")
+    if block.kind == "reasoning":
+        return anthropic.thinking_block("")
+    return anthropic.tool_use_block(block.call_id, block.name, {})
+
+
+def _finished(block: OutputBlock) -> dict[str, Any]:
+    if block.kind == "text":
+        return anthropic.text_block(block.text)
+    if block.kind == "reasoning":
+        return anthropic.thinking_block(block.text)
+    return anthropic.tool_use_block(block.call_id, block.name, anthropic.tool_use_input(block.text))

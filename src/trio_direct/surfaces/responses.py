@@ -1,0 +1,461 @@
+"""`POST /v1/responses`, `GET` and `DELETE /v1/responses/{id}`: OpenAI's Responses API on the request core.
+
+The input (a string, or items: messages, function calls and their outputs, reasoning) becomes
+chat messages, after the stored conversation of `previous_response_id` and after `instructions` as
+a system message (instructions are not carried over to the next turn, as OpenAI's reference says);
+tools, tool choice, `text.format` (guided decoding), `max_output_tokens` and the sampling fields
+become the equivalent chat request, planned by chat (`surfaces.conversation`). The output is
+rendered as Responses output items, streamed as Responses events.
+
+Mapping decisions, as SGLang's gateway makes them: an assistant turn (reasoning, message and
+function calls in a row) is one chat assistant message with `reasoning_content` and `tool_calls`;
+a `function_call_output` is a `tool` message; `developer` messages are system messages.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from trio_direct.core.output import ChoiceEvent, ChoiceResult
+from trio_direct.core.plan import RequestPlan, Usage
+from trio_direct.openai import errors
+from trio_direct.openai import responses_objects as objects
+from trio_direct.openai.errors import OpenAIError
+from trio_direct.openai.extensions import extension_values
+from trio_direct.openai.requests import ChatCompletionRequest
+from trio_direct.openai.responses_request import (
+    FunctionCallItem,
+    FunctionCallOutputItem,
+    FunctionToolChoice,
+    InputImage,
+    InputItem,
+    MessageItem,
+    ReasoningItem,
+    ResponsesRequest,
+    TextFormatJsonObject,
+    TextFormatJsonSchema,
+    decode_responses_request,
+)
+from trio_direct.surfaces.chat import plan_chat
+from trio_direct.surfaces.conversation import assistant_message, chat_equivalent, chat_tool, chat_tool_call
+from trio_direct.surfaces.images import require_image_support, responses_image_part
+from trio_direct.surfaces.output_blocks import BlockSequencer, BlockStep, OutputBlock, blocks_of
+
+if TYPE_CHECKING:
+    from trio_direct.frontend.runtime import ModelPool
+    from trio_direct.http.exchange import Exchange
+    from trio_direct.surfaces.response_store import ResponseStore
+
+__all__ = [
+    "ResponsesRenderer",
+    "chat_request",
+    "create",
+    "delete",
+    "input_messages",
+    "plan_response",
+    "response_fields",
+    "retrieve",
+]
+
+#: Called with a finished response's body and output blocks, before the body is written.
+OnFinished = Callable[[bytes, list[OutputBlock]], None]
+
+
+async def create(exchange: Exchange) -> None:
+    request = decode_responses_request(exchange.body)
+    frontend = exchange.frontend
+    pool = frontend.pool(request.model)
+    exchange.label(pool.name, request.stream)
+    store: ResponseStore = frontend.responses
+    history: list[dict[str, Any]] = []
+    if request.previous_response_id is not None:
+        previous = store.get(request.previous_response_id)
+        if previous is None:
+            raise errors.OpenAIError(
+                f"Previous response with id '{request.previous_response_id}' not found.",
+                status=404,
+                type="invalid_request_error",
+                param="previous_response_id",
+                code="previous_response_not_found",
+            )
+        history = previous.conversation()
+    turn = input_messages(request.input, history)
+    plan = await plan_response(pool, request, history + turn, session_key=exchange.session_key(request.user))
+    on_finished = None
+    if request.store:
+        conversation = history + turn
+
+        def on_finished(body: bytes, blocks: list[OutputBlock]) -> None:
+            store.put(plan.id, body, [*conversation, assistant_message(blocks)])
+
+    await exchange.respond(pool, plan, ResponsesRenderer(plan, response_fields(request), on_finished=on_finished))
+
+
+async def retrieve(exchange: Exchange) -> None:
+    response_id = exchange.params["response_id"]
+    stored = exchange.frontend.responses.get(response_id)
+    if stored is None:
+        raise _unknown(response_id)
+    await exchange.json(200, stored.body)
+
+
+async def delete(exchange: Exchange) -> None:
+    response_id = exchange.params["response_id"]
+    if not exchange.frontend.responses.delete(response_id):
+        raise _unknown(response_id)
+    await exchange.json(200, objects.deleted_body(response_id))
+
+
+def _unknown(response_id: str) -> OpenAIError:
+    return errors.not_found(f"Response with id '{response_id}' not found.")
+
+
+# ---- planning -------------------------------------------------------------------------------------
+
+
+async def plan_response(
+    pool: ModelPool, request: ResponsesRequest, messages: list[dict[str, Any]], *, session_key: str | None = None
+) -> RequestPlan:
+    """Plan `request` over the conversation `messages` (the stored one, then this turn's input)."""
+    if not isinstance(request.input, str):
+        images = [
+            f"input[{i}].content[{j}]"
+            for i, item in enumerate(request.input)
+            if isinstance(item, MessageItem) and not isinstance(item.content, str)
+            for j, part in enumerate(item.content)
+            if isinstance(part, InputImage)
+        ]
+        if images:
+            require_image_support(pool, images)  # named as the client sent them
+    chat = chat_request(request, messages)
+    return await plan_chat(pool, chat, session_key=session_key, id_prefix="resp_", prompt_param="input")
+
+
+#: The efforts chat takes as `reasoning_effort` (what gpt-oss's harmony prompt is written with).
+_CHAT_EFFORTS = ("minimal", "low", "medium", "high")
+
+
+def chat_request(request: ResponsesRequest, messages: list[dict[str, Any]]) -> ChatCompletionRequest:
+    """The chat request that plans `request` over the conversation `messages`."""
+    if request.instructions:
+        messages = [{"role": "system", "content": request.instructions}, *messages]
+    if not messages:
+        raise errors.invalid_request("Invalid value for 'input': expected at least one item.", param="input")
+    return chat_equivalent(_chat_body(request, messages))
+
+
+def _chat_body(request: ResponsesRequest, messages: list[dict[str, Any]]) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": request.model, "messages": messages, "stream": request.stream}
+    body.update(extension_values(request))
+    if request.tools:
+        body["tools"] = [chat_tool(t.name or "", t.description, t.parameters, t.strict) for t in request.tools]
+    choice = request.tool_choice
+    if isinstance(choice, FunctionToolChoice):
+        body["tool_choice"] = {"type": "function", "function": {"name": choice.name}}
+    elif choice is not None:
+        body["tool_choice"] = choice
+    for name in ("parallel_tool_calls", "temperature", "top_p", "user", "stop"):
+        value = getattr(request, name)
+        if value is not None:
+            body[name] = value
+    if request.max_output_tokens is not None:
+        body["max_completion_tokens"] = request.max_output_tokens
+    text_format = request.text.format if request.text is not None else None
+    if isinstance(text_format, TextFormatJsonObject):
+        body["response_format"] = {"type": "json_object"}
+    elif isinstance(text_format, TextFormatJsonSchema):
+        schema: dict[str, Any] = {"name": text_format.name, "schema": text_format.schema}
+        if text_format.strict is not None:
+            schema["strict"] = text_format.strict
+        body["response_format"] = {"type": "json_schema", "json_schema": schema}
+    effort = request.reasoning.effort if request.reasoning is not None else None
+    if effort is not None:
+        effort = "minimal" if effort == "none" else effort
+        if effort not in _CHAT_EFFORTS:
+            raise errors.invalid_request(
+                f"reasoning.effort '{effort}' is not supported here: use one of {', '.join(_CHAT_EFFORTS)}.",
+                param="reasoning.effort",
+                code="unsupported_parameter",
+            )
+        body["reasoning_effort"] = effort
+    return body
+
+
+def input_messages(input: str | list[InputItem], history: Sequence[Mapping[str, Any]] = ()) -> list[dict[str, Any]]:
+    """This turn's input as chat messages. `history` (the stored conversation) supplies the calls a
+    `function_call_output` may answer; an output for a call nobody made is a 400."""
+    if isinstance(input, str):
+        return [{"role": "user", "content": input}]
+    known_calls = {call["id"] for message in history for call in message.get("tool_calls") or ()}
+    out: list[dict[str, Any]] = []
+    turn: dict[str, Any] | None = None  # the assistant message being assembled
+
+    def flush() -> None:
+        nonlocal turn
+        if turn is not None:
+            if "content" not in turn and "tool_calls" not in turn:
+                turn["content"] = ""
+            out.append(turn)
+            turn = None
+
+    for i, item in enumerate(input):
+        if isinstance(item, MessageItem):
+            if item.role == "assistant":
+                if turn is not None and ("content" in turn or "tool_calls" in turn):
+                    flush()
+                turn = turn or {"role": "assistant"}
+                turn["content"] = _text_of(item.content)
+                continue
+            flush()
+            role = "system" if item.role == "developer" else item.role
+            content = item.content
+            if isinstance(content, str):
+                out.append({"role": role, "content": content})
+            else:
+                out.append({"role": role, "content": [_chat_part(p) for p in content]})
+        elif isinstance(item, ReasoningItem):
+            if turn is not None:
+                flush()
+            text = "\n".join(part.text for part in item.content or ()) or "\n".join(s.text for s in item.summary)
+            turn = {"role": "assistant", "reasoning_content": text}
+        elif isinstance(item, FunctionCallItem):
+            turn = turn or {"role": "assistant"}
+            turn.setdefault("tool_calls", []).append(chat_tool_call(item.call_id, item.name, item.arguments))
+            known_calls.add(item.call_id)
+        elif isinstance(item, FunctionCallOutputItem):
+            flush()
+            if item.call_id not in known_calls:
+                raise errors.invalid_request(
+                    f"No tool call found for function call output with call_id '{item.call_id}'.",
+                    param=f"input[{i}].call_id",
+                )
+            output = item.output if isinstance(item.output, str) else _text_of(item.output)
+            out.append({"role": "tool", "tool_call_id": item.call_id, "content": output})
+    flush()
+    return out
+
+
+def _part_text(part: Any) -> str:
+    return part.refusal if hasattr(part, "refusal") else part.text
+
+
+def _text_of(content: str | list[Any]) -> str:
+    return content if isinstance(content, str) else "".join(_part_text(part) for part in content)
+
+
+def response_fields(request: ResponsesRequest) -> dict[str, Any]:
+    """What a response object repeats of its request."""
+    text_format: Any = {"type": "text"}
+    if request.text is not None and request.text.format is not None:
+        text_format = msgspec.to_builtins(request.text.format)
+    choice = request.tool_choice
+    reasoning = request.reasoning
+    return {
+        "background": False,
+        "instructions": request.instructions,
+        "max_output_tokens": request.max_output_tokens,
+        "max_tool_calls": None,
+        "metadata": request.metadata or {},
+        "parallel_tool_calls": True if request.parallel_tool_calls is None else request.parallel_tool_calls,
+        "previous_response_id": request.previous_response_id,
+        "reasoning": {
+            "effort": reasoning.effort if reasoning else None,
+            "summary": reasoning.summary if reasoning else None,
+        },
+        "service_tier": "default",
+        "store": request.store,
+        "temperature": request.temperature,
+        "text": {"format": text_format},
+        "tool_choice": msgspec.to_builtins(choice) if choice is not None else "auto",
+        "tools": [
+            {k: v for k, v in msgspec.to_builtins(tool).items() if v is not None} for tool in request.tools or ()
+        ],
+        "top_p": request.top_p,
+        "truncation": "disabled",
+        "user": request.user,
+    }
+
+
+# ---- rendering ------------------------------------------------------------------------------------
+
+_ITEM_PREFIXES = {"text": "msg_", "reasoning": "rs_", "tool_call": "fc_"}
+
+
+class ResponsesRenderer:
+    """Responses events (created, in_progress, output items and their deltas, completed), or one
+    `response` object. `on_finished` gets the finished response before it goes out, so that it can
+    be retrieved as soon as the client has it."""
+
+    __slots__ = ("_blocks", "_fields", "_finish", "_ids", "_on_finished", "_opening", "_plan", "_sequence", "_status")
+
+    def __init__(self, plan: RequestPlan, fields: dict[str, Any], *, on_finished: OnFinished | None = None) -> None:
+        self._plan = plan
+        self._fields = fields
+        self._on_finished = on_finished
+        self._opening = b""
+        self._sequence = 0
+        self._blocks = BlockSequencer()
+        self._finish: ChoiceEvent | None = None
+        #: The status each output item closed with.
+        self._status: dict[int, str] = {}
+        self._ids: dict[int, str] = {}
+
+    # -- the response object --
+
+    def _item_id(self, block: OutputBlock) -> str:
+        item_id = self._ids.get(block.position)
+        if item_id is None:
+            prefix = _ITEM_PREFIXES[block.kind]
+            item_id = self._ids[block.position] = f"{prefix}{self._plan.key}{block.position:04x}"
+        return item_id
+
+    def _item(self, block: OutputBlock, status: str, *, opening: bool = False) -> dict[str, Any]:
+        item_id = self._item_id(block)
+        if block.kind == "text":
+            return objects.message_item(item_id, status, None if opening else block.text)
+        if block.kind == "reasoning":
+            return objects.reasoning_item(item_id, status, None if opening else block.text)
+        return objects.function_call_item(item_id, block.call_id, block.name, "" if opening else block.text, status)
+
+    def _response(
+        self, status: str, output: list[dict[str, Any]], usage: Usage | None, error: OpenAIError | None = None
+    ) -> dict[str, Any]:
+        plan = self._plan
+        response: dict[str, Any] = {
+            "id": plan.id,
+            "object": "response",
+            "created_at": plan.created,
+            "status": status,
+            "error": objects.response_error(error) if error is not None else None,
+            "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+            "model": plan.model,
+            "output": output,
+            "usage": objects.response_usage(usage) if usage is not None else None,
+        }
+        if status in ("completed", "incomplete"):
+            response["completed_at"] = int(time.time())
+        response.update(self._fields)
+        return response
+
+    def _final_output(self, blocks: list[OutputBlock]) -> list[dict[str, Any]]:
+        return [self._item(block, self._status.get(block.position, "in_progress")) for block in blocks]
+
+    def _event(self, kind: str, **fields: Any) -> bytes:
+        payload = {"type": kind, "sequence_number": self._sequence, **fields}
+        self._sequence += 1
+        return objects.sse_event(payload)
+
+    # -- the stream --
+
+    def prepare(self) -> None:
+        for choice in self._plan.choices:
+            choice.output.prepare()
+        snapshot = self._response("in_progress", [], None)
+        self._opening = self._event("response.created", response=snapshot) + self._event(
+            "response.in_progress", response=snapshot
+        )
+
+    def opening(self) -> bytes:
+        return self._opening
+
+    def events(self, batch: list[ChoiceEvent]) -> bytes:
+        out: list[bytes] = []
+        for event in batch:
+            steps = self._blocks.feed(event)
+            if event.finish_reason is not None:
+                self._finish = event
+                steps += self._blocks.finish()
+            out.extend(self._step(step) for step in steps)
+        return b"".join(out)
+
+    def _step(self, step: BlockStep) -> bytes:
+        block = step.block
+        index = block.position
+        item_id = self._item_id(block)
+        if step.action == "delta":
+            sequence, self._sequence = self._sequence, self._sequence + 1
+            if block.kind == "text":
+                return objects.text_delta_event(sequence, item_id, index, step.piece)
+            if block.kind == "reasoning":
+                return objects.reasoning_delta_event(sequence, item_id, index, step.piece)
+            return objects.arguments_delta_event(sequence, item_id, index, step.piece)
+        if step.action == "open":
+            out = self._event(
+                "response.output_item.added", output_index=index, item=self._item(block, "in_progress", opening=True)
+            )
+            if block.kind != "tool_call":
+                part = objects.output_text_part("") if block.kind == "text" else objects.reasoning_text_part("")
+                out += self._event(
+                    "response.content_part.added", item_id=item_id, output_index=index, content_index=0, part=part
+                )
+            return out
+        status = self._closing_status(block)
+        self._status[index] = status
+        text = block.text
+        where = {"item_id": item_id, "output_index": index}
+        if block.kind == "text":
+            out = self._event("response.output_text.done", **where, content_index=0, text=text, logprobs=[])
+            out += self._event(
+                "response.content_part.done", **where, content_index=0, part=objects.output_text_part(text)
+            )
+        elif block.kind == "reasoning":
+            out = self._event("response.reasoning_text.done", **where, content_index=0, text=text)
+            out += self._event(
+                "response.content_part.done", **where, content_index=0, part=objects.reasoning_text_part(text)
+            )
+        else:
+            out = self._event("response.function_call_arguments.done", **where, arguments=text)
+        return out + self._event("response.output_item.done", output_index=index, item=self._item(block, status))
+
+    def _closing_status(self, block: OutputBlock) -> str:
+        """Output cut by `max_output_tokens` leaves its last item incomplete."""
+        last = block.position == len(self._blocks.blocks) - 1
+        return (
+            "incomplete"
+            if last and self._finish is not None and self._finish.finish_reason == "length"
+            else "completed"
+        )
+
+    def closing(self, usage: Usage) -> bytes:
+        tail = b"".join(self._step(step) for step in self._blocks.finish())
+        finish = self._finish.finish_reason if self._finish is not None else None
+        status = "incomplete" if finish == "length" else "completed"
+        blocks = self._blocks.blocks
+        response = self._response(status, self._final_output(blocks), usage)
+        if self._on_finished is not None:
+            self._on_finished(objects.encode(response), blocks)
+        return tail + self._event(f"response.{status}", response=response)
+
+    def failure(self, error: OpenAIError) -> bytes:
+        response = self._response("failed", self._final_output(self._blocks.blocks), self._plan.usage(), error)
+        return self._event(
+            "error", code=error.code or error.type, message=error.message, param=error.param
+        ) + self._event("response.failed", response=response)
+
+    # -- one body --
+
+    def unary(self, results: list[ChoiceResult], usage: Usage) -> bytes:
+        (result,) = results
+        blocks = blocks_of(result)
+        finish = result.finish_reason
+        status = "incomplete" if finish == "length" else "completed"
+        for block in blocks:
+            self._status[block.position] = "completed"
+        if blocks and status == "incomplete":
+            self._status[blocks[-1].position] = "incomplete"
+        body = objects.encode(self._response(status, self._final_output(blocks), usage))
+        if self._on_finished is not None:
+            self._on_finished(body, blocks)
+        return body
+
+
+def _chat_part(part: Any) -> dict[str, Any]:
+    """A message's content part as a chat part: text, or an `input_image` as an `image_url` part
+    (planning refuses it for a model that takes no images)."""
+    if isinstance(part, InputImage):
+        return responses_image_part({"image_url": part.image_url, "file_id": part.file_id})
+    return {"type": "text", "text": _part_text(part)}

@@ -1,0 +1,361 @@
+"""Token ids of rendered chat prompts, reusing the ids of the prefixes earlier prompts shared.
+
+Multi-turn chats and agents resend their whole history with every request: the rendered prompt of
+turn n+1 starts with the one of turn n, and tokenizing it again costs ~1 ms per 1k tokens. This
+cache keeps the ids of prompt *segments* in a trie, so a follow-up tokenizes only what is new.
+
+BPE merges across any cut in plain text (the ids of `prefix + suffix` are not the ids of `prefix`
+followed by those of `suffix`), so segments end only right after an *added token* (`<|im_end|>`,
+`<｜User｜>`, ...), where the tokenizer itself splits its input: HF tokenizers cut the text at added
+tokens first and normalize, pre-tokenize and encode each piece between them on its own. A cut there
+is exact when, besides, (checked once per tokenizer, `cut_tokens`):
+
+- the token's match cannot depend on the text after it: no `rstrip` (it would swallow the
+  whitespace that follows) or `single_word`, no other added token that contains it or overlaps it,
+  and it ends in a character that is neither a word character nor whitespace (a `single_word` or
+  `lstrip` token right after the cut then sees the same boundary both ways);
+- a `normalized` added token is matched after the normalizer ran on the piece around it, so it
+  qualifies only when there is no normalizer (DeepSeek's `<｜User｜>` qualifies: its tokenizer has an
+  empty one);
+- no pre-tokenizer depends on a piece's position rather than its content (Metaspace's
+  `prepend_scheme: first` adds "▁" only at offset 0), and the model is deterministic (no BPE
+  dropout). Unknown pre-tokenizer types disqualify the tokenizer.
+
+Segments are cut at the first such token at least `min_segment_chars` after the previous cut, a
+choice that depends only on the text before the cut, so every prompt that shares a prefix cuts it
+the same way. A segment's ids are stored only after checking, in the encoding they came from, that
+each cut token's id sits where its text is (otherwise that prompt is simply not cached). The cache
+is bounded by bytes (strings, ids and per-node overhead) and evicts the least recently used leaf
+first. It is locked: prompts are encoded on worker threads as well as on the event loop's.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import threading
+import unicodedata
+from array import array
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from tokenizers import Tokenizer
+
+__all__ = ["DEFAULT_MAX_BYTES", "PrefixCacheStats", "PromptPrefixCache", "cut_tokens"]
+
+#: Default bound of one cache: ~700 distinct 8k-token conversation prefixes of ASCII text.
+DEFAULT_MAX_BYTES = 64 * 1024 * 1024
+
+#: Shortest segment worth a trie node: chat templates put two added tokens around every message
+#: header ("<|im_end|>\n<|im_start|>"); cutting at both would make nodes of a dozen characters.
+DEFAULT_MIN_SEGMENT_CHARS = 256
+
+#: Bytes counted per trie node besides its text and ids (the node, its dict entry, the LRU entry).
+_NODE_OVERHEAD = 400
+
+#: Pre-tokenizers that split a piece by its content alone (Metaspace is checked separately).
+_CONTENT_PRE_TOKENIZERS = frozenset({
+    "BertPreTokenizer", "ByteLevel", "CharDelimiterSplit", "Digits", "FixedLength", "Metaspace",
+    "Punctuation", "Sequence", "Split", "UnicodeScripts", "Whitespace", "WhitespaceSplit",
+})  # fmt: skip
+
+
+def _pre_tokenizers_content_only(state: Any) -> bool:
+    if state is None:
+        return True
+    kind = state.get("type")
+    if kind not in _CONTENT_PRE_TOKENIZERS:
+        return False
+    if kind == "Metaspace" and str(state.get("prepend_scheme", "always")).lower() == "first":
+        return False
+    return all(_pre_tokenizers_content_only(inner) for inner in state.get("pretokenizers") or ())
+
+
+def _identity_normalizer(tokenizer: Tokenizer) -> bool:
+    normalizer = tokenizer.normalizer
+    if normalizer is None:
+        return True
+    state = json.loads(normalizer.__getstate__())
+    return state.get("type") == "Sequence" and not state.get("normalizers")
+
+
+def _is_word_or_space(char: str) -> bool:
+    return char.isspace() or char == "_" or unicodedata.category(char)[0] in "LN"
+
+
+def _self_overlapping(text: str) -> bool:
+    """A proper suffix of `text` is also its prefix ("abab"): two occurrences could share characters."""
+    return any(text.startswith(text[i:]) for i in range(1, len(text)))
+
+
+def cut_tokens(tokenizer: Tokenizer, candidates: Iterable[str] | None = None) -> dict[str, int]:
+    """The added tokens after which this tokenizer's output provably splits, with their ids.
+
+    Empty when the tokenizer's pipeline cannot be cut anywhere (see the module docstring).
+    `candidates` narrows the search to those token texts (say, the ones a chat template writes).
+    """
+    model = tokenizer.model
+    if getattr(model, "dropout", None):
+        return {}
+    pre_tokenizer = tokenizer.pre_tokenizer
+    if pre_tokenizer is not None and not _pre_tokenizers_content_only(json.loads(pre_tokenizer.__getstate__())):
+        return {}
+    added = tokenizer.get_added_tokens_decoder()
+    contents = {token.content for token in added.values() if token.content}
+    # Which added tokens end / start with a given string: a token overlaps another when a proper
+    # suffix of one is a prefix of the other.
+    ends: dict[str, set[str]] = {}
+    starts: dict[str, set[str]] = {}
+    for other in contents:
+        for i in range(1, len(other)):
+            ends.setdefault(other[i:], set()).add(other)
+            starts.setdefault(other[:i], set()).add(other)
+    wanted = None if candidates is None else set(candidates)
+    identity = _identity_normalizer(tokenizer)
+    found: dict[str, int] = {}
+    for token_id, token in added.items():
+        text = token.content
+        if not text or (wanted is not None and text not in wanted):
+            continue
+        if token.rstrip or token.single_word or _is_word_or_space(text[-1]) or _self_overlapping(text):
+            continue
+        if token.normalized and not identity:
+            continue
+        if tokenizer.token_to_id(text) != token_id:
+            continue
+        others = contents - {text}
+        contained = any(text in other for other in others) or any(
+            text[i:j] in others for i in range(len(text)) for j in range(i + 1, len(text) + 1)
+        )
+        overlapping = any(ends.get(text[:k], set()) - {text} for k in range(1, len(text))) or any(
+            starts.get(text[k:], set()) - {text} for k in range(1, len(text))
+        )
+        if not contained and not overlapping:
+            found[text] = token_id
+    return found
+
+
+@dataclass(slots=True)
+class PrefixCacheStats:
+    """Counters since start: prompts encoded, how many reused a cached prefix, characters reused."""
+
+    prompts: int = 0
+    hits: int = 0
+    reused_chars: int = 0
+    encoded_chars: int = 0
+    #: Prompts whose encoding did not put a cut token's id where its text is: encoded, not cached.
+    unverified: int = 0
+    nodes: int = 0
+    bytes: int = 0
+    evicted: int = 0
+
+
+class _Node:
+    __slots__ = ("alive", "children", "ids", "key", "parent", "size")
+
+    def __init__(self, key: str, ids: array, parent: _Node | None) -> None:
+        self.children: dict[str, _Node] | None = None  # most nodes are leaves: no dict for them
+        self.key = key
+        self.ids = ids
+        self.parent = parent
+        self.size = sys.getsizeof(key) + ids.itemsize * len(ids) + _NODE_OVERHEAD
+        self.alive = True
+
+
+class PromptPrefixCache:
+    """A trie of prompt segments (each ending right after a cut token) and their token ids.
+
+    `encode(text)` returns exactly what `encode_uncached(text)` returns (the tokenizer's encoding
+    without special tokens added), computing only the part after the longest cached prefix.
+    """
+
+    def __init__(
+        self,
+        encode_uncached: Callable[[str], list[int]],
+        cut_token_ids: dict[str, int],
+        *,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        min_segment_chars: int = DEFAULT_MIN_SEGMENT_CHARS,
+    ) -> None:
+        if not cut_token_ids:
+            raise ValueError("a prefix cache needs at least one cut token")
+        self._encode = encode_uncached
+        self._ids = dict(cut_token_ids)
+        # Longest first: no cut token contains another (cut_tokens), so the order only documents intent.
+        self._pattern = re.compile("|".join(re.escape(t) for t in sorted(self._ids, key=len, reverse=True)))
+        self.max_bytes = max_bytes
+        self.min_segment_chars = min_segment_chars
+        self.stats = PrefixCacheStats()
+        self._root = _Node("", array("i"), None)
+        self._root.size = 0
+        self._lru: OrderedDict[_Node, None] = OrderedDict()
+        self._lock = threading.Lock()
+
+    @classmethod
+    def for_tokenizer(
+        cls,
+        tokenizer: Tokenizer,
+        encode_uncached: Callable[[str], list[int]],
+        *,
+        candidates: Iterable[str] | None = None,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        min_segment_chars: int = DEFAULT_MIN_SEGMENT_CHARS,
+    ) -> PromptPrefixCache | None:
+        """A cache for `tokenizer`, or None when no added token is a provably exact cut."""
+        found = cut_tokens(tokenizer, candidates)
+        if not found:
+            return None
+        return cls(encode_uncached, found, max_bytes=max_bytes, min_segment_chars=min_segment_chars)
+
+    @property
+    def cut_token_texts(self) -> tuple[str, ...]:
+        return tuple(self._ids)
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of `text` (no special tokens added), reusing and then extending the cache."""
+        occurrences, cuts = self._scan(text)
+        stats = self.stats
+        if not cuts:
+            with self._lock:
+                stats.prompts += 1
+                stats.encoded_chars += len(text)
+            return self._encode(text)
+        ids: list[int] = []
+        path: list[_Node] = []
+        start = 0
+        with self._lock:
+            node = self._root
+            for end in cuts:
+                children = node.children
+                child = None if children is None else children.get(text[start:end])
+                if child is None:
+                    break
+                ids.extend(child.ids)
+                path.append(child)
+                node, start = child, end
+            self._touch(path)
+        if start:
+            rest = text[start:]
+            occurrences = [(end - start, token_id) for end, token_id in occurrences if end > start]
+            cuts = [end - start for end in cuts if end > start]
+        else:
+            rest = text
+        rest_ids = self._encode(rest)
+        segments = self._segments(rest, rest_ids, occurrences, cuts)
+        with self._lock:
+            stats.prompts += 1
+            stats.hits += start > 0
+            stats.reused_chars += start
+            stats.encoded_chars += len(rest)
+            if segments is None:
+                stats.unverified += 1
+            elif segments and node.alive:
+                self._insert(node, path, segments)
+        if not ids:
+            return rest_ids
+        ids.extend(rest_ids)
+        return ids
+
+    def clear(self) -> None:
+        with self._lock:
+            for node in self._lru:
+                node.alive = False
+            self._lru.clear()
+            self._root.children = None
+            self.stats.nodes = self.stats.bytes = 0
+
+    # --- internals (the lock held where noted) --------------------------------------------------------
+
+    def _scan(self, text: str) -> tuple[list[tuple[int, int]], list[int]]:
+        """Every cut token in `text` as (end offset, id), and the chosen cuts: each the first cut token
+        ending `min_segment_chars` or more past the previous cut (a choice that depends only on the
+        text before the cut)."""
+        occurrences: list[tuple[int, int]] = []
+        cuts: list[int] = []
+        ids = self._ids
+        last = 0
+        gap = self.min_segment_chars
+        for match in self._pattern.finditer(text):
+            end = match.end()
+            occurrences.append((end, ids[match.group()]))
+            if end - last >= gap:
+                cuts.append(end)
+                last = end
+        return occurrences, cuts
+
+    @staticmethod
+    def _segments(
+        text: str, ids: list[int], occurrences: list[tuple[int, int]], cuts: list[int]
+    ) -> list[tuple[str, array]] | None:
+        """`text` split at `cuts` with the ids of each piece before the last cut; None when `ids` do
+        not hold each cut token's id where its text is (`occurrences`, offsets in `text`)."""
+        if not cuts:
+            return []
+        expected: dict[int, int] = {}
+        for _, token_id in occurrences:
+            expected[token_id] = expected.get(token_id, 0) + 1
+        if any(ids.count(token_id) != count for token_id, count in expected.items()):
+            return None  # some occurrence was not encoded as the added token: its cut is not exact
+        segments = []
+        wanted = iter(cuts)
+        target: int | None = next(wanted)
+        position = -1
+        text_start = ids_start = 0
+        for end, token_id in occurrences:
+            position = ids.index(token_id, position + 1)
+            if end == target:
+                segments.append((text[text_start:end], array("i", ids[ids_start : position + 1])))
+                text_start, ids_start = end, position + 1
+                target = next(wanted, None)
+                if target is None:
+                    break
+        return segments
+
+    def _touch(self, path: list[_Node]) -> None:
+        """Mark `path` (root to leaf) used, children before parents: a parent is always more recent
+        than its children, so the least recently used node is a leaf. Lock held."""
+        move = self._lru.move_to_end
+        for node in reversed(path):
+            move(node)
+
+    def _insert(self, node: _Node, path: list[_Node], segments: list[tuple[str, array]]) -> None:
+        """Add `segments` below `node` (reached through `path`), then evict to the bound. Lock held."""
+        stats = self.stats
+        added: list[_Node] = []
+        for key, ids in segments:
+            children = node.children
+            if children is None:
+                children = node.children = {}
+            child = children.get(key)
+            if child is None:  # another thread may have added it meanwhile
+                child = children[key] = _Node(key, ids, node)
+                self._lru[child] = None
+                stats.nodes += 1
+                stats.bytes += child.size
+            added.append(child)
+            node = child
+        self._touch(path + added)
+        while stats.bytes > self.max_bytes and self._lru:
+            oldest, _ = self._lru.popitem(last=False)
+            self._drop(oldest)
+
+    def _drop(self, node: _Node) -> None:
+        """Remove `node` and anything below it (a leaf, unless the LRU order was broken). Lock held."""
+        stats = self.stats
+        todo = [node]
+        while todo:
+            current = todo.pop()
+            if current.children:
+                todo.extend(current.children.values())
+            if current is not node:
+                self._lru.pop(current, None)
+            current.alive = False
+            stats.nodes -= 1
+            stats.bytes -= current.size
+            stats.evicted += 1
+        parent = node.parent
+        if parent is not None and parent.children is not None:
+            parent.children.pop(node.key, None)

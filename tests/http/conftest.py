@@ -1,0 +1,91 @@
+"""An in-process `serve_http` with a small ASGI app, and raw-socket helpers, for the HTTP server's tests."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import pytest
+import trio
+
+from trio_direct.http.asgi_guard import ProtocolGuard
+from trio_direct.http.limits import ConnectionLimits
+from trio_direct.http.server import hypercorn_config, serve_http
+
+#: The keep-alive timeout of tests about other deadlines: far beyond the test's own duration.
+LONG = 60.0
+
+
+class App:
+    """`/live`: 200 "ok"; `/echo`: reads the body, answers its length; `/stream`: 10 chunks 0.1 s apart."""
+
+    def __init__(self) -> None:
+        self.paths: list[str] = []
+        self.disconnects = 0
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "lifespan":
+            while (message := await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        self.paths.append(scope["path"])
+        body = b""
+        if scope["path"] == "/echo":
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    self.disconnects += 1
+                    return
+                body += message.get("body", b"")
+                if not message.get("more_body"):
+                    break
+            body = str(len(body)).encode()
+        elif scope["path"] == "/live":
+            body = b"ok"
+        headers = [(b"content-type", b"text/plain")]
+        if scope["path"] == "/stream":
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            for index in range(10):
+                await trio.sleep(0.1)
+                await send({"type": "http.response.body", "body": b"chunk %d\n" % index, "more_body": True})
+            await send({"type": "http.response.body", "body": b"done\n"})
+            return
+        headers.append((b"content-length", str(len(body)).encode()))
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+
+StartServer = Callable[..., Awaitable[int]]
+
+
+@pytest.fixture
+def app() -> App:
+    return App()
+
+
+@pytest.fixture
+def start_server(nursery, app) -> StartServer:
+    """`port = await start_server(header_read_timeout=..., ...)`: serve `app` on loopback.
+
+    `shutdown`: set it to drain the server; `drained` is set once the server returned.
+    """
+
+    async def start(
+        *, max_body_bytes: int = 1000, shutdown: trio.Event | None = None, drained: trio.Event | None = None,
+        **limits: float,
+    ) -> int:  # fmt: skip
+        limits.setdefault("keep_alive_timeout", LONG)
+        connection_limits = ConnectionLimits(**limits)
+        config = hypercorn_config("127.0.0.1", 0, "warning", graceful_timeout=30, limits=connection_limits)
+        guarded = ProtocolGuard(app, max_body_bytes=max_body_bytes)
+        trigger = shutdown.wait if shutdown is not None else None
+
+        async def serve(*, task_status: trio.TaskStatus[list[str]]) -> None:
+            await serve_http(guarded, config, connection_limits, shutdown_trigger=trigger, task_status=task_status)
+            if drained is not None:
+                drained.set()
+
+        binds = await nursery.start(serve)
+        return int(binds[0].rsplit(":", 1)[1])
+
+    return start
