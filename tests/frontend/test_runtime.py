@@ -226,7 +226,8 @@ async def test_an_engine_that_left_leaves_the_kv_index_the_routers_and_its_subsc
     staying = kv_engine("e1", kv_events=(KvEventSource(0, "tcp://127.0.0.1:2"),))
     for engine in (leaving, staying):  # what the fleet model is computed from
         vars(engine.card).update(served_model_name="m", model_path="m", tokenizer_path="m", context_length=None,
-                                 tool_call_parser=None, reasoning_parser=None)  # fmt: skip
+                                 tool_call_parser=None, reasoning_parser=None, is_embedding=False,
+                                 supports_images=False)  # fmt: skip
     front = frontend([leaving, staying], router_mode="kv")
     kv = KvRouting([leaving.card, staying.card], ServeConfig(router_mode="kv"))
     front.routing.kv = kv
