@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import pytest
 import trio
+from support import wait_until
 
 from trio_direct._proto.native import sglang_pb2 as pb
 from trio_direct.engine import errors
 from trio_direct.engine.transport import ChannelPool
-
-from support import wait_until
 
 GENERATE = "/sglang.runtime.v1.SglangService/Generate"
 HEALTH = "/sglang.runtime.v1.SglangService/HealthCheck"
