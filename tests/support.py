@@ -158,6 +158,86 @@ class RawSseClient:
             await stream.aclose()
 
 
+# ---- discovery: a real DNS server on loopback, and who is connected to an engine ---------------------
+
+
+class LoopbackDns:
+    """A real DNS server (dnslib's, UDP, in a thread of the test process) on 127.0.0.1 and an
+    ephemeral port, answering from records the test changes as it runs.
+
+    Names it knows nothing of get NXDOMAIN; a known name without records of the asked type, an
+    empty answer. `queries` counts the questions per (name, type).
+    """
+
+    def __init__(self) -> None:
+        from dnslib.server import DNSLogger, DNSServer
+
+        self._records: dict[tuple[str, str], list] = {}
+        self.queries: dict[tuple[str, str], int] = {}
+        quiet = DNSLogger("-request,-reply,-truncated,-error,-recv,-send,-data", prefix=False)
+        self._server = DNSServer(self, address="127.0.0.1", port=0, logger=quiet)
+        self.port = self._server.server.server_address[1]
+        self._server.start_thread()
+        self.running = True
+
+    @property
+    def nameserver(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def set_a(self, name: str, addresses: list[str]) -> None:
+        from dnslib import A
+
+        self._records[(name.lower(), "A")] = [A(address) for address in addresses]
+        self._records.setdefault((name.lower(), "AAAA"), [])
+
+    def set_srv(self, name: str, targets: list[tuple[str, int]]) -> None:
+        from dnslib import SRV
+
+        self._records[(name.lower(), "SRV")] = [SRV(priority=0, weight=1, port=port, target=t) for t, port in targets]
+
+    def forget(self, name: str) -> None:
+        """`name` no longer exists (NXDOMAIN)."""
+        for key in [key for key in self._records if key[0] == name.lower()]:
+            del self._records[key]
+
+    def resolve(self, request, handler):  # dnslib's resolver interface; runs in the server's thread
+        from dnslib import QTYPE, RCODE, RR
+
+        name = str(request.q.qname).rstrip(".").lower()
+        kind = QTYPE[request.q.qtype]
+        self.queries[(name, kind)] = self.queries.get((name, kind), 0) + 1
+        reply = request.reply()
+        if not any(known == name for known, _ in self._records):
+            reply.header.rcode = RCODE.NXDOMAIN
+            return reply
+        for rdata in self._records.get((name, kind), []):
+            reply.add_answer(RR(request.q.qname, request.q.qtype, rdata=rdata, ttl=1))
+        return reply
+
+    def stop(self) -> None:
+        if self.running:
+            self.running = False
+            self._server.stop()
+            self._server.server.server_close()
+
+
+def established_connections(host: str, port: int) -> int:
+    """TCP connections in state ESTABLISHED to `host:port` (IPv4), from Linux's /proc/net/tcp: the
+    engine's side of every connection a client has open to it."""
+    import ipaddress
+
+    packed = ipaddress.IPv4Address(host).packed
+    local = f"{int.from_bytes(packed, 'little'):08X}:{port:04X}"
+    count = 0
+    with open("/proc/net/tcp") as table:
+        next(table)
+        for line in table:
+            fields = line.split()
+            if fields[1] == local and fields[3] == "01":
+                count += 1
+    return count
+
+
 # ---- raw HTTP/1.1 on loopback, for what clients with a library cannot do ---------------------------
 
 

@@ -23,14 +23,21 @@ class ServeConfig:
     workers: int = 1
     engine_url: list[str] = field(default_factory=list)
     prefill_engine_url: list[str] = field(default_factory=list)
+    engine_dns: list[str] = field(default_factory=list)
+    engine_dns_srv: list[str] = field(default_factory=list)
+    engine_file: str | None = None
+    discovery_interval: float = 5.0
+    discovery_grace: float | None = None
+    discovery_nameserver: str | None = None
+    drain_timeout: float = 30.0
     enforce_disagg: bool = False
     decode_abort_deadline: float = 30.0
     engine_api: str = "auto"
     engine_wait_timeout: float = 120.0
     engine_join_grace: float = 5.0
     connect_timeout: float = 5.0
-    model_path: str | None = None
-    served_model_name: str | None = None
+    model_path: list[str] = field(default_factory=list)
+    served_model_name: list[str] = field(default_factory=list)
     kv_cache_block_size: int | None = None
     chat_template: str | None = None
     router_mode: str = "round-robin"
@@ -57,6 +64,7 @@ class ServeConfig:
     keep_alive_timeout: float = 75.0
     max_connections: int = 0
     api_key: str | None = None
+    admin_api_key: str | None = None
     max_concurrent_requests: int = 0
     max_queued_requests: int = 0
     queue_timeout: float = 30.0
@@ -87,14 +95,28 @@ _HELP = {
     "engine_url": "gRPC address of an SGLang engine (http://, grpc:// or host:port); repeat for more. "
     "None: start built-in mock engines",
     "prefill_engine_url": "an engine expected to be a prefill engine (checked against its probe); repeat for more",
+    "engine_dns": "NAME:PORT: every A/AAAA record of NAME is an engine at PORT, looked up every --discovery-interval "
+    "(a Kubernetes headless Service); repeat for more",
+    "engine_dns_srv": "NAME: every SRV record of NAME is an engine at its target and port (Kubernetes named ports, "
+    "Consul); repeat for more",
+    "engine_file": "a JSON or YAML list of engine URLs (each optionally with a model and a role), re-read when it "
+    "changes; a malformed file keeps the last good list",
+    "discovery_interval": "seconds between lookups of --engine-dns, --engine-dns-srv and --engine-file",
+    "discovery_grace": "seconds an engine must be missing from successful answers before it leaves (default: one "
+    "--discovery-interval)",
+    "discovery_nameserver": "HOST[:PORT] of the DNS server to ask instead of the system resolver",
+    "drain_timeout": "seconds a leaving engine's in-flight requests may take to finish; then they end with an error "
+    "and an Abort",
     "enforce_disagg": "with prefill engines configured, answer 503 while none is healthy instead of serving aggregated",
     "decode_abort_deadline": "seconds a cancelled decode leg may wait for its first message (the KV transfer) before its Abort",
     "engine_api": "engine gRPC API: auto (native, then SMG), native or smg",
     "engine_wait_timeout": "at most this many seconds start-up waits for engines; it fails only if none is up by then",
     "engine_join_grace": "seconds start-up waits for the other engines once one is up; those still down join when they come up",
     "connect_timeout": "seconds to wait for a TCP connection to an engine",
-    "model_path": "local model/tokenizer directory (default: the engines' tokenizer path)",
-    "served_model_name": "model name clients use (default: the engines' served name)",
+    "model_path": "local model/tokenizer directory (default: the engines' tokenizer path); with several models "
+    "NAME=PATH per model (repeatable)",
+    "served_model_name": "model name clients use (default: the engines' served name): one NAME serves every engine "
+    "as one model; REPORTED=NAME (repeatable) renames one model",
     "kv_cache_block_size": "KV block size (default: the engines' page size)",
     "chat_template": "a Jinja chat template file overriding the model's",
     "router_mode": "how requests are spread over engines: round-robin, random, kv (prefix overlap and load), "
@@ -124,6 +146,7 @@ _HELP = {
     "max_retries": "times a request whose engine cannot be reached is retried on another engine, before its first token",
     "abort_timeout": "seconds an Abort to an engine may take before it is given up",
     "api_key": "require this Bearer token on /v1/* and /debug/* (/health, /live, /metrics stay open)",
+    "admin_api_key": "serve the admin API (/admin/engines) to clients sending this Bearer token (off without it)",
     "max_concurrent_requests": "completion requests served at once; more wait in the queue (--max-queued-requests) "
     "or get 429 with Retry-After (0 = no limit)",
     "max_queued_requests": "requests that may wait for a slot (or for an engine below --engine-busy-threshold), "
@@ -173,13 +196,22 @@ _CHOICES = {
     "router_preset": ("ttft", "dynamo"),
     "log_level": ("debug", "info", "warning", "error"),
 }
-_URL_LISTS = ("engine_url", "prefill_engine_url")
+#: Repeatable flags (a comma- or space-separated list in the environment), and their metavar.
+_URL_LISTS = {
+    "engine_url": "URL",
+    "prefill_engine_url": "URL",
+    "engine_dns": "NAME:PORT",
+    "engine_dns_srv": "NAME",
+    "model_path": "[NAME=]PATH",
+    "served_model_name": "[REPORTED=]NAME",
+}
 #: Settings whose default is None ("not given"), and the type of a given value.
 _OPTIONAL_TYPES = {
     "kv_cache_block_size": int,
     "router_kv_overlap_score_credit": float,
     "router_prefill_load_scale": float,
     "router_temperature": float,
+    "discovery_grace": float,
 }
 #: Other spellings of a flag: Dynamo's (`python -m dynamo.frontend`) for those its users type.
 _ALIASES = {
@@ -217,7 +249,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, s
         flag = "--" + spec.name.replace("_", "-")
         if spec.name in _URL_LISTS:
             env_default = environ.get(env_name, "").replace(",", " ").split()
-            parser.add_argument(flag, action="append", default=None, metavar="URL", help=f"{_HELP[spec.name]} [{env_name}]")
+            parser.add_argument(
+                flag, action="append", default=None, metavar=_URL_LISTS[spec.name], help=f"{_HELP[spec.name]} [{env_name}]"
+            )
             parser.set_defaults(**{spec.name + "_env": env_default})
             continue
         if isinstance(default, bool):

@@ -108,8 +108,13 @@ class FrontendCollector(Collector):
         for pool in pools:
             for engine in pool.fleet.engines:
                 health.add_metric([pool.name, engine.id, engine.card.url, engine.card.role], 1.0 if engine.healthy else 0.0)
+            for engine in pool.fleet.draining:  # leaving: finishes its requests, never routed to
+                health.add_metric([pool.name, engine.id, engine.card.url, engine.card.role], 0.0)
             for pending in pool.fleet.pending:  # not up since start-up: role unknown until it joins
                 health.add_metric([pool.name, pending.id, pending.url, "unknown"], 0.0)
+        # Engines not in a pool yet (not up, or refused): model as their source names it, else "".
+        for model, engine_id, url in frontend.waiting_engines():
+            health.add_metric([model, engine_id, url, "unknown"], 0.0)
         yield health
         feeds = [(pool.name, pool.kv_feeds.stats()) for pool in pools if pool.kv_feeds is not None]
         if not feeds:
@@ -130,6 +135,16 @@ class FrontendCollector(Collector):
 
 _COLLECTOR = FrontendCollector()
 REGISTRY.register(_COLLECTOR)
+
+
+def forget_engine(engine_id: str) -> None:
+    """An engine left the fleet: its series of the counters kept here go too (those read from the
+    frontend at scrape time go by themselves)."""
+    for role in ("aggregated", "prefill", "decode"):
+        try:
+            ROUTED.remove(engine_id, role)
+        except KeyError:
+            pass
 
 
 def watch_frontend(frontend: Callable[[], Any]) -> None:

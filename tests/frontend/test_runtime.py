@@ -207,3 +207,44 @@ def test_kv_routing_re_registers_ranks_when_the_dp_size_changes_and_keeps_a_same
     old, engine.card = engine.card, changed(engine.card, role="decode", dp_size=1, kv_events=())
     feeds.engine_changed(engine, old)  # decode engines are routed by load alone
     assert kv.index.workers() == [] and feeds.subscribers == []
+
+
+# --- engines that leave the fleet ----------------------------------------------------------------
+
+
+async def test_an_engine_that_left_leaves_the_kv_index_the_routers_and_its_subscription(nursery):
+    from support import wait_until
+
+    from trio_direct import metrics
+    from trio_direct.fleet.card import KvEventSource
+    from trio_direct.kv_sync.feeds import KvFeeds
+    from trio_direct.routing.block_hash import RoutingKey
+    from trio_direct.routing.kv_events import BlockStored
+    from trio_direct.routing.kv_routing import KvRouting
+
+    leaving = kv_engine("e0", kv_events=(KvEventSource(0, "tcp://127.0.0.1:1"),))
+    staying = kv_engine("e1", kv_events=(KvEventSource(0, "tcp://127.0.0.1:2"),))
+    for engine in (leaving, staying):  # what the fleet model is computed from
+        vars(engine.card).update(served_model_name="m", model_path="m", tokenizer_path="m", context_length=None,
+                                 tool_call_parser=None, reasoning_parser=None, is_embedding=False,
+                                 supports_images=False)  # fmt: skip
+    front = frontend([leaving, staying], router_mode="kv")
+    kv = KvRouting([leaving.card, staying.card], ServeConfig(router_mode="kv"))
+    front.routing.kv = kv
+    front.kv_feeds = KvFeeds(kv, front.fleet)
+    await nursery.start(front.kv_feeds.run)
+    [subscription, _] = front.kv_feeds.subscribers
+    tokens = tuple(range(16))
+    kv.index.apply(RoutingKey("e0", None), BlockStored((1, 2, 3, 4), None, tokens, 4))
+    assert kv.held_blocks("e0", leaving.card) == 1
+    front.choose_route(tokens, "r1")  # its load, counted until released
+    metrics.ROUTED.labels("e0", "aggregated").inc()
+
+    front.fleet.withdraw(leaving)
+    assert {front.choose_route(tokens, None).decode.engine.id for _ in range(3)} == {"e1"}
+    front.engine_left(leaving)
+    assert kv.index.workers() == [RoutingKey("e1", None)] and kv.held_blocks("e0", leaving.card) == 0
+    assert [s.engine for s in front.kv_feeds.subscribers] == ["e1"]
+    await wait_until(lambda: not subscription._ranks)  # its subscription ended: the socket is closed
+    front.release("r1")  # a request that was routed there ends later: nothing left to release
+    assert 'trio_direct_routing_decisions_total{engine="e0"' not in metrics.exposition().decode()

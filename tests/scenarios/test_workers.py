@@ -15,8 +15,8 @@ from functools import partial
 import httpx
 import pytest
 import trio
-
 from support import wait_until
+
 from trio_direct.config import ServeConfig, parse_serve_args
 from trio_direct.frontend.supervisor import (
     DEFAULT_WORKER_LOAD_POLL_INTERVAL,
@@ -31,7 +31,7 @@ from trio_direct.frontend.supervisor import (
 def test_a_child_reads_back_exactly_the_supervisors_settings_from_its_environment():
     config = ServeConfig(
         port=0, workers=3, engine_url=["grpc://127.0.0.1:1", "127.0.0.1:2"], router_kv_events=False,
-        mock_speedup=math.inf, api_key="s3cret", load_poll_interval=0.25, served_model_name=None,
+        mock_speedup=math.inf, api_key="s3cret", load_poll_interval=0.25, served_model_name=[],
     )  # fmt: skip
     stale = {"TRIO_DIRECT_SERVED_MODEL_NAME": "other", "TRIO_DIRECT_ROUTER_KV_EVENTS": "1", "PATH": "/bin"}
     env = worker_environment(config, stale)

@@ -26,8 +26,7 @@ def parse_engine_url(url: str) -> tuple[str, int]:
                 f"engine URL {url!r}: unknown scheme {scheme!r}"
                 " (use http://, grpc:// or host:port; TLS is not supported)"
             )
-    if rest.endswith("/"):
-        rest = rest[:-1]
+    rest = rest.removesuffix("/")
     if any(c in rest for c in "/?#@"):
         raise ValueError(f"engine URL {url!r}: only host:port is allowed, without a path, query or user")
     if rest.startswith("["):

@@ -1,14 +1,15 @@
-"""The engines one trio-direct serves from, probed and checked against each other.
+"""The engines of one served model, probed and checked against each other.
 
-`Fleet.connect` probes every engine concurrently and waits for late ones (engines are often
+`Fleet.connect` (and `probe_fleet`, which start-up uses to group engines by model first) probes every engine concurrently and waits for late ones (engines are often
 started together with the frontend), then refuses a fleet whose engines do not serve the same model
 or use different block sizes: routing across such engines would return answers from the wrong model
 or mis-key the KV index, silently. Each refusal is one `FleetError` naming the engine and the field.
 
 It does not wait for the slowest engine, though: one dead engine of ten must not keep the other nine
 from serving. Engines still down when start-up ends are kept as `PendingEngine`s (their ``e{index}``
-ids reserved, so ids stay positions in the URL list); health checking probes them and `Fleet.join`
-admits each once it is up and agrees with the fleet.
+ids reserved, so ids stay positions in the URL list), probed until they are up; `Fleet.join` and
+`Fleet.add` admit an engine that is up and agrees with the fleet, `Fleet.withdraw` takes one out of
+routing at once when it leaves (it drains, then `Fleet.forget`).
 
 The agreement rules are plain code (`fleet_model`), testable without engines.
 """
@@ -124,8 +125,9 @@ class Worker:
 
 
 class Fleet:
-    """The probed engines, in the order their URLs were given (ids ``e0``, ``e1``, ...), and the
-    ones still `pending` (not up yet; they keep their ids)."""
+    """The probed engines of one model, in the order of their ids (``e0``, ``e1``, ...: positions in
+    the URL list, then order of discovery), the ones still `pending` (not up yet; they keep their
+    ids), and the ones `draining` (left, finishing their requests: never routed to)."""
 
     def __init__(
         self,
@@ -137,6 +139,7 @@ class Fleet:
         self.engines = list(engines)
         self.model = model
         self.pending = list(pending)
+        self.draining: list[Engine] = []
         self.overrides = overrides or FleetOverrides()
 
     @classmethod
@@ -160,64 +163,9 @@ class Fleet:
         that disagree.
         """
         overrides = overrides or FleetOverrides()
-        if api not in ("auto", "native", "smg"):
-            raise FleetError(f"unknown engine API {api!r} (auto, native or smg)")
-        if not urls:
-            raise FleetError("no engine URLs given")
-        addresses: dict[tuple[str, int], str] = {}
-        for index, url in enumerate(urls):
-            try:
-                address = parse_engine_url(url)
-            except ValueError as error:
-                raise FleetError(f"engine e{index}: {error}") from None
-            if address in addresses:
-                raise FleetError(f"engine e{index} ({url}) is the same engine as {addresses[address]}")
-            addresses[address] = f"e{index} ({url})"
-
-        waiting = [PendingEngine(f"e{index}", url) for index, url in enumerate(urls)]
-        probed: list[ProbedEngine | None] = [None] * len(urls)
-        failure: list[FleetError] = []
-        first_up, all_up = trio.Event(), trio.Event()
-        deadline = trio.current_time() + wait_timeout
-
-        async def probe_one(index: int, cancel: trio.CancelScope) -> None:
-            try:
-                probed[index] = await _wait_for_engine(waiting[index], pool, api, deadline)
-            except FleetError as error:
-                if not failure:
-                    failure.append(error)
-                cancel.cancel()
-                return
-            first_up.set()
-            if all(p is not None for p in probed):
-                all_up.set()
-
-        async with trio.open_nursery() as nursery:
-            for index in range(len(urls)):
-                nursery.start_soon(probe_one, index, nursery.cancel_scope)
-            with trio.move_on_at(deadline):
-                await first_up.wait()
-                with trio.move_on_after(join_grace):
-                    await all_up.wait()
-            nursery.cancel_scope.cancel()
-        if failure:
-            raise failure[0]
-        if not first_up.is_set():
-            raise FleetError(
-                "; ".join(
-                    f"engine {p.id} ({p.url}) did not come up within {wait_timeout:g}s: {p.reason or 'no answer'}"
-                    for p in waiting
-                )
-            )
-        engines = [Engine(w.id, p.card, p.client) for w, p in zip(waiting, probed, strict=True) if p is not None]
-        pending = [w for w, p in zip(waiting, probed, strict=True) if p is None]
-        fleet = cls(engines, fleet_model([(e.id, e.card) for e in engines], overrides), pending, overrides)
-        for engine in pending:
-            log.warning(
-                "engine %s (%s) is not up yet; it joins when it comes up (last probe: %s)",
-                engine.id, engine.url, engine.reason or "no answer",
-            )  # fmt: skip
-        return fleet
+        probed, pending = await probe_fleet(urls, pool, api=api, wait_timeout=wait_timeout, join_grace=join_grace)
+        engines = [Engine(engine_id, p.card, p.client) for engine_id, p in probed]
+        return cls(engines, fleet_model([(e.id, e.card) for e in engines], overrides), pending, overrides)
 
     def join(
         self, pending: PendingEngine, probed: ProbedEngine, check: Callable[[Engine], None] | None = None
@@ -230,11 +178,25 @@ class Fleet:
         """
         if pending not in self.pending:
             raise ValueError(f"{pending!r} is not pending in this fleet")
-        engine = Engine(pending.id, probed.card, probed.client)
+        engine = self.add(Engine(pending.id, probed.card, probed.client), check)
+        self.pending.remove(pending)
+        return engine
+
+    def admits(self, engine: Engine, check: Callable[[Engine], None] | None = None) -> FleetModel:
+        """The fleet model with `engine` in it; `FleetError` if it disagrees with the fleet
+        (`fleet_model`'s rules) or fails ``check``. Changes nothing."""
         cards = [(e.id, e.card) for e in self.engines] + [(engine.id, engine.card)]
         model = fleet_model(cards, self.overrides)
         if check is not None:
             check(engine)
+        return model
+
+    def add(self, engine: Engine, check: Callable[[Engine], None] | None = None) -> Engine:
+        """Make `engine` routable; `FleetError` (and no change) if the fleet does not admit it.
+
+        Engines stay in the order of their ids. The smallest context length may shrink.
+        """
+        model = self.admits(engine, check)
         if model.context_length != self.model.context_length:
             log.warning(
                 "engine %s accepts prompts of up to %s tokens: the fleet's context length is now %s (was %s)",
@@ -242,9 +204,21 @@ class Fleet:
             )  # fmt: skip
         position = sum(1 for e in self.engines if _url_index(e.id) < _url_index(engine.id))
         self.engines.insert(position, engine)
-        self.pending.remove(pending)
         self.model = model
         return engine
+
+    def withdraw(self, engine: Engine) -> None:
+        """Stop routing to `engine` at once: it leaves the fleet and drains (`draining`) until
+        `forget`. The fleet model follows the engines left (a context length may grow back)."""
+        self.engines.remove(engine)
+        self.draining.append(engine)
+        if self.engines:
+            self.model = fleet_model([(e.id, e.card) for e in self.engines], self.overrides)
+
+    def forget(self, engine: Engine) -> None:
+        """`engine` drained: nothing of it is left here."""
+        if engine in self.draining:
+            self.draining.remove(engine)
 
     def workers(self) -> list[Worker]:
         """Healthy engines that generate (aggregated or decode), one worker per DP rank."""
@@ -253,6 +227,79 @@ class Fleet:
     def prefill_workers(self) -> list[Worker]:
         """Healthy prefill engines, one worker per DP rank."""
         return _expand(e for e in self.engines if e.healthy and e.card.role == "prefill")
+
+
+async def probe_fleet(
+    urls: Sequence[str],
+    pool: ChannelPool,
+    *,
+    api: ApiChoice = "auto",
+    wait_timeout: float = 60.0,
+    join_grace: float = 5.0,
+) -> tuple[list[tuple[str, ProbedEngine]], list[PendingEngine]]:
+    """Probe the engines at `urls` (ids ``e{position}``) as `Fleet.connect` does: the ones up, and
+    the ones still `pending` when the wait ended. Agreement between them is not checked here.
+
+    Raises `FleetError` for a malformed or repeated URL, an engine that answers but cannot be used,
+    and no engine up within ``wait_timeout``.
+    """
+    if api not in ("auto", "native", "smg"):
+        raise FleetError(f"unknown engine API {api!r} (auto, native or smg)")
+    if not urls:
+        raise FleetError("no engine URLs given")
+    addresses: dict[tuple[str, int], str] = {}
+    for index, url in enumerate(urls):
+        try:
+            address = parse_engine_url(url)
+        except ValueError as error:
+            raise FleetError(f"engine e{index}: {error}") from None
+        if address in addresses:
+            raise FleetError(f"engine e{index} ({url}) is the same engine as {addresses[address]}")
+        addresses[address] = f"e{index} ({url})"
+
+    waiting = [PendingEngine(f"e{index}", url) for index, url in enumerate(urls)]
+    probed: list[ProbedEngine | None] = [None] * len(urls)
+    failure: list[FleetError] = []
+    first_up, all_up = trio.Event(), trio.Event()
+    deadline = trio.current_time() + wait_timeout
+
+    async def probe_one(index: int, cancel: trio.CancelScope) -> None:
+        try:
+            probed[index] = await _wait_for_engine(waiting[index], pool, api, deadline)
+        except FleetError as error:
+            if not failure:
+                failure.append(error)
+            cancel.cancel()
+            return
+        first_up.set()
+        if all(p is not None for p in probed):
+            all_up.set()
+
+    async with trio.open_nursery() as nursery:
+        for index in range(len(urls)):
+            nursery.start_soon(probe_one, index, nursery.cancel_scope)
+        with trio.move_on_at(deadline):
+            await first_up.wait()
+            with trio.move_on_after(join_grace):
+                await all_up.wait()
+        nursery.cancel_scope.cancel()
+    if failure:
+        raise failure[0]
+    if not first_up.is_set():
+        raise FleetError(
+            "; ".join(
+                f"engine {p.id} ({p.url}) did not come up within {wait_timeout:g}s: {p.reason or 'no answer'}"
+                for p in waiting
+            )
+        )
+    up = [(w.id, p) for w, p in zip(waiting, probed, strict=True) if p is not None]
+    pending = [w for w, p in zip(waiting, probed, strict=True) if p is None]
+    for engine in pending:
+        log.warning(
+            "engine %s (%s) is not up yet; it joins when it comes up (last probe: %s)",
+            engine.id, engine.url, engine.reason or "no answer",
+        )  # fmt: skip
+    return up, pending
 
 
 def _expand(engines: Iterable[Engine]) -> list[Worker]:
@@ -266,7 +313,7 @@ def _expand(engines: Iterable[Engine]) -> list[Worker]:
 
 
 def _url_index(engine_id: str) -> int:
-    """The position in the URL list that an ``e{index}`` id names (-1 for other ids)."""
+    """The number of an ``e{number}`` id (-1 for other ids): ids are handed out in order."""
     digits = engine_id[1:]
     return int(digits) if engine_id.startswith("e") and digits.isdigit() else -1
 

@@ -64,14 +64,41 @@ class EngineHealth:
         self._failures: dict[str, int] = {engine.id: 0 for engine in fleet.engines}
         #: Why a down engine that answers again was refused, last time (logged once per reason).
         self._refused: dict[str, str] = {}
+        #: Engine id -> the cancel scope of its watch (`forget` stops one alone).
+        self._watches: dict[str, trio.CancelScope] = {}
+        #: `run`'s nursery while it runs: where engines that join later are watched (`watch`).
+        self._nursery: trio.Nursery | None = None
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        async with trio.open_nursery() as nursery:
-            for engine in self.fleet.engines:
-                nursery.start_soon(self._watch, engine)
-            for pending in list(self.fleet.pending):
-                nursery.start_soon(self._watch_pending, pending)
-            task_status.started()
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                for engine in self.fleet.engines:
+                    self.watch(engine)
+                for pending in list(self.fleet.pending):
+                    nursery.start_soon(self._watch_pending, pending)
+                task_status.started()
+        finally:
+            self._nursery = None
+
+    def watch(self, engine: Engine) -> None:
+        """Check `engine` every interval from now on (one that joined the fleet after `run` began)."""
+        assert self._nursery is not None, "EngineHealth.watch needs run() running"
+        self._failures.setdefault(engine.id, 0)
+        scope = self._watches[engine.id] = trio.CancelScope()
+        self._nursery.start_soon(self._watch_within, engine, scope)
+
+    def forget(self, engine: Engine) -> None:
+        """Stop checking `engine` (it left the fleet): no check, and no callback, concerns it again."""
+        scope = self._watches.pop(engine.id, None)
+        if scope is not None:
+            scope.cancel()
+        self._failures.pop(engine.id, None)
+        self._refused.pop(engine.id, None)
+
+    async def _watch_within(self, engine: Engine, scope: trio.CancelScope) -> None:
+        with scope:
+            await self._watch(engine)
 
     def unreachable(self, engine: Engine, reason: str) -> None:
         """A real request could not reach `engine`: take it out of routing until a check passes."""
@@ -92,7 +119,8 @@ class EngineHealth:
             engine = await self.try_join(pending)
             if engine is not None:
                 break
-        await self._watch(engine)
+        scope = self._watches[engine.id] = trio.CancelScope()
+        await self._watch_within(engine, scope)
 
     async def try_join(self, pending: PendingEngine) -> Engine | None:
         """Probe a pending engine once; the engine when it joined the fleet, else None."""

@@ -1,13 +1,17 @@
 """What requests are served from, and the task that sets it up and keeps it alive.
 
-A `Frontend` is the process's view: its settings, the `ModelPool` of each served model, and the
-shutdown state every open response watches (`cutter`). A `ModelPool` is one model's engines, routing
-and text pipeline (tokenizer, chat template, parsers).
+A `Frontend` is the process's view: its settings, the `ModelPool` of each served model, the fleet's
+`Membership` (every engine of every source) and the shutdown state every open response watches
+(`cutter`). A `ModelPool` is one model's engines, routing and text pipeline (tokenizer, chat
+template, parsers). `FleetPools` opens a pool when the first engine of a new model joins and closes
+it when its last engine left; each pool's tasks (KV feeds, health checks) run in a nursery of its
+own inside `run_frontend`'s.
 
 `run_frontend` opens the asyncio loop the engine transport needs, starts built-in mock engines when
-no engine URL is given, probes and checks the fleet, loads the tokenizer, then reports a `Frontend`
-and holds everything open until cancelled. Both entry points use it: `trio-direct serve` (which runs
-hypercorn beside it) and `hypercorn trio_direct.app:app` (whose lifespan starts it).
+no engine is named, probes the engines given on the command line and opens their models' pools,
+starts the discovery sources (DNS, SRV, a file), then reports a `Frontend` and holds everything
+open until cancelled. Both entry points use it: `trio-direct serve` (which runs hypercorn beside it)
+and `hypercorn trio_direct.app:app` (whose lifespan starts it).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from typing import Any
 
 import trio
 
+from trio_direct import metrics
 from trio_direct import tracing
 from trio_direct.config import ServeConfig
 from trio_direct.core.render import StreamCutter
@@ -31,8 +36,22 @@ from trio_direct.engine.errors import EngineError
 from trio_direct.engine.transport import ChannelPool, client_config, open_asyncio_loop
 from trio_direct.engine.types import EngineClient
 from trio_direct.fleet.card import EngineCard
-from trio_direct.fleet.fleet import Engine, Fleet, FleetError, FleetModel, FleetOverrides, Worker
+from trio_direct.fleet.discovery import EngineIds, EngineSpec
+from trio_direct.fleet.fleet import Engine, Fleet, FleetError, FleetModel, Worker, fleet_model, probe_fleet
 from trio_direct.fleet.health import EngineHealth
+from trio_direct.fleet.membership import Member, Membership
+from trio_direct.fleet.pool_settings import PoolSettings
+from trio_direct.fleet.probe import ProbedEngine
+from trio_direct.fleet.sources import (
+    DnsResolver,
+    DnsSource,
+    EngineSource,
+    FileSource,
+    SrvSource,
+    parse_dns_target,
+    parse_nameserver,
+    run_source,
+)
 from trio_direct.frontend.gc_policy import run_gc_policy
 from trio_direct.frontend.loop_lag import monitor_loop_lag
 from trio_direct.kv_sync.feeds import KvFeeds
@@ -49,17 +68,24 @@ from trio_direct.routing.policy import Candidates, Route, RoutingPolicy
 from trio_direct.surfaces.response_store import ResponseStore
 from trio_direct.text.chat_template import ChatTemplateError, load_chat_template, render_chat
 from trio_direct.text.harmony import harmony_encoding, is_harmony_model
-from trio_direct.text.tokenizer import ModelTokenizer
+from trio_direct.text.tokenizer import ModelTokenizer, TokenizerLoadError
 
 log = logging.getLogger(__name__)
 
 
 class Frontend:
-    """The process's serving state: settings, the served models' pools, and shutdown."""
+    """The process's serving state: settings, the served models' pools, and shutdown.
 
-    def __init__(self, config: ServeConfig, pools: Sequence[ModelPool]) -> None:
+    The pools change at runtime: a pool opens when the first engine of a new model joins and closes
+    when its last engine left (`FleetPools`); `membership` is every engine of every source.
+    """
+
+    def __init__(
+        self, config: ServeConfig, pools: Sequence[ModelPool] = (), membership: Membership | None = None
+    ) -> None:
         self.config = config
         self._pools = {pool.name: pool for pool in pools}
+        self.membership = membership
         #: Ends every open response at the drain deadline, each with its surface's error event.
         self.cutter = StreamCutter()
         #: Set once a shutdown began: readiness (`/health`) answers 503 so load balancers move on.
@@ -77,9 +103,53 @@ class Frontend:
             raise errors.model_not_found(model)
         return pool
 
+    def find_pool(self, model: str) -> ModelPool | None:
+        return self._pools.get(model)
+
+    def add_pool(self, pool: ModelPool) -> None:
+        self._pools[pool.name] = pool
+
+    def remove_pool(self, pool: ModelPool) -> None:
+        if self._pools.get(pool.name) is pool:
+            del self._pools[pool.name]
+
     def healthy(self) -> bool:
         """Ready: not draining, and some model has an engine that can take requests."""
         return not self.draining and any(pool.healthy() for pool in self._pools.values())
+
+    def waiting_engines(self) -> list[tuple[str, str, str]]:
+        """(model or "", id, URL) of engines in no pool yet: not up, or refused (for `/metrics`)."""
+        if self.membership is None:
+            return []
+        return [(m.model or "", m.id, m.url) for m in self.membership.waiting()]
+
+    def engine_report(self) -> list[dict]:
+        """Every engine as `GET /admin/engines` shows it."""
+        if self.membership is None:
+            return []
+        return [self._report(member) for member in self.membership.members()]
+
+    def _report(self, member: Member) -> dict:
+        engine = member.engine
+        pool = self._pools.get(member.pool) if member.pool is not None else None
+        in_flight, kv_blocks = 0, None
+        if engine is not None:
+            client_channel = getattr(engine.client, "channel", None)
+            in_flight = client_channel.streams_in_flight if client_channel is not None else 0
+            if pool is not None and pool.routing.kv is not None and pool.routing.kv.index is not None:
+                kv_blocks = pool.routing.kv.held_blocks(engine.id, engine.card)
+        return {
+            "id": member.id,
+            "url": member.url,
+            "sources": sorted(member.sources),
+            "model": member.model,
+            "role": engine.card.role if engine is not None else member.spec.role,
+            "state": member.state,
+            "healthy": bool(engine is not None and engine.healthy and member.state == "serving"),
+            "in_flight": in_flight,
+            "kv_index_blocks": kv_blocks,
+            "reason": member.reason or None,
+        }
 
 
 @dataclass(slots=True, eq=False)
@@ -100,11 +170,16 @@ class ModelPool:
     #: load polling that feed `routing.kv`.
     kv_feeds: KvFeeds | None = None
     health: EngineHealth | None = None
+    #: Engines that may join this pool but are not up yet (or refused), for `GET /debug/routing`.
+    waiting: Callable[[], Sequence[Any]] = tuple
+    #: Told when health checks take an engine out (the fleet's membership lets some leave then).
+    on_engine_down: Callable[[Engine], None] | None = None
     #: The model directory's `config.json` (`hidden_size`, Matryoshka dimensions of an embedding model).
     model_config: Mapping[str, Any] = field(default_factory=dict)
     #: `--engine-busy-threshold`: polled and own load per worker, and which workers are busy.
     busy: EngineLoads | None = None
-    #: The frontend's watch over open streams and engine calls (keep-alives, hung engines).
+    #: The frontend's watch over open streams and engine calls (keep-alives, hung engines), one
+    #: for every pool.
     watch: StreamWatch | None = None
     _token_texts: dict[int, str] = field(default_factory=dict)
 
@@ -178,11 +253,6 @@ class ModelPool:
             self.busy.routed(request_id, [routing_key(w) for w in (route.prefill, route.decode) if w is not None])
         return route
 
-    def session_key(self, header: str | None, user: object = None) -> str | None:
-        """The session key of a request, from its ``X-Session-ID`` header value and its body's
-        ``user`` field (used only with `--router-affinity-from-user`); ``None``: no affinity."""
-        return session_key(header, user, from_user=self.config.router_affinity_from_user)
-
     def headroom(self) -> int:
         """How many more requests the engines take before every one that could serve is busy
         (`--engine-busy-threshold`; without one, or with no engine up at all, no limit: dispatch
@@ -216,6 +286,11 @@ class ModelPool:
             key = RoutingKey(engine.id, rank if engine.card.dp_size > 1 else None)
             self.busy.apply_poll(key, load)
 
+    def session_key(self, header: str | None, user: object = None) -> str | None:
+        """The session key of a request, from its ``X-Session-ID`` header value and its body's
+        ``user`` field (used only with `--router-affinity-from-user`); ``None``: no affinity."""
+        return session_key(header, user, from_user=self.config.router_affinity_from_user)
+
     def explain_route(self, token_ids: Sequence[int] | None = None) -> dict:
         """What `GET/POST /debug/routing` shows: the mode, the workers, and in kv mode the index
         state and, for a prompt, every candidate's overlap, load and cost (nothing is recorded)."""
@@ -227,9 +302,13 @@ class ModelPool:
                 {"engine": w.engine.id, "url": w.engine.card.url, "role": w.engine.card.role, "dp_rank": w.dp_rank}
                 for w in workers
             ],
-            # Not up yet at start-up: never routed to; they join when a probe works.
-            "pending": [{"engine": p.id, "url": p.url, "reason": p.reason} for p in self.fleet.pending],
+            # Not up yet (or refused): never routed to; they join when a probe works and they agree.
+            "pending": [
+                {"engine": p.id, "url": p.url, "reason": p.reason} for p in [*self.fleet.pending, *self.waiting()]
+            ],
         }
+        if self.fleet.draining:
+            report["draining"] = [{"engine": e.id, "url": e.card.url} for e in self.fleet.draining]
         if self.kv_feeds is not None:
             report["kv"] = self.kv_feeds.stats()
             if token_ids is not None:
@@ -266,6 +345,18 @@ class ModelPool:
         """What an engine going down means beyond routing: its KV index entries are stale."""
         if self.kv_feeds is not None:
             self.kv_feeds.engine_down(engine)
+        self._forget_load(engine)
+        if self.on_engine_down is not None:
+            self.on_engine_down(engine)
+
+    def engine_left(self, engine: Engine) -> None:
+        """A drained engine left for good: its KV index entries, load and metric series go."""
+        if self.kv_feeds is not None:
+            self.kv_feeds.engine_left(engine)
+        self._forget_load(engine)
+        metrics.forget_engine(engine.id)
+
+    def _forget_load(self, engine: Engine) -> None:
         if self.busy is not None:
             for rank in range(engine.card.dp_size) if engine.card.dp_size > 1 else (None,):
                 self.busy.forget(RoutingKey(engine.id, rank))
@@ -427,85 +518,303 @@ async def _connect_for_generation(engines: Sequence[Engine]) -> None:
             nursery.start_soon(connect, engine)
 
 
-async def run_frontend(config: ServeConfig, *, task_status: trio.TaskStatus[Frontend] = trio.TASK_STATUS_IGNORED) -> None:
-    async with open_asyncio_loop(), trio.open_nursery() as nursery:
-        urls = config.engine_url + config.prefill_engine_url
-        if not urls:
-            urls = await start_mock_engines(config.mock_engines, config.mock_speedup, nursery)
-        keepalive = client_config(config.engine_keepalive_interval, config.engine_keepalive_timeout)
-        channels = ChannelPool(connect_timeout=config.connect_timeout, config=keepalive)
+async def open_model_pool(
+    config: ServeConfig,
+    fleet: Fleet,
+    channels: ChannelPool,
+    chat_template: str | None,
+    *,
+    on_engine_down: Callable[[Engine], None] | None = None,
+    watch: StreamWatch | None = None,
+) -> ModelPool:
+    """One model's pool for `fleet`: its tokenizer (loaded in a worker thread), template, parsers,
+    routing and, per the settings, KV feeds and health checks (not running yet: `run_model_pool`).
+
+    Raises `FleetError` when the tokenizer cannot be loaded or the engines do not fit KV routing.
+    """
+    model = fleet.model
+    try:
+        tokenizer = await trio.to_thread.run_sync(ModelTokenizer.from_directory, Path(model.tokenizer_path))
+    except TokenizerLoadError as error:
+        raise FleetError(f"model {model.served_model_name!r}: {error} (give --model-path)") from None
+    kv = None
+    if config.router_mode in LOAD_MODES:
         try:
-            fleet = await Fleet.connect(
-                urls,
-                channels,
-                api=config.engine_api,
-                wait_timeout=config.engine_wait_timeout,
-                join_grace=config.engine_join_grace,
-                overrides=FleetOverrides(config.model_path, config.served_model_name, config.kv_cache_block_size),
-            )
-            check_roles(fleet, config.prefill_engine_url)
-            tokenizer = await trio.to_thread.run_sync(ModelTokenizer.from_directory, Path(fleet.model.tokenizer_path))
-            template = load_chat_template(Path(config.chat_template)) if config.chat_template else None
-            kv = None
-            if config.router_mode in LOAD_MODES:
-                try:
-                    kv = KvRouting([engine.card for engine in fleet.engines], config)
-                except ValueError as error:
-                    raise FleetError(str(error)) from None
-            affinity = SessionAffinity(config.router_session_ttl) if config.router_session_ttl > 0 else None
-            routing = RoutingPolicy(config.router_mode, enforce_disagg=config.enforce_disagg, kv=kv, affinity=affinity)
-            harmony = is_harmony_model(fleet.model.model_path, fleet.model.served_model_name)
-            pool = ModelPool(
-                config, fleet, routing, tokenizer, template, select_model_parsers(config, fleet.model), harmony
-            )
-            pool.model_config = await trio.to_thread.run_sync(read_model_config, Path(fleet.model.tokenizer_path))
-            watch = StreamWatch(keepalive=config.sse_keepalive, stall_timeout=config.stream_idle_timeout)
-            pool.watch = watch
-            nursery.start_soon(watch.run)
-            tracing.configure(config.otlp_traces_endpoint)
-            await trio.to_thread.run_sync(_warm_up_request_path, pool)
-            await _connect_for_generation(fleet.engines)
-            threshold = _busy_threshold(config)
-            # One GetLoad poll feeds both KV routing and the busy threshold when both want it.
-            kv_polls = config.load_poll_interval if threshold is None else 0.0
-            # KV routing first: an engine that joins (through health checking) is indexed at once.
-            if kv is not None:
-                pool.kv_feeds = KvFeeds(kv, fleet, load_poll_interval=kv_polls)
+            kv = KvRouting([engine.card for engine in fleet.engines], config)
+        except ValueError as error:
+            raise FleetError(str(error)) from None
+    affinity = SessionAffinity(config.router_session_ttl) if config.router_session_ttl > 0 else None
+    routing = RoutingPolicy(config.router_mode, enforce_disagg=config.enforce_disagg, kv=kv, affinity=affinity)
+    harmony = is_harmony_model(model.model_path, model.served_model_name)
+    pool = ModelPool(
+        config, fleet, routing, tokenizer, chat_template, select_model_parsers(config, model), harmony,
+        on_engine_down=on_engine_down,
+    )  # fmt: skip
+    pool.model_config = await trio.to_thread.run_sync(read_model_config, Path(model.tokenizer_path))
+    pool.watch = watch
+    threshold = _busy_threshold(config)
+    if threshold is not None:
+        pool.busy = EngineLoads(threshold)
+    # KV routing before health checking: an engine that joins is indexed at once. One GetLoad poll
+    # feeds both KV routing and the busy threshold when both want it (`run_model_pool`).
+    if kv is not None:
+        kv_polls = config.load_poll_interval if pool.busy is None else 0.0
+        pool.kv_feeds = KvFeeds(kv, fleet, load_poll_interval=kv_polls)
+    if config.health_interval > 0:
+        pool.health = EngineHealth(
+            fleet,
+            channels,
+            interval=config.health_interval,
+            timeout=config.health_timeout,
+            api=config.engine_api,
+            on_down=pool.engine_down,
+            check_join=pool.check_join,
+            on_join=pool.engine_joined,
+            on_change=pool.engine_changed,
+        )
+    await trio.to_thread.run_sync(_warm_up_request_path, pool)
+    return pool
+
+
+async def run_model_pool(
+    pool: ModelPool, scope: trio.CancelScope, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+) -> None:
+    """Run a pool's own tasks (KV feeds, health checks) until `scope` is cancelled (its last engine
+    left) or the frontend stops."""
+    with scope:
+        async with trio.open_nursery() as nursery:
+            if pool.kv_feeds is not None:
                 await nursery.start(pool.kv_feeds.run)
-                log.info("%s routing: %s", config.router_mode, pool.kv_feeds.stats())
-            if threshold is not None:
-                pool.busy = busy = EngineLoads(threshold)
+                log.info("model %r: %s routing: %s", pool.name, pool.config.router_mode, pool.kv_feeds.stats())
+            busy = pool.busy
+            if busy is not None:
+                kv = pool.routing.kv
                 consumers = [pool.apply_load]
                 if kv is not None:
                     consumers.append(lambda engine, loads: kv.apply_load(engine.id, engine.card, loads))
-                interval = config.load_poll_interval or 1.0
-                nursery.start_soon(poll_loads, fleet, interval, consumers, busy.polled)
-                log.info("engines count as busy at %s (GetLoad every %gs)", threshold.describe(), interval)
-            if config.health_interval > 0:
-                pool.health = EngineHealth(
-                    fleet,
-                    channels,
-                    interval=config.health_interval,
-                    timeout=config.health_timeout,
-                    api=config.engine_api,
-                    on_down=pool.engine_down,
-                    check_join=pool.check_join,
-                    on_join=pool.engine_joined,
-                    on_change=pool.engine_changed,
-                )
+                interval = pool.config.load_poll_interval or 1.0
+                nursery.start_soon(poll_loads, pool.fleet, interval, consumers, busy.polled)
+                log.info("model %r: engines count as busy at %s (GetLoad every %gs)",
+                         pool.name, busy.threshold.describe(), interval)  # fmt: skip
+            if pool.health is not None:
                 await nursery.start(pool.health.run)
-            elif fleet.pending:
-                log.warning(
-                    "health checks are off (--health-interval 0): engines not up yet (%s) will never join",
-                    ", ".join(f"{p.id} ({p.url})" for p in fleet.pending),
-                )
-            log.info(
-                "serving model %r from %d engine(s): %s%s",
-                pool.name,
-                len(fleet.engines),
-                ", ".join(f"{e.id}={e.card.host}:{e.card.port} ({e.card.api}, {e.card.role})" for e in fleet.engines),
-                "; not up yet: " + ", ".join(f"{p.id}={p.url}" for p in fleet.pending) if fleet.pending else "",
+            task_status.started()
+
+
+class FleetPools:
+    """The frontend's model pools as engines come and go: the `PoolHost` of the fleet's membership.
+
+    An engine of a model nobody serves yet opens that model's pool (`open_model_pool`; its tasks run
+    in a nursery of their own inside the frontend's, `run_model_pool`); an engine of a served model
+    is checked against its pool (`fleet_model`'s agreement, role, KV routing block), connected ahead,
+    subscribed to, and only then routable. A pool whose last engine drained closes: its tasks are
+    cancelled and its model is no longer listed.
+    """
+
+    def __init__(
+        self,
+        config: ServeConfig,
+        frontend: Frontend,
+        channels: ChannelPool,
+        nursery: trio.Nursery,
+        settings: PoolSettings,
+        chat_template: str | None,
+        watch: StreamWatch | None = None,
+    ) -> None:
+        self.watch = watch
+        self.config = config
+        self.frontend = frontend
+        self.channels = channels
+        self.nursery = nursery
+        self.settings = settings
+        self.chat_template = chat_template
+        self.membership: Membership | None = None
+        self._scopes: dict[str, trio.CancelScope] = {}
+        self._locks: dict[str, trio.Lock] = {}
+
+    def pool_name(self, spec: EngineSpec, card: EngineCard) -> str:
+        return self.settings.pool_name(spec.model or card.served_model_name)
+
+    async def open_pool(self, name: str, engines: list[Engine], sources: Sequence[str] = ()) -> ModelPool:
+        """Open the pool of model `name` with its first `engines` (`FleetError` if they cannot serve
+        together or the model cannot be loaded)."""
+        overrides = self.settings.overrides(name, [pool.name for pool in self.frontend.pools()])
+        fleet = Fleet(engines, fleet_model([(e.id, e.card) for e in engines], overrides), overrides=overrides)
+        for engine in engines:
+            check_role(engine, self.config.prefill_engine_url)
+        pool = await open_model_pool(
+            self.config, fleet, self.channels, self.chat_template, on_engine_down=self._engine_down, watch=self.watch
+        )
+        pool.waiting = partial(self._waiting_for, name)
+        await _connect_for_generation(engines)
+        scope = self._scopes[name] = trio.CancelScope()
+        await self.nursery.start(run_model_pool, pool, scope)
+        self.frontend.add_pool(pool)
+        log.info(
+            "serving model %r from %d engine(s): %s",
+            pool.name,
+            len(engines),
+            ", ".join(f"{e.id}={e.card.host}:{e.card.port} ({e.card.api}, {e.card.role})" for e in engines),
+        )
+        return pool
+
+    # ---- PoolHost ---------------------------------------------------------------------------------
+
+    async def join(self, member: Member, probed: ProbedEngine) -> tuple[str, Engine]:
+        card = probed.card
+        expected = member.spec.role
+        if expected is not None and card.role != expected:
+            raise FleetError(f"it reports role {card.role!r}, but its source names it a {expected} engine")
+        name = self.pool_name(member.spec, card)
+        engine = Engine(member.id, card, probed.client)
+        lock = self._locks.setdefault(name, trio.Lock())
+        try:
+            async with lock:  # one engine of a model at a time: the first one opens its pool
+                pool = self.frontend.find_pool(name)
+                if pool is None:
+                    await self.open_pool(name, [engine])
+                    return name, engine
+                pool.fleet.admits(engine, pool.check_join)
+                await _connect_for_generation([engine])
+                pool.engine_joined(engine)  # KV events followed before the first request goes there
+                try:
+                    pool.fleet.add(engine, pool.check_join)
+                except FleetError:
+                    pool.engine_left(engine)
+                    raise
+                if pool.health is not None:
+                    pool.health.watch(engine)
+        finally:
+            # A pool whose last engine drained while this one joined it stays open until here.
+            left = self.frontend.find_pool(name)
+            if left is not None:
+                self._close_if_empty(left)
+        log.info(
+            "engine %s (%s) joins model %r (%s API, %s); serving it from %d engine(s)",
+            engine.id, card.url, name, card.api, card.role, len(pool.fleet.engines),
+        )  # fmt: skip
+        return name, engine
+
+    def withdraw(self, engine: Engine) -> None:
+        pool = self._pool_of(engine)
+        if pool is None:
+            return
+        if pool.health is not None:
+            pool.health.forget(engine)
+        pool.fleet.withdraw(engine)
+        if not pool.fleet.engines:
+            log.warning("model %r has no engine left: its requests get 503 until one joins", pool.name)
+
+    def forget(self, engine: Engine) -> None:
+        pool = self._pool_of(engine)
+        if pool is None:
+            return
+        pool.fleet.forget(engine)
+        pool.engine_left(engine)
+        self._close_if_empty(pool)
+
+    def _close_if_empty(self, pool: ModelPool) -> None:
+        """Close `pool` if no engine is in it, draining from it, or joining it right now."""
+        lock = self._locks.get(pool.name)
+        if pool.fleet.engines or pool.fleet.draining or (lock is not None and lock.locked()):
+            return
+        self.frontend.remove_pool(pool)
+        scope = self._scopes.pop(pool.name, None)
+        if scope is not None:
+            scope.cancel()
+        log.info("model %r is no longer served: its last engine left", pool.name)
+
+    # ---- helpers ----------------------------------------------------------------------------------
+
+    def _pool_of(self, engine: Engine) -> ModelPool | None:
+        for pool in self.frontend.pools():
+            if engine in pool.fleet.engines or engine in pool.fleet.draining:
+                return pool
+        return None
+
+    def _engine_down(self, engine: Engine) -> None:
+        if self.membership is not None:
+            self.membership.engine_down(engine)
+
+    def _waiting_for(self, name: str) -> list[Member]:
+        """Engines in no pool yet that may join `name`'s (their source names no other model)."""
+        if self.membership is None:
+            return []
+        return [m for m in self.membership.waiting() if m.spec.model is None or self.settings.pool_name(m.spec.model) == name]
+
+
+def engine_sources(config: ServeConfig) -> list[EngineSource]:
+    """The discovery sources the settings name (`FleetError` for a malformed one)."""
+    try:
+        nameserver = parse_nameserver(config.discovery_nameserver) if config.discovery_nameserver else None
+        resolver = DnsResolver(nameserver, timeout=max(1.0, min(5.0, config.discovery_interval)))
+        sources: list[EngineSource] = [DnsSource(*parse_dns_target(name), resolver) for name in config.engine_dns]
+    except ValueError as error:
+        raise FleetError(str(error)) from None
+    sources += [SrvSource(name, resolver) for name in config.engine_dns_srv]
+    if config.engine_file:
+        sources.append(FileSource(config.engine_file))
+    return sources
+
+
+def has_engine_sources(config: ServeConfig) -> bool:
+    """Whether any engine is named (else `serve` runs built-in mock engines)."""
+    return bool(
+        config.engine_url or config.prefill_engine_url or config.engine_dns or config.engine_dns_srv or config.engine_file
+    )
+
+
+async def run_frontend(config: ServeConfig, *, task_status: trio.TaskStatus[Frontend] = trio.TASK_STATUS_IGNORED) -> None:
+    """Start the fleet and its pools, report the `Frontend`, and keep everything running until cancelled.
+
+    Engines given with `--engine-url`/`--prefill-engine-url` are probed first and start-up waits for
+    them as it always did (`probe_fleet`); the discovery sources are then asked once, and start-up
+    waits (at most `--engine-wait-timeout`) for a first probe of every engine they named.
+    """
+    async with open_asyncio_loop(), trio.open_nursery() as nursery:
+        keepalive = client_config(config.engine_keepalive_interval, config.engine_keepalive_timeout)
+        channels = ChannelPool(connect_timeout=config.connect_timeout, config=keepalive)
+        try:
+            try:
+                settings = PoolSettings.parse(config.served_model_name, config.model_path, config.kv_cache_block_size)
+            except ValueError as error:
+                raise FleetError(str(error)) from None
+            sources = engine_sources(config)
+            static = [("engine-url", url) for url in config.engine_url]
+            static += [("prefill-engine-url", url) for url in config.prefill_engine_url]
+            if not has_engine_sources(config):
+                urls = await start_mock_engines(config.mock_engines, config.mock_speedup, nursery)
+                static = [("engine-url", url) for url in urls]
+            template = load_chat_template(Path(config.chat_template)) if config.chat_template else None
+            frontend = Frontend(config)
+            tracing.configure(config.otlp_traces_endpoint)
+            # One watch over every pool's streams and engine calls (SSE keep-alives, hung engines).
+            watch = StreamWatch(keepalive=config.sse_keepalive, stall_timeout=config.stream_idle_timeout)
+            nursery.start_soon(watch.run)
+            pools = FleetPools(config, frontend, channels, nursery, settings, template, watch)
+            membership = Membership(
+                pools,
+                channels,
+                ids=EngineIds(len(static)),
+                api=config.engine_api,  # type: ignore[arg-type]
+                probe_interval=config.health_interval if config.health_interval > 0 else config.discovery_interval,
+                probe_timeout=max(config.health_timeout * 5, 1.0),
+                drain_timeout=config.drain_timeout,
+                abort_timeout=config.abort_timeout,
             )
+            frontend.membership = pools.membership = membership
+            await nursery.start(membership.run)
+            if static:
+                await _start_static_engines(config, static, channels, pools, membership)
+            grace = config.discovery_interval if config.discovery_grace is None else config.discovery_grace
+            for source in sources:
+                membership.add_source(source.state(grace))
+                await nursery.start(run_source, source, membership, config.discovery_interval)
+            with trio.move_on_after(config.engine_wait_timeout):
+                for member in membership.members():
+                    await member.settled.wait()
+            if not frontend.pools():
+                log.warning("no engine is serving yet: /health answers 503 until one joins")
             nursery.start_soon(monitor_loop_lag)
             if config.gc_full_collection_growth > 0:
                 nursery.start_soon(partial(run_gc_policy, config.gc_full_collection_growth))
@@ -513,8 +822,33 @@ async def run_frontend(config: ServeConfig, *, task_status: trio.TaskStatus[Fron
             # keep it out of the cyclic GC, whose full collections otherwise walk those ~60k
             # objects each time and stall every stream for tens of milliseconds.
             gc.freeze()
-            task_status.started(Frontend(config, [pool]))
+            task_status.started(frontend)
             await trio.sleep_forever()
         finally:
             channels.close()
             nursery.cancel_scope.cancel()
+
+
+async def _start_static_engines(
+    config: ServeConfig, static: list[tuple[str, str]], channels: ChannelPool, pools: FleetPools, membership: Membership
+) -> None:
+    """Probe the engines given on the command line, open their models' pools, and hand those not
+    up yet to the membership (they keep their ids, positions in the URL lists)."""
+    probed, pending = await probe_fleet(
+        [url for _, url in static],
+        channels,
+        api=config.engine_api,  # type: ignore[arg-type]
+        wait_timeout=config.engine_wait_timeout,
+        join_grace=config.engine_join_grace,
+    )
+    source_of = {url: source for source, url in static}
+    groups: dict[str, list[Engine]] = {}
+    for engine_id, engine in probed:
+        name = pools.pool_name(EngineSpec(engine.card.url), engine.card)
+        groups.setdefault(name, []).append(Engine(engine_id, engine.card, engine.client))
+    for name, engines in groups.items():
+        await pools.open_pool(name, engines)
+        for engine in engines:
+            membership.adopt(source_of[engine.card.url], EngineSpec(engine.card.url), name, engine)
+    for waiting in pending:
+        membership.want(source_of[waiting.url], EngineSpec(waiting.url), engine_id=waiting.id, reason=waiting.reason)

@@ -70,7 +70,7 @@ def worker_environment(config: ServeConfig, environ: Mapping[str, str]) -> dict[
     for spec in fields(ServeConfig):
         name = ENV_PREFIX + spec.name.upper()
         value = getattr(config, spec.name)
-        if value is None:
+        if value is None or value == []:
             env.pop(name, None)
         elif isinstance(value, bool):
             env[name] = "true" if value else "false"
@@ -324,7 +324,7 @@ def _shutdown_write(sock: socket.socket) -> None:
 async def supervise(config: ServeConfig) -> int:
     """`trio-direct serve --workers N`; returns the process exit status."""
     from trio_direct.engine.transport import open_asyncio_loop
-    from trio_direct.frontend.runtime import start_mock_engines
+    from trio_direct.frontend.runtime import has_engine_sources, start_mock_engines
 
     try:
         listener = open_listener(config.host, config.port)
@@ -335,10 +335,16 @@ async def supervise(config: ServeConfig) -> int:
         log.info("listening on %s; starting %d workers", http_address(listener), config.workers)
         async with open_asyncio_loop(), trio.open_nursery() as nursery:
             mocks = None
-            if not config.engine_url and not config.prefill_engine_url:
+            if not has_engine_sources(config):
                 # One fleet for all children: the supervisor runs the built-in mock engines.
                 mocks = await start_mock_engines(config.mock_engines, config.mock_speedup, nursery)
             child = worker_config(config, mocks)
+            if config.admin_api_key:
+                log.warning(
+                    "--admin-api-key with %d workers: each worker has a fleet of its own; the admin API answers for "
+                    "the worker that takes the connection and changes only its fleet (change every worker's with "
+                    "--engine-file or --engine-dns)", config.workers,
+                )  # fmt: skip
             if child.load_poll_interval != config.load_poll_interval:
                 log.info(
                     "kv routing with %d workers: polling engine load every %gs (--load-poll-interval) so each "

@@ -71,6 +71,9 @@ def create_app(
     """The ASGI app. `get_frontend` returns None while the frontend is still starting (503s then);
     `start`, when given, runs the frontend for the lifespan of the app (the hypercorn CLI entry)."""
     api_key = config.api_key.encode() if config.api_key else None
+    admin_key = config.admin_api_key.encode() if config.admin_api_key else None
+    if admin_key is None:  # the admin API is off without its key: its paths do not exist (404)
+        routes = RouteTable([route for route in routes.routes if not route.admin])
     origins = _origins(config.cors_allow_origins)
     admission = Admission(config.max_concurrent_requests, config.max_queued_requests, config.queue_timeout)
     max_body = config.max_body_bytes
@@ -100,7 +103,8 @@ def create_app(
             else:
                 await exchange.json(404, errors.not_found(f"Not Found: {method} {path}").to_json())
             return
-        if api_key is not None and not route.open and not _authorized(exchange, route, api_key):
+        key = admin_key if route.admin else api_key
+        if key is not None and not route.open and not _authorized(exchange, route, key):
             error = errors.unauthorized()
             await exchange.json(error.status, route.error_body(error), headers=[(b"www-authenticate", b"Bearer")])
             return

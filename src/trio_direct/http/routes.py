@@ -6,6 +6,7 @@ from __future__ import annotations
 from trio_direct.anthropic.errors import anthropic_error_body
 from trio_direct.http.routing_table import Route, RouteTable
 from trio_direct.surfaces import (
+    admin,
     chat,
     completions,
     embeddings,
@@ -46,4 +47,7 @@ ROUTES = RouteTable([
           error_body=anthropic_error_body, api_key_headers=_X_API_KEY),
     Route("GET", "/debug/routing", operations.routing_state),
     Route("POST", "/debug/routing", operations.routing_for_prompt),
+    Route("GET", "/admin/engines", admin.list_engines, admin=True),
+    Route("POST", "/admin/engines", admin.add_engine, admin=True),
+    Route("DELETE", "/admin/engines/{id}", admin.remove_engine, admin=True),
 ])  # fmt: skip

@@ -44,6 +44,9 @@ class Route:
     error_body: ErrorFormat = openai_error_body
     #: Request headers that may carry the API key besides `Authorization: Bearer`.
     api_key_headers: tuple[bytes, ...] = ()
+    #: The admin API: `--admin-api-key` (not `--api-key`) is required, and without one the route
+    #: does not exist (404).
+    admin: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -106,6 +106,15 @@ class KvFeeds:
                 "re-subscribed" if sink is not None else "routed by load only",
             )  # fmt: skip
 
+    def engine_left(self, engine: Engine) -> None:
+        """`engine` left the fleet for good: stop following its KV events, and drop its index
+        entries and its load."""
+        subscription = self._subscriptions.pop(engine.id, None)
+        if subscription is not None:
+            subscription.sink.retired = True
+            subscription.scope.cancel()
+        self.kv.engine_left(engine.id, engine.card)
+
     def engine_down(self, engine: Engine) -> None:
         """Forget what `engine` caches (its events stopped being trustworthy) and its load."""
         subscription = self._subscriptions.get(engine.id)

@@ -235,6 +235,20 @@ class KvRouting:
             self.router.remove_worker(key)
             self.decode_router.remove_worker(key)
 
+    def engine_left(self, engine_id: str, card: EngineCard) -> None:
+        """The engine left the fleet for good: its ranks leave the index and the routers."""
+        for key in routing_keys(engine_id, card):
+            if self.index is not None:
+                self.index.remove_worker(key)
+            self.router.remove_worker(key)
+            self.decode_router.remove_worker(key)
+
+    def held_blocks(self, engine_id: str, card: EngineCard) -> int:
+        """Routing blocks the index holds for the engine, all its ranks together (0 without events)."""
+        if self.index is None:
+            return 0
+        return sum(self.index.held_blocks(key) for key in routing_keys(engine_id, card))
+
     def own_load(self, engine_id: str, card: EngineCard) -> dict[RoutingKey, OwnLoad]:
         """This frontend's load on each of the engine's ranks now: take it as a `GetLoad` is sent."""
         router = self.decode_router if card.role == "decode" else self.router

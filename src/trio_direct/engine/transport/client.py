@@ -86,6 +86,9 @@ _CLOSED_STREAMS_REMEMBERED = 1024
 #: How long leaving a stream early waits for its asyncio task to reset the stream and end.
 _CANCEL_SETTLE_TIMEOUT = 5.0
 
+#: Why a call to an engine that left the fleet fails.
+_RETIRED = "engine removed from the fleet"
+
 #: Stream connections per engine at most (3,200 streams at a limit of 100, more than an engine runs).
 _MAX_STREAM_CONNECTIONS = 32
 
@@ -316,18 +319,39 @@ class EngineChannel:
         self.name = f"{host}:{port}"
         self._control: _Connection | None = None
         self._streaming: list[_Connection] = []
+        #: The open streams (their asyncio call and the channel their messages reach trio by), for
+        #: `fail_streams`; and the unary calls in progress: `idle` when both are none.
+        self._streams: dict[asyncio.Task, trio.MemorySendChannel] = {}
+        self._unary_calls = 0
+        self._idle: trio.Event | None = None
+        #: Set by `retire`: the engine left the fleet, every call fails as unavailable.
+        self.retired = False
 
     # --- trio side -------------------------------------------------------------------------------
 
     async def unary(self, path: str, request: Any, response_type: type, *, timeout: float | None) -> Any:
         """One unary control call; raises a typed `EngineError` on failure."""
-        return await aio(self._unary_aio)(path, request, response_type, timeout)
+        if self.retired:
+            raise EngineUnavailable(_RETIRED, engine=self.name)
+        self._unary_calls += 1
+        try:
+            return await aio(self._unary_aio)(path, request, response_type, timeout)
+        finally:
+            self._unary_calls -= 1
+            self._note_idle()
 
     async def unary_work(self, path: str, request: Any, response_type: type, *, timeout: float | None) -> Any:
         """A unary call that is request work (`Embed`): it rides the connections for streams, so a
         batch of them never queues health checks and Aborts behind it. Cancelling it resets its
         HTTP/2 stream, which the engine observes as a client cancel."""
-        return await aio(self._unary_work_aio)(path, request, response_type, timeout)
+        if self.retired:
+            raise EngineUnavailable(_RETIRED, engine=self.name)
+        self._unary_calls += 1
+        try:
+            return await aio(self._unary_work_aio)(path, request, response_type, timeout)
+        finally:
+            self._unary_calls -= 1
+            self._note_idle()
 
     @asynccontextmanager
     async def open_stream(
@@ -340,16 +364,27 @@ class EngineChannel:
         """
         send, receive = trio.open_memory_channel(math.inf)
         written = trio.Event()
+        if self.retired:  # fails at the first read, like any call that cannot reach its engine
+            send.send_nowait(_Failure(EngineUnavailable(_RETIRED, engine=self.name)))
+            send.close()
+            written.set()
+            yield MessageStream(receive, written)
+            return
         # The call's asyncio task is started directly rather than awaited from a trio task: no nursery,
         # pump task or wrapper future per stream, which is fewer scheduling hops before the request
         # leaves and fewer objects for the garbage collector to walk per open stream.
         call = current_loop().create_task(self._stream_aio(path, request, response_type, timeout, send, written))
+        self._streams[call] = send
         try:
             yield MessageStream(receive, written, send)
         finally:
-            if not call.done():
-                call.cancel()  # grpclib's stream exit, inside asyncio, resets the HTTP/2 stream
-                await settled(call, _CANCEL_SETTLE_TIMEOUT)
+            try:
+                if not call.done():
+                    call.cancel()  # grpclib's stream exit, inside asyncio, resets the HTTP/2 stream
+                    await settled(call, _CANCEL_SETTLE_TIMEOUT)
+            finally:
+                del self._streams[call]
+                self._note_idle()
 
     async def connect_for_streams(self) -> None:
         """Have a connection for streams open, its stream limit learned, before a stream needs one.
@@ -372,6 +407,56 @@ class EngineChannel:
             self._control = None
         for connection in connections:
             connection.close()
+
+    # --- draining (an engine leaving the fleet) --------------------------------------------------
+
+    @property
+    def streams_in_flight(self) -> int:
+        """Streams open on this engine now (each one an engine request still being read)."""
+        return len(self._streams)
+
+    @property
+    def idle(self) -> bool:
+        """No stream open and no unary call (an `Abort` included) in progress."""
+        return not self._streams and not self._unary_calls
+
+    async def wait_idle(self) -> None:
+        """Return once `idle` (at once if it is).
+
+        Idleness is checked again on waking: a stream's reader that sends an `Abort` as it leaves
+        starts that call before it yields, so a stream ending is never mistaken for the engine
+        being done with.
+        """
+        while not self.idle:
+            if self._idle is None:
+                self._idle = trio.Event()
+            await self._idle.wait()
+
+    def fail_streams(self, error: EngineError) -> int:
+        """End every open stream with `error`, now: each reader gets it after the messages that had
+        arrived (its request then ends like any that lost its engine: retried before its first
+        token, else an error for its client, and an `Abort`), and the HTTP/2 stream is reset.
+        Returns how many streams it ended."""
+        streams = list(self._streams.items())
+        for call, send in streams:
+            try:
+                send.send_nowait(_Failure(error))
+            except (trio.ClosedResourceError, trio.BrokenResourceError):
+                pass  # the call already ended; its reader sees how
+            call.cancel()
+        return len(streams)
+
+    def retire(self) -> None:
+        """Close every connection for good: the engine left the fleet. Later calls fail at once as
+        unavailable instead of connecting again (a request routed just before it left is then
+        retried elsewhere, before its first token)."""
+        self.retired = True
+        self.close()
+
+    def _note_idle(self) -> None:
+        if self._idle is not None and self.idle:
+            self._idle.set()
+            self._idle = None
 
     # --- asyncio side ----------------------------------------------------------------------------
 
@@ -534,6 +619,13 @@ class ChannelPool:
                 host, port, connect_timeout=self.connect_timeout, config=self.config
             )
         return channel
+
+    def retire(self, host: str, port: int) -> None:
+        """The engine at ``host:port`` left the fleet: retire its channel and forget it (an engine
+        that joins there later gets a new one)."""
+        channel = self._channels.pop((host, port), None)
+        if channel is not None:
+            channel.retire()
 
     def close(self) -> None:
         for channel in self._channels.values():
