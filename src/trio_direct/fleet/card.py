@@ -2,10 +2,11 @@
 
 Block size, role, DP layout, bootstrap port, KV-event endpoints, streaming mode, context length and
 parsers all come from the engine's `GetModelInfo`/`GetServerInfo` JSON rather than from flags, so they
-cannot silently disagree with the engine (user-asks.md §12). `engine_card` turns those two payloads,
+cannot silently disagree with the engine (a flag that disagrees with the engine is a bug users
+report in peer routers). `engine_card` turns those two payloads,
 as the adapters in `trio_direct.engine` decode them, into an `EngineCard`; it does no I/O.
 
-Where the two APIs differ (sglang-native-grpc.md §7, sglang-smg-grpc.md §4, kv-events.md §2): the
+Where the two APIs differ (sglang 0.5.23's native `GetServerInfo` against smg-grpc-servicer's): the
 native API describes its KV publisher in a ready-made ``kv_events`` descriptor, the SMG API only
 repeats the raw ``--kv-events-config`` JSON; the SMG `GetModelInfo.max_context_length` is the KV pool
 size (a servicer quirk) and is never used.
@@ -163,7 +164,7 @@ def engine_card(
         kv_events = _native_kv_sources(descriptor, host, dp_size)
         kv_block_size = _int(descriptor.get("block_size")) if isinstance(descriptor, Mapping) else None
         # The native API streams cumulative ids unless the engine runs with
-        # --incremental-streaming-output (sglang-native-grpc.md §6.4).
+        # --incremental-streaming-output.
         incremental = bool(server_info.get("incremental_streaming_output"))
     else:
         kv_events = _smg_kv_sources(server_info.get("kv_events_config"), host, dp_size, url)
@@ -239,7 +240,7 @@ def _advertised_host(advertised: Any, dialled: str) -> str:
 
 
 def _native_kv_sources(descriptor: Any, host: str, dp_size: int) -> tuple[KvEventSource, ...]:
-    """Per-rank sources from the native ``kv_events`` descriptor (kv-events.md §2)."""
+    """Per-rank sources from the native ``kv_events`` descriptor (one endpoint per DP rank)."""
     if not isinstance(descriptor, Mapping) or (_text(descriptor.get("publisher")) or "zmq") != "zmq":
         return ()
     base = _int(descriptor.get("endpoint_port_base"))
@@ -261,7 +262,7 @@ def _native_kv_sources(descriptor: Any, host: str, dp_size: int) -> tuple[KvEven
 
 
 def _smg_kv_sources(raw: Any, host: str, dp_size: int, url: str) -> tuple[KvEventSource, ...]:
-    """Per-rank sources from the raw ``--kv-events-config`` the SMG API repeats (kv-events.md §2).
+    """Per-rank sources from the raw ``--kv-events-config`` the SMG API repeats (its ``endpoint``, one port per DP rank).
 
     Only TCP publishers can be dialled from another host; ``ipc://`` ones give no sources.
     """
