@@ -336,7 +336,11 @@ async def test_prefill_and_decode_engines_from_a_file_drain_like_any_other(aio_l
         path.write_text(json.dumps(entries))
 
     write(*decodes)
-    base = await start_frontend(nursery, "--engine-file", str(path), "--drain-timeout", "2", *QUICK)
+    # Migration off: a stream cut at the drain timeout ends with an error event (with migration on it
+    # moves instead; the test after this one).
+    base = await start_frontend(
+        nursery, "--engine-file", str(path), "--drain-timeout", "2", "--migration-limit", "0", *QUICK
+    )
     async with httpx.AsyncClient(base_url=base, timeout=30) as client:
         assert (await client.get("/debug/routing")).json()["disaggregated"]
         model = (await client.get("/v1/models")).json()["data"][0]["id"]
@@ -379,3 +383,51 @@ async def test_prefill_and_decode_engines_from_a_file_drain_like_any_other(aio_l
                 await trio.sleep(0.05)
     host, port = leaving.url.removeprefix("grpc://").rsplit(":", 1)
     await wait_until(lambda: established_connections(host, int(port)) == 0, timeout=10)
+
+
+async def test_a_stream_cut_at_the_drain_timeout_moves_to_another_decode_engine(aio_loop, nursery, tmp_path):
+    """A scale-down loses nothing: the stream still running on a leaving decode engine when
+    `--drain-timeout` ends gets its Abort there and goes on through a fresh prefill on the decode
+    engine that stays, to its full length, with one finish_reason."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        bootstrap = str(sock.getsockname()[1])
+    prefill = await start_mock_engine(nursery, "--role", "prefill", "--disaggregation-bootstrap-port", bootstrap, *ENGINE)
+    decodes = [await start_mock_engine(nursery, "--role", "decode", *ENGINE) for _ in range(2)]
+    path = tmp_path / "engines.json"
+
+    def write(*engines) -> None:
+        entries = [{"url": prefill.url, "role": "prefill"}] + [{"url": d.url, "role": "decode"} for d in engines]
+        path.write_text(json.dumps(entries))
+
+    write(*decodes)
+    base = await start_frontend(nursery, "--engine-file", str(path), "--drain-timeout", "1", *QUICK)
+    async with httpx.AsyncClient(base_url=base, timeout=30) as client:
+        model = (await client.get("/v1/models")).json()["data"][0]["id"]
+        body = {"model": model, "messages": [{"role": "user", "content": "Go on"}], "max_tokens": 1200,
+                "stream": True, "ignore_eos": True, "stream_options": {"include_usage": True}}  # fmt: skip
+        events: list[dict] = []
+
+        async def read_stream() -> None:
+            async with client.stream("POST", "/v1/chat/completions", json=body) as reply:
+                async for line in reply.aiter_lines():
+                    if line.startswith("data: {"):
+                        events.append(json.loads(line[6:]))
+
+        async with trio.open_nursery() as streams:
+            streams.start_soon(read_stream)
+            await wait_until(lambda: len(events) >= 10, timeout=20)
+            leaving = [d for d in decodes if (await engine_accounting(d.url))["live"]][0]
+            write(*(d for d in decodes if d is not leaving))
+    assert not [e for e in events if "error" in e]
+    finishes = [c["finish_reason"] for e in events for c in e.get("choices", []) if c.get("finish_reason")]
+    assert finishes == ["length"]
+    assert events[-1]["usage"]["completion_tokens"] == 1200
+    cut = await engine_accounting(leaving.url)
+    assert cut["aborted"] + cut["cancelled"] >= 1  # ended there, not left running
+    stays = next(d for d in decodes if d is not leaving)
+    assert (await engine_accounting(stays.url))["finished"] >= 1
+    for engine in (prefill, *decodes):
+        with trio.fail_after(20):
+            while not settled(await engine_accounting(engine.url)):
+                await trio.sleep(0.05)

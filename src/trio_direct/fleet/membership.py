@@ -363,7 +363,8 @@ class Membership:
             if not channel.idle:
                 ended = channel.fail_streams(EngineUnavailable("engine drained", engine=channel.name))
                 log.warning(
-                    "engine %s: %d request(s) still running after --drain-timeout %gs end with an error and an Abort",
+                    "engine %s: %d request(s) still running after --drain-timeout %gs end there with an Abort"
+                    " (each moves to another engine within --migration-limit, else ends with an error)",
                     member.id, ended, self.drain_timeout,
                 )  # fmt: skip
                 with trio.move_on_after(self.abort_timeout + 1.0):  # their Aborts go out first
