@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import trio
 import zmq
-
 from support import FakeEngine
+
 from trio_direct.engine.transport import EngineChannel, open_asyncio_loop
 from trio_direct.engine.transport.server import serve_grpc
 from trio_direct.mock.server import MockEngineConfig, RunningMockEngine, run_mock_engine
@@ -27,6 +27,7 @@ async def aio_loop():
 @pytest.fixture
 def fake_engine_factory(aio_loop, nursery):
     """Start scriptable in-process engines: `await fake_engine_factory({path: (streaming, Req, Resp)})`."""
+
     async def start(types: dict[str, tuple[bool, type, type]]) -> FakeEngine:
         engine = FakeEngine()
         engine.port = await nursery.start(serve_grpc, engine.methods(types), "127.0.0.1", 0)
@@ -86,4 +87,3 @@ def ctx() -> Iterator[zmq.Context]:
     leaked = [sock for sock in list(context._sockets) if not sock.closed]
     context.destroy(linger=0)  # term() would hang on a leaked socket
     assert not leaked, "sockets left open"
-

@@ -33,9 +33,7 @@ def test_generated_code_is_not_stale() -> None:
 
 def test_every_generated_module_carries_the_marker() -> None:
     modules = {
-        p.relative_to(GENERATED).as_posix()
-        for p in GENERATED.rglob("*.py")
-        if p.name.endswith(("_pb2.py", "_grpc.py"))
+        p.relative_to(GENERATED).as_posix() for p in GENERATED.rglob("*.py") if p.name.endswith(("_pb2.py", "_grpc.py"))
     }
     assert modules == set(SOURCES)
     for module, source in SOURCES.items():

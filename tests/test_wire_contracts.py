@@ -554,11 +554,7 @@ def parse(package: str, number: int, name: str, spec: str) -> Expected:
 def _rows(
     package: str, module: ModuleType, table: dict[str, list[tuple[int, str, str]]]
 ) -> list[tuple[str, ModuleType, str, Expected]]:
-    return [
-        (package, module, message, parse(package, *row))
-        for message, rows in table.items()
-        for row in rows
-    ]
+    return [(package, module, message, parse(package, *row)) for message, rows in table.items() for row in rows]
 
 
 FIELD_ROWS = (
@@ -608,9 +604,7 @@ def _scalar_name(type_: int) -> str:
     FIELD_ROWS,
     ids=[f"{p}.{m}.{e.name}" for p, _, m, e in FIELD_ROWS],
 )
-def test_field_matches_reference(
-    package: str, module: ModuleType, message: str, expected: Expected
-) -> None:
+def test_field_matches_reference(package: str, module: ModuleType, message: str, expected: Expected) -> None:
     desc = _descriptor(package, module, message)
     field = desc.fields_by_number.get(expected.number)
     assert field is not None, f"field {expected.number} ({expected.name}) missing"
@@ -624,21 +618,13 @@ def test_field_matches_reference(
 
     proto = _field_proto(desc, field.name)
     is_map = kind.startswith("map<")
-    label = (
-        "repeated"
-        if field.is_repeated and not is_map
-        else "optional"
-        if proto.proto3_optional
-        else "singular"
-    )
+    label = "repeated" if field.is_repeated and not is_map else "optional" if proto.proto3_optional else "singular"
     if is_map:
         assert field.is_repeated and expected.label == "singular"
     elif expected.label != "any":
         assert label == expected.label
 
-    real_oneof = None if proto.proto3_optional or field.containing_oneof is None else (
-        field.containing_oneof.name
-    )
+    real_oneof = None if proto.proto3_optional or field.containing_oneof is None else (field.containing_oneof.name)
     assert real_oneof == expected.oneof
 
 

@@ -1,6 +1,5 @@
 """TrioSocket: pyzmq on trio without threads, incl. the edge-triggered FD trap."""
 
-
 import pytest
 import trio
 import trio.testing

@@ -239,11 +239,15 @@ def _add_mock_engine(subcommands: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default %(default)s)")
     p.add_argument("--port", type=int, default=0, help="gRPC port; 0 picks a free one (default)")
     p.add_argument(
-        "--api", choices=("native", "smg", "both"), default="both",
+        "--api",
+        choices=("native", "smg", "both"),
+        default="both",
         help="gRPC API(s) to serve on the port; both adds grpc.health.v1 (default %(default)s)",
     )
     p.add_argument(
-        "--role", choices=("aggregated", "prefill", "decode"), default="aggregated",
+        "--role",
+        choices=("aggregated", "prefill", "decode"),
+        default="aggregated",
         help="PD disaggregation role (default %(default)s)",
     )
     p.add_argument("--page-size", type=int, default=1, help="KV page size in tokens (default %(default)s)")
@@ -253,66 +257,91 @@ def _add_mock_engine(subcommands: argparse._SubParsersAction) -> None:
         "--max-running-requests", type=int, default=256, help="decode batch cap per rank (default %(default)s)"
     )
     p.add_argument(
-        "--max-prefill-tokens", type=int, default=16384,
+        "--max-prefill-tokens",
+        type=int,
+        default=16384,
         help="uncached prompt tokens per prefill step (default %(default)s)",
     )
     p.add_argument(
-        "--context-length", type=int, default=None,
+        "--context-length",
+        type=int,
+        default=None,
         help="context length override (default: the model config's max_position_embeddings)",
     )
     p.add_argument(
-        "--speedup", type=float, default=1.0,
+        "--speedup",
+        type=float,
+        default=1.0,
         help="divide simulated step times by this; 'inf' runs as fast as the CPU allows (default 1)",
     )
     p.add_argument(
-        "--incremental-streaming-output", action="store_true",
+        "--incremental-streaming-output",
+        action="store_true",
         help="native API streams deltas instead of cumulative output_ids",
     )
     p.add_argument(
-        "--kv-events-config", default=None, metavar="JSON",
-        help="SGLang's --kv-events-config JSON (plus \"format\": \"map\"|\"array\")",
+        "--kv-events-config",
+        default=None,
+        metavar="JSON",
+        help='SGLang\'s --kv-events-config JSON (plus "format": "map"|"array")',
     )
     p.add_argument(
-        "--disaggregation-bootstrap-port", type=int, default=8998,
+        "--disaggregation-bootstrap-port",
+        type=int,
+        default=8998,
         help="bootstrap port of a prefill engine; 0 picks a free one (default %(default)s)",
     )
     p.add_argument(
-        "--bootstrap-timeout", type=float, default=30.0,
+        "--bootstrap-timeout",
+        type=float,
+        default=30.0,
         help="seconds a PD leg waits for its partner (default %(default)s)",
     )
     p.add_argument(
-        "--model-path", default=None,
+        "--model-path",
+        default=None,
         help="local tokenizer/model directory (default: the built-in tiny ChatML model)",
     )
     p.add_argument(
-        "--served-model-name", default=MOCK_MODEL_NAME,
+        "--served-model-name",
+        default=MOCK_MODEL_NAME,
         help="model id to report (default: %(default)s, the name `serve` gives its built-in mocks)",
     )
     p.add_argument("--tool-call-parser", default=None, help="parser name to advertise in server info")
     p.add_argument("--reasoning-parser", default=None, help="parser name to advertise in server info")
     p.add_argument(
-        "--seed", type=int, default=None,
+        "--seed",
+        type=int,
+        default=None,
         help="seed of the engine's sampling RNG, as SGLang's --random-seed: requests without a seed draw theirs "
         "from it, so a fresh engine answers the same requests in the same order alike (default: fresh entropy)",
     )
     p.add_argument(
-        "--scripted-outputs", default=None, metavar="FILE",
+        "--scripted-outputs",
+        default=None,
+        metavar="FILE",
         help='JSON [{"match": "prompt substring" | null, "text": "..."}]: fixed answers (then EOS) for matching prompts',
     )
     p.add_argument(
-        "--is-embedding", action="store_true",
+        "--is-embedding",
+        action="store_true",
         help="serve an embedding model: Embed answers deterministic unit vectors of the config's hidden_size",
     )
     p.add_argument(
-        "--multimodal", action="store_true",
+        "--multimodal",
+        action="store_true",
         help="take image input (native image_data), each image counting a fixed number of prompt tokens",
     )
     p.add_argument(
-        "--expose-accounting", action=argparse.BooleanOptionalAction, default=True,
+        "--expose-accounting",
+        action=argparse.BooleanOptionalAction,
+        default=True,
         help="add a mock_accounting key to the native GetServerInfo json_info (default on)",
     )
     p.add_argument(
-        "--log-level", default="info", choices=("debug", "info", "warning", "error"),
+        "--log-level",
+        default="info",
+        choices=("debug", "info", "warning", "error"),
         help="logging level (default %(default)s)",
     )
     p.set_defaults(handler=_run_mock_engine)

@@ -250,7 +250,11 @@ def add_serve_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, s
         if spec.name in _URL_LISTS:
             env_default = environ.get(env_name, "").replace(",", " ").split()
             parser.add_argument(
-                flag, action="append", default=None, metavar=_URL_LISTS[spec.name], help=f"{_HELP[spec.name]} [{env_name}]"
+                flag,
+                action="append",
+                default=None,
+                metavar=_URL_LISTS[spec.name],
+                help=f"{_HELP[spec.name]} [{env_name}]",
             )
             parser.set_defaults(**{spec.name + "_env": env_default})
             continue

@@ -59,7 +59,10 @@ class JoinRootHandler(logging.Filter):
 
 def _is_console(handler: logging.Handler) -> bool:
     return type(handler) is logging.StreamHandler and handler.stream in (
-        sys.stderr, sys.stdout, sys.__stderr__, sys.__stdout__
+        sys.stderr,
+        sys.stdout,
+        sys.__stderr__,
+        sys.__stdout__,
     )
 
 

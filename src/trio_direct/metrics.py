@@ -42,15 +42,21 @@ DURATION = Histogram(
     buckets=_LATENCY_BUCKETS, registry=REGISTRY,
 )  # fmt: skip
 TOKENS = Counter("trio_direct_tokens", "Tokens by kind: input, output, cached", ["model", "kind"], registry=REGISTRY)
-ROUTED = Counter("trio_direct_routing_decisions", "Requests routed, by engine and role", ["engine", "role"], registry=REGISTRY)
+ROUTED = Counter(
+    "trio_direct_routing_decisions", "Requests routed, by engine and role", ["engine", "role"], registry=REGISTRY
+)
 ABORTS = Counter("trio_direct_engine_aborts", "Abort RPCs sent to engines", ["outcome"], registry=REGISTRY)
-RETRIES = Counter("trio_direct_retries", "Requests retried on another engine before their first token", registry=REGISTRY)
+RETRIES = Counter(
+    "trio_direct_retries", "Requests retried on another engine before their first token", registry=REGISTRY
+)
 MIGRATIONS = Counter(
     "trio_direct_migrations", "Streams moved to another engine after their engine failed mid-stream, by outcome "
     "(migrated; refused: guided decoding or no engine left; exhausted: --migration-limit reached)", ["outcome"],
     registry=REGISTRY,
 )  # fmt: skip
-QUEUE_DEPTH = Gauge("trio_direct_queue_depth", "Requests waiting for admission (--max-queued-requests)", registry=REGISTRY)
+QUEUE_DEPTH = Gauge(
+    "trio_direct_queue_depth", "Requests waiting for admission (--max-queued-requests)", registry=REGISTRY
+)
 _QUEUE_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 QUEUE_WAIT = Histogram(
     "trio_direct_queue_wait_seconds", "Time requests waited in the admission queue", buckets=_QUEUE_BUCKETS,
@@ -107,7 +113,9 @@ class FrontendCollector(Collector):
         )
         for pool in pools:
             for engine in pool.fleet.engines:
-                health.add_metric([pool.name, engine.id, engine.card.url, engine.card.role], 1.0 if engine.healthy else 0.0)
+                health.add_metric(
+                    [pool.name, engine.id, engine.card.url, engine.card.role], 1.0 if engine.healthy else 0.0
+                )
             for engine in pool.fleet.draining:  # leaving: finishes its requests, never routed to
                 health.add_metric([pool.name, engine.id, engine.card.url, engine.card.role], 0.0)
             for pending in pool.fleet.pending:  # not up since start-up: role unknown until it joins

@@ -67,7 +67,12 @@ def configure(endpoint: str | None = None, *, exporter: Any = None) -> bool:
     else:
         for name in (os.environ.get("OTEL_TRACES_EXPORTER") or "otlp").lower().split(","):
             provider.add_span_processor(BatchSpanProcessor(_exporter(name.strip(), endpoint)))
-    _provider, _tracer, _propagator, _trace_api = provider, provider.get_tracer("trio_direct"), TraceContextTextMapPropagator(), trace
+    _provider, _tracer, _propagator, _trace_api = (
+        provider,
+        provider.get_tracer("trio_direct"),
+        TraceContextTextMapPropagator(),
+        trace,
+    )
     ENABLED = True
     log.info("OpenTelemetry tracing on (service %s)", service)
     return True

@@ -12,10 +12,25 @@ from trio_direct.bench import bench_main, build_parser, default_trace_path, plan
 
 def test_a_synthetic_run_against_an_embedded_fleet_writes_results(tmp_path, capsys):
     out = tmp_path / "out"
-    status = bench_main([
-        "--synthetic", "--conversations", "4", "--turns", "2", "--time-scale", "0.01",
-        "--max-output-tokens", "8", "--mock-engines", "2", "--mock-speedup", "inf", "--out", str(out),
-    ])
+    status = bench_main(
+        [
+            "--synthetic",
+            "--conversations",
+            "4",
+            "--turns",
+            "2",
+            "--time-scale",
+            "0.01",
+            "--max-output-tokens",
+            "8",
+            "--mock-engines",
+            "2",
+            "--mock-speedup",
+            "inf",
+            "--out",
+            str(out),
+        ]
+    )
     assert status == 0
     results = json.loads((out / "results.json").read_text())
     assert results["summary"]["completed"] == 8 and results["summary"]["errors"] == 0

@@ -53,7 +53,12 @@ def result():
         for e in range(2)
     ]
     return BenchResult(
-        base_url="http://127.0.0.1:1", model="m", records=records, planned=6, elapsed_s=4.0, capped=True,
+        base_url="http://127.0.0.1:1",
+        model="m",
+        records=records,
+        planned=6,
+        elapsed_s=4.0,
+        capped=True,
         engine_load=load,
     )
 

@@ -52,7 +52,14 @@ def test_conversation_sampling_keeps_every_turn_of_the_kept_conversations(tmp_pa
     for turn in range(3):
         for conversation in range(40):
             blocks = [0] + [1000 * conversation + t for t in range(turn + 1)]
-            rows.append({"timestamp": 100 * len(rows), "input_length": 512 * len(blocks), "output_length": 1, "hash_ids": blocks})
+            rows.append(
+                {
+                    "timestamp": 100 * len(rows),
+                    "input_length": 512 * len(blocks),
+                    "output_length": 1,
+                    "hash_ids": blocks,
+                }
+            )
     path = write_trace(tmp_path / "conversations.jsonl", rows)
     kept = load_trace(path, conversation_fraction=0.25, seed=3)
     conversations = {r.hash_ids[1] for r in kept}

@@ -6,13 +6,13 @@ import json
 
 import pytest
 import trio
-
 from support import wait_until
+
 from trio_direct._proto.native import sglang_pb2 as pb
+from trio_direct.core.engine_call import open_engine_call
 from trio_direct.engine import native
 from trio_direct.engine.errors import EngineInternal
 from trio_direct.engine.types import GenerateInput
-from trio_direct.core.engine_call import open_engine_call
 
 TYPES = {
     native.GENERATE: (True, pb.GenerateRequest, pb.GenerateResponse),

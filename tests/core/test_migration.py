@@ -169,6 +169,7 @@ def test_the_continuation_request():
 
 def pd_fleet_of(prefill_scripts: list[list], decode_scripts: list[list]):
     """Prefill and decode scripted engines (round-robin pairs: p0+d0 first, then p1+d1)."""
+
     def engines(role: str, scripts: list[list], first: int) -> tuple[list, list]:
         clients = [RecordingEngine(script, f"{role}{i}") for i, script in enumerate(scripts)]
         card = lambda i: SimpleNamespace(  # noqa: E731

@@ -216,7 +216,9 @@ async def test_a_caller_cancelled_mid_write_leaves_quietly_and_aborts_every_choi
             await trio.sleep_forever()  # the write the client never takes
 
     with trio.CancelScope() as request:
-        await stream_response(pool, plan, CompletionRenderer(plan, str), LeavingClient(), started=0.0, cutter=StreamCutter())
+        await stream_response(
+            pool, plan, CompletionRenderer(plan, str), LeavingClient(), started=0.0, cutter=StreamCutter()
+        )
     assert request.cancelled_caught  # nothing but the cancellation left the block
     assert sorted(client.aborted) == [c.request.rid for c in plan.choices]
     assert client.open_calls == 0 and not ledger.held

@@ -12,7 +12,10 @@ def test_a_client_id_is_kept_and_tags_fixed_length_rids():
     context = RequestContext.for_client_id(b"req-42")
     assert context.request_id == "req-42" and len(context.key) == 32
     assert context.tag == "req-42---------" + "-" and len(context.tag) == 16
-    assert engine_rid(context.tag, context.key, 3).startswith("req-42-") and len(engine_rid(context.tag, context.key, 3)) == 52
+    assert (
+        engine_rid(context.tag, context.key, 3).startswith("req-42-")
+        and len(engine_rid(context.tag, context.key, 3)) == 52
+    )
 
 
 def test_without_a_usable_id_one_is_generated():

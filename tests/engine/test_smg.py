@@ -29,7 +29,12 @@ def complete(ids, completion, **extra):
     return pb.GenerateResponse(
         request_id="r",
         complete=pb.GenerateComplete(
-            output_ids=ids, finish_reason="stop", prompt_tokens=3, completion_tokens=completion, cached_tokens=1, **extra
+            output_ids=ids,
+            finish_reason="stop",
+            prompt_tokens=3,
+            completion_tokens=completion,
+            cached_tokens=1,
+            **extra,
         ),
     )
 
@@ -93,10 +98,18 @@ async def test_status_errors_are_typed(engine):
 
 def test_semantic_defaults_are_always_sent():
     request = smg.generate_request(
-        GenerateInput(rid="r", input_ids=[1], sampling=SamplingOptions(max_new_tokens=4), bootstrap=Bootstrap("h", 1, 5))
+        GenerateInput(
+            rid="r", input_ids=[1], sampling=SamplingOptions(max_new_tokens=4), bootstrap=Bootstrap("h", 1, 5)
+        )
     )
     params = request.sampling_params
-    assert (params.temperature, params.top_p, params.top_k, params.repetition_penalty, params.n) == (1.0, 1.0, -1, 1.0, 1)
+    assert (params.temperature, params.top_p, params.top_k, params.repetition_penalty, params.n) == (
+        1.0,
+        1.0,
+        -1,
+        1.0,
+        1,
+    )
     assert params.HasField("max_new_tokens") and params.max_new_tokens == 4
     assert request.logprob_start_len == -1
     assert request.disaggregated_params.bootstrap_room == 5
@@ -112,7 +125,9 @@ async def test_server_info_is_flattened_with_integral_numbers(engine):
     engine.handlers[smg.GET_SERVER_INFO] = replies(
         pb.GetServerInfoResponse(server_args=args, scheduler_info=scheduler, server_type="grpc")
     )
-    engine.handlers[smg.GET_LOADS] = replies(pb.GetLoadsResponse(loads=[pb.SchedulerLoad(dp_rank=0, num_running_reqs=2)]))
+    engine.handlers[smg.GET_LOADS] = replies(
+        pb.GetLoadsResponse(loads=[pb.SchedulerLoad(dp_rank=0, num_running_reqs=2)])
+    )
     client = smg.SmgEngineClient(engine.channel())
     info = await client.server_info()
     assert info["page_size"] == 16 and isinstance(info["page_size"], int)

@@ -9,13 +9,12 @@ import h2.connection
 import h2.settings
 import pytest
 import trio
+from support import wait_until
 
 from trio_direct._proto.native import sglang_pb2 as pb
 from trio_direct.engine import errors
-from trio_direct.engine.transport import client as transport
 from trio_direct.engine.transport import ChannelPool, EngineChannel
-
-from support import wait_until
+from trio_direct.engine.transport import client as transport
 
 GENERATE = "/sglang.runtime.v1.SglangService/Generate"
 HEALTH = "/sglang.runtime.v1.SglangService/HealthCheck"
@@ -280,7 +279,7 @@ async def test_an_extra_connection_that_cannot_open_queues_the_stream_instead_of
 
         connect = transport._Connection.__connect__
 
-        async def connect_times_out(self):  # noqa: ANN202
+        async def connect_times_out(self):
             if not self._connected:  # a new connection; open ones still work
                 raise OSError("simulated: the engine did not accept in time")
             return await connect(self)
@@ -368,9 +367,7 @@ async def test_connecting_ahead_opens_the_connection_the_first_streams_then_use(
     channel.close()
 
 
-async def test_a_stream_that_leaves_while_its_connection_opens_leaves_the_connect_to_the_others(
-    engine, monkeypatch
-):
+async def test_a_stream_that_leaves_while_its_connection_opens_leaves_the_connect_to_the_others(engine, monkeypatch):
     attempts = []
     connect = transport._Connection._create_connection
 

@@ -107,7 +107,11 @@ def test_engine_ids_follow_first_appearance_and_are_never_reused():
 
 @pytest.mark.parametrize(
     ("url", "address"),
-    [("grpc://Host.Example:1", ("host.example", 1)), ("[::1]:7", ("::1", 7)), ("http://10.0.0.1:30001", ("10.0.0.1", 30001))],
+    [
+        ("grpc://Host.Example:1", ("host.example", 1)),
+        ("[::1]:7", ("::1", 7)),
+        ("http://10.0.0.1:30001", ("10.0.0.1", 30001)),
+    ],
 )
 def test_an_engine_is_known_by_host_and_port(url, address):
     assert address_of(url) == address

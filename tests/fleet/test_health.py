@@ -8,8 +8,8 @@ import math
 from types import SimpleNamespace
 
 import trio
-
 from support import wait_until
+
 from trio_direct.fleet.fleet import Engine, Fleet, FleetError
 from trio_direct.fleet.health import EngineHealth
 from trio_direct.mock.server import MockEngineConfig, run_mock_engine
@@ -158,7 +158,9 @@ async def test_an_engine_back_with_a_card_the_frontend_refuses_stays_down(pool, 
         await health.check(engine)
         await health.check(engine)  # checked again every interval, refused again, logged once
     assert not engine.healthy and engine.card is first and not changes
-    assert caplog.text.count("frontend refuses: its page size 3 does not divide the routing block 16; it stays down") == 1
+    assert (
+        caplog.text.count("frontend refuses: its page size 3 does not divide the routing block 16; it stays down") == 1
+    )
     assert not fleet.workers()
 
 

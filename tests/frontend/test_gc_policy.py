@@ -7,8 +7,8 @@ from functools import partial
 
 import httpx
 import trio
-
 from support import RawSseClient, start_frontend, start_mock_engine
+
 from trio_direct.frontend.gc_policy import (
     YOUNG_OBJECTS,
     YOUNG_PASSES_PER_OLDER,

@@ -8,9 +8,9 @@ from functools import partial
 import httpx
 import pytest
 import trio
+from support import start_frontend
 from trio.testing import wait_all_tasks_blocked
 
-from support import start_frontend
 from trio_direct.frontend.loop_lag import LagTracker, StallWarning, monitor_loop_lag
 from trio_direct.metrics import REGISTRY
 
@@ -49,7 +49,9 @@ async def test_a_blocked_loop_shows_in_the_metrics_and_the_log(mock_clock, nurse
         await wait_all_tasks_blocked()
     assert tracker.worst == pytest.approx(0.28)
     assert sample("trio_direct_event_loop_lag_seconds_count") == count + 1
-    after = sample("trio_direct_event_loop_lag_seconds_count") - sample("trio_direct_event_loop_lag_seconds_bucket", le="0.25")
+    after = sample("trio_direct_event_loop_lag_seconds_count") - sample(
+        "trio_direct_event_loop_lag_seconds_bucket", le="0.25"
+    )
     assert after == over_quarter + 1
     assert sample("trio_direct_event_loop_lag_max_seconds") >= 0.279
     assert [r.getMessage() for r in caplog.records] == ["event loop stalled 280 ms (every stream waited)"]
@@ -115,5 +117,7 @@ async def test_a_serving_frontend_reports_its_loop_lag(mock_engine_factory, nurs
     first = await scrape()
     assert "trio_direct_event_loop_lag_max_seconds" in first
     with trio.fail_after(10):
-        while (await scrape())["trio_direct_event_loop_lag_seconds_count"] <= first["trio_direct_event_loop_lag_seconds_count"]:  # noqa: ASYNC110 - polls /metrics
+        while (await scrape())["trio_direct_event_loop_lag_seconds_count"] <= first[
+            "trio_direct_event_loop_lag_seconds_count"
+        ]:
             await trio.sleep(0.05)

@@ -63,7 +63,11 @@ WRONG_PREFILL = r"e1 \(grpc://b:1\) was given with --prefill-engine-url, but rep
 
 def test_roles_come_from_the_probe_and_prefill_engine_url_asserts_prefill():
     fleet = Fleet(
-        [engine("e0", "prefill", "grpc://a:1"), engine("e1", "decode", "grpc://b:1"), engine("e2", "prefill", "grpc://c:1")],
+        [
+            engine("e0", "prefill", "grpc://a:1"),
+            engine("e1", "decode", "grpc://b:1"),
+            engine("e2", "prefill", "grpc://c:1"),
+        ],
         model=None,
     )
     check_roles(fleet, [])  # without --prefill-engine-url the probe alone decides

@@ -10,7 +10,6 @@ import contextlib
 import json
 
 import trio
-
 from support import exchange, read_response, read_to_eof, sockets_in_close_wait, wait_until
 
 HEAD = b"GET /live HTTP/1.1\r\nHost: x\r\n\r\n"

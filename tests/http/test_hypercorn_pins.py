@@ -17,8 +17,8 @@ import trio
 from hypercorn.protocol import ProtocolWrapper
 from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.trio.tcp_server import TCPServer
-
 from support import exchange, read_response, sockets_in_close_wait
+
 from trio_direct.http.connection import LastRequestConnection
 
 

@@ -9,9 +9,10 @@ from contextlib import asynccontextmanager
 import pytest
 import trio
 import zmq
-
 from support import kv_events_config, wait_until
+
 from trio_direct.fleet.card import KvEventSource
+from trio_direct.kv_sync.subscriber import END_SEQ, KvEventSubscriber
 from trio_direct.mock import kv_types as mock
 from trio_direct.mock.kv_publisher import (
     KvEventPublisher,
@@ -22,7 +23,6 @@ from trio_direct.mock.kv_publisher import (
     open_kv_publishers,
 )
 from trio_direct.routing.kv_events import BlockRemoved, BlockStored, KvEvent
-from trio_direct.kv_sync.subscriber import END_SEQ, KvEventSubscriber
 from trio_direct.zmqio import TrioSocket
 
 #: Published until the subscriber has caught up; the sink leaves it out of what it records.
@@ -45,21 +45,16 @@ class RecordingSink:
         self.clears.append((dp_rank, reason))
 
 
-
-
 def _sources(publishers: KvEventPublishers) -> list[KvEventSource]:
     return [
-        KvEventSource(p.dp_rank, p.bound_endpoint, publishers.config.topic, p.bound_replay_endpoint)
-        for p in publishers
+        KvEventSource(p.dp_rank, p.bound_endpoint, publishers.config.topic, p.bound_replay_endpoint) for p in publishers
     ]
 
 
 def _mock(event: KvEvent) -> mock.KvEvent:
     """The same event as the mock engine's type, to publish it."""
     if isinstance(event, BlockStored):
-        return mock.BlockStored(
-            event.block_hashes, event.parent_block_hash, event.token_ids, event.block_size
-        )
+        return mock.BlockStored(event.block_hashes, event.parent_block_hash, event.token_ids, event.block_size)
     if isinstance(event, BlockRemoved):
         return mock.BlockRemoved(event.block_hashes)
     return mock.AllBlocksCleared()
@@ -151,9 +146,10 @@ async def _subscribed(
 
 async def test_events_arrive_per_rank(ctx: zmq.Context) -> None:
     stored = BlockStored(block_hashes=(11, 12), parent_block_hash=None, token_ids=(1, 2, 3, 4), block_size=2)
-    async with open_kv_publishers(kv_events_config(), 2, ctx) as publishers, _subscribed(
-        ctx, _sources(publishers)
-    ) as (subscriber, sink):
+    async with (
+        open_kv_publishers(kv_events_config(), 2, ctx) as publishers,
+        _subscribed(ctx, _sources(publishers)) as (subscriber, sink),
+    ):
         for publisher in publishers:
             await _join(publisher, subscriber)
         publishers[0].publish([_mock(stored)])
@@ -169,9 +165,10 @@ async def test_events_arrive_per_rank(ctx: zmq.Context) -> None:
 async def test_a_gap_is_filled_from_the_replay_endpoint(
     ctx: zmq.Context, fmt: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    async with open_kv_publishers(kv_events_config(fmt), 1, ctx) as publishers, _subscribed(
-        ctx, _sources(publishers)
-    ) as (subscriber, sink):
+    async with (
+        open_kv_publishers(kv_events_config(fmt), 1, ctx) as publishers,
+        _subscribed(ctx, _sources(publishers)) as (subscriber, sink),
+    ):
         publisher = publishers[0]
         await _join(publisher, subscriber)
         gaps, replays = subscriber.counters.gaps, subscriber.counters.replays
@@ -204,9 +201,10 @@ async def test_history_published_before_subscribing_is_replayed(ctx: zmq.Context
 
 
 async def test_a_gap_older_than_the_replay_buffer_clears_the_rank(ctx: zmq.Context) -> None:
-    async with open_kv_publishers(kv_events_config(buffer_steps=2), 1, ctx) as publishers, _subscribed(
-        ctx, _sources(publishers)
-    ) as (subscriber, sink):
+    async with (
+        open_kv_publishers(kv_events_config(buffer_steps=2), 1, ctx) as publishers,
+        _subscribed(ctx, _sources(publishers)) as (subscriber, sink),
+    ):
         publisher = publishers[0]
         await _join(publisher, subscriber)
         sink.clears.clear()
@@ -225,9 +223,10 @@ async def test_a_gap_older_than_the_replay_buffer_clears_the_rank(ctx: zmq.Conte
 
 
 async def test_a_gap_without_replay_endpoint_clears_and_counts_lost(ctx: zmq.Context) -> None:
-    async with open_kv_publishers(kv_events_config(replay=False), 1, ctx) as publishers, _subscribed(
-        ctx, _sources(publishers)
-    ) as (subscriber, sink):
+    async with (
+        open_kv_publishers(kv_events_config(replay=False), 1, ctx) as publishers,
+        _subscribed(ctx, _sources(publishers)) as (subscriber, sink),
+    ):
         publisher = publishers[0]
         await _join(publisher, subscriber)
         sink.clears.clear()
@@ -350,9 +349,10 @@ async def test_a_restarted_publisher_clears_the_rank(ctx: zmq.Context) -> None:
 
 
 async def test_engine_down_clears_every_rank_and_resyncs(ctx: zmq.Context) -> None:
-    async with open_kv_publishers(kv_events_config(), 2, ctx) as publishers, _subscribed(
-        ctx, _sources(publishers)
-    ) as (subscriber, sink):
+    async with (
+        open_kv_publishers(kv_events_config(), 2, ctx) as publishers,
+        _subscribed(ctx, _sources(publishers)) as (subscriber, sink),
+    ):
         for publisher in publishers:
             await _join(publisher, subscriber)
         subscriber.engine_down()
@@ -464,9 +464,10 @@ async def test_bad_events_are_dropped_from_a_good_batch(ctx: zmq.Context) -> Non
 
 async def test_a_flood_arrives_without_gaps_and_without_starving_other_tasks(ctx: zmq.Context) -> None:
     flood = 50_000
-    async with open_kv_publishers(kv_events_config(replay=False), 1, ctx) as publishers, _subscribed(
-        ctx, _sources(publishers)
-    ) as (subscriber, sink):
+    async with (
+        open_kv_publishers(kv_events_config(replay=False), 1, ctx) as publishers,
+        _subscribed(ctx, _sources(publishers)) as (subscriber, sink),
+    ):
         publisher = publishers[0]
         await _join(publisher, subscriber)
         start = subscriber.counters.as_dict()

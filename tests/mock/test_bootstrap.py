@@ -189,4 +189,3 @@ async def test_cancelled_decode_fails_prefill_promptly() -> None:
                 with pytest.raises(BootstrapFailed, match="disconnected"):
                     await server.send_kv(handle, 10, LONG)
         await _assert_no_state(server)
-

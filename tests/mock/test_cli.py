@@ -30,9 +30,27 @@ def test_mock_engine_defaults():
 def test_mock_engine_flags():
     args = build_parser().parse_args(
         [
-            "mock-engine", "--api", "smg", "--role", "prefill", "--speedup", "inf", "--dp-size", "4",
-            "--no-expose-accounting", "--incremental-streaming-output", "--kv-events-config", '{"publisher":"zmq"}',
-            "--tool-call-parser", "qwen", "--reasoning-parser", "qwen3", "--seed", "7", "--context-length", "2048",
+            "mock-engine",
+            "--api",
+            "smg",
+            "--role",
+            "prefill",
+            "--speedup",
+            "inf",
+            "--dp-size",
+            "4",
+            "--no-expose-accounting",
+            "--incremental-streaming-output",
+            "--kv-events-config",
+            '{"publisher":"zmq"}',
+            "--tool-call-parser",
+            "qwen",
+            "--reasoning-parser",
+            "qwen3",
+            "--seed",
+            "7",
+            "--context-length",
+            "2048",
         ]
     )
 
@@ -56,8 +74,18 @@ def test_bad_values_exit_with_an_error(capsys):
 
 async def test_real_process_serves_generate_and_stops_on_sigterm(aio_loop, dial, tiny_model):
     command = [
-        sys.executable, "-m", "trio_direct", "mock-engine", "--port", "0", "--speedup", "10",
-        "--model-path", str(tiny_model), "--log-level", "warning",
+        sys.executable,
+        "-m",
+        "trio_direct",
+        "mock-engine",
+        "--port",
+        "0",
+        "--speedup",
+        "10",
+        "--model-path",
+        str(tiny_model),
+        "--log-level",
+        "warning",
     ]
     process = await trio.lowlevel.open_process(command, stdout=subprocess.PIPE)
     try:
@@ -80,7 +108,9 @@ async def test_real_process_serves_generate_and_stops_on_sigterm(aio_loop, dial,
 
         # A client that walks away: the engine's accounting, read over gRPC, shows the cancel.
         long = pb.GenerateRequest(
-            input_ids=[5, 6, 7], rid="walk", stream=True,
+            input_ids=[5, 6, 7],
+            rid="walk",
+            stream=True,
             sampling_params=pb.SamplingParams(max_new_tokens=20000, ignore_eos=True),
         )
         async with channel.open_stream(P + "Generate", long, pb.GenerateResponse, timeout=10) as stream:

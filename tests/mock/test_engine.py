@@ -7,8 +7,9 @@ import math
 
 import pytest
 import trio
-
+import trio.lowlevel
 from support import wait_until
+
 from trio_direct._proto.native import sglang_pb2 as pb
 from trio_direct._proto.smg import sglang_scheduler_pb2 as smg
 from trio_direct.engine.errors import EngineCancelled, EngineError, EngineInternal
@@ -104,7 +105,7 @@ async def test_cancel_counts_cancelled_not_aborted(engine):
 
     assert engine.accounting.cancelled == 1 and engine.accounting.aborted == 0
     assert sink.aborts == [] and not engine.accounting.live
-    await trio.sleep(0)  # the rank loop runs on without the request
+    await trio.lowlevel.checkpoint()  # the rank loop runs on without the request
     assert not sink.finished("mine")
 
 
@@ -356,7 +357,9 @@ async def test_engine_publishes_kv_events_on_each_ranks_port(mock_engine_factory
                 attempt += 1
                 prompt = [100 + attempt, *range(30, 37)]  # four full pages, new each time
                 request = pb.GenerateRequest(
-                    input_ids=prompt, rid=f"kv-{attempt}", routed_dp_rank=1,
+                    input_ids=prompt,
+                    rid=f"kv-{attempt}",
+                    routed_dp_rank=1,
                     sampling_params=pb.SamplingParams(max_new_tokens=1),
                 )
                 async with channel.open_stream(P + "Generate", request, pb.GenerateResponse, timeout=5) as s:

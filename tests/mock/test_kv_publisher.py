@@ -1,11 +1,9 @@
 """The mock's SGLang KV-event publisher as a subscriber sees it: frames, seqs, encodings, replay."""
 
-
 import msgspec
 import pytest
 import trio
 import zmq
-
 from support import kv_events_config
 
 from trio_direct.mock.kv_publisher import (
@@ -26,8 +24,6 @@ STORED = BlockStored(block_hashes=(11, 12), parent_block_hash=10, token_ids=(1, 
 ROOT_STORED = BlockStored(block_hashes=(5,), parent_block_hash=None, token_ids=(9, 9), block_size=2)
 REMOVED = BlockRemoved(block_hashes=(11,))
 EVENTS = [STORED, ROOT_STORED, REMOVED, AllBlocksCleared()]
-
-
 
 
 def _seq(frame: bytes) -> int:
@@ -217,13 +213,9 @@ def test_describe_matches_sglang_server_info(ctx: zmq.Context) -> None:
     info = describe("10.0.0.5", wildcard, 1, 1)
     assert info["kv_events"]["endpoint_host"] == "*"
     assert "replay_endpoint_port_base" not in info["kv_events"]
-    assert info["kv_event_sources"] == [
-        {"dp_rank": 0, "endpoint": "tcp://10.0.0.5:5557", "topic": "", "block_size": 1}
-    ]
+    assert info["kv_event_sources"] == [{"dp_rank": 0, "endpoint": "tcp://10.0.0.5:5557", "topic": "", "block_size": 1}]
 
-    old = KvEventsConfig(
-        publisher="zmq", endpoint="tcp://*:5557", replay_endpoint="tcp://*:5558", format="array"
-    )
+    old = KvEventsConfig(publisher="zmq", endpoint="tcp://*:5557", replay_endpoint="tcp://*:5558", format="array")
     assert describe("h", old, 1, 1) == {
         "kv_events": {
             "publisher": "zmq",
@@ -302,9 +294,7 @@ async def test_replay_reveals_lost_history(ctx: zmq.Context) -> None:
 
 async def test_long_replay_to_a_slow_reader_arrives_complete(ctx: zmq.Context) -> None:
     """More data than the HWMs and socket buffers hold: the ROUTER waits instead of dropping."""
-    big = BlockStored(
-        block_hashes=tuple(range(64)), parent_block_hash=None, token_ids=(100_000,) * 1024, block_size=16
-    )
+    big = BlockStored(block_hashes=tuple(range(64)), parent_block_hash=None, token_ids=(100_000,) * 1024, block_size=16)
     async with open_kv_publishers(kv_events_config(), 1, ctx) as publishers:
         publisher = publishers[0]
         for _ in range(3000):  # ~15 MB, seqs 1..3000

@@ -30,9 +30,7 @@ ALWAYS_KEYS = {
 
 def gen(rid: str, *, stream: bool = False, prompt=PROMPT, **sampling) -> pb.GenerateRequest:
     sampling.setdefault("max_new_tokens", 8)
-    return pb.GenerateRequest(
-        input_ids=prompt, rid=rid, stream=stream, sampling_params=pb.SamplingParams(**sampling)
-    )
+    return pb.GenerateRequest(input_ids=prompt, rid=rid, stream=stream, sampling_params=pb.SamplingParams(**sampling))
 
 
 def meta(message: pb.GenerateResponse) -> dict:
@@ -427,7 +425,9 @@ async def test_rpcs_the_mock_does_not_serve_are_unimplemented(channel):
         await channel.unary(P + "TextEmbed", pb.TextEmbedRequest(text="hi"), pb.TextEmbedResponse, timeout=5)
 
 
-async def test_scripted_outputs_answer_matching_prompts_with_their_text(mock_engine_factory, dial, tmp_path, tiny_model):
+async def test_scripted_outputs_answer_matching_prompts_with_their_text(
+    mock_engine_factory, dial, tmp_path, tiny_model
+):
     from tokenizers import Tokenizer
 
     script = tmp_path / "script.json"

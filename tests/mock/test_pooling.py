@@ -69,14 +69,18 @@ async def test_an_embedding_engine_says_so_and_does_not_generate(mock_engine_fac
         NATIVE + "GetModelInfo", native_pb.GetModelInfoRequest(), native_pb.GetModelInfoResponse, timeout=5
     )
     assert json.loads(info.json_info)["is_generation"] is False
-    smg_info = await channel.unary(SMG + "GetModelInfo", smg_pb.GetModelInfoRequest(), smg_pb.GetModelInfoResponse, timeout=5)
+    smg_info = await channel.unary(
+        SMG + "GetModelInfo", smg_pb.GetModelInfoRequest(), smg_pb.GetModelInfoResponse, timeout=5
+    )
     assert smg_info.is_generation is False
     request = native_pb.GenerateRequest(input_ids=[1, 2], rid="g", sampling_params=native_pb.SamplingParams())
     with pytest.raises(EngineInvalidArgument) as caught:
         async with channel.open_stream(NATIVE + "Generate", request, native_pb.GenerateResponse, timeout=5) as stream:
             [m async for m in stream]
     assert caught.value.message == NOT_A_GENERATION_MODEL
-    health = await channel.unary(SMG + "HealthCheck", smg_pb.HealthCheckRequest(), smg_pb.HealthCheckResponse, timeout=5)
+    health = await channel.unary(
+        SMG + "HealthCheck", smg_pb.HealthCheckRequest(), smg_pb.HealthCheckResponse, timeout=5
+    )
     assert health.healthy  # its probe is an embedding, as the servicer's is
 
 

@@ -350,10 +350,7 @@ def test_waiting_requests_wait_for_memory_and_all_finish() -> None:
 
 def test_memory_pressure_retracts_without_changing_any_output() -> None:
     """Whatever the pool size, every request gets exactly the tokens it gets alone."""
-    reqs = [
-        MockRequest(f"r{i}", prompt(20 + 3 * i, start=50 * i + 1), 30, ignore_eos=True, seed=i)
-        for i in range(6)
-    ]
+    reqs = [MockRequest(f"r{i}", prompt(20 + 3 * i, start=50 * i + 1), 30, ignore_eos=True, seed=i) for i in range(6)]
     alone = {r.rid: generate(make(), replace(r))[0] for r in reqs}
     tight = make(num_blocks=150)  # far less than 6 x 50 tokens
     for r in reqs:

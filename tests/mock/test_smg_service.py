@@ -259,9 +259,7 @@ async def test_get_tokenizer_streams_a_zip_of_the_tokenizer(channel, tiny_model)
 async def test_grpc_health_service(channel):
     async def check(service: str) -> int:
         request = health_pb2.HealthCheckRequest(service=service)
-        reply = await channel.unary(
-            "/grpc.health.v1.Health/Check", request, health_pb2.HealthCheckResponse, timeout=5
-        )
+        reply = await channel.unary("/grpc.health.v1.Health/Check", request, health_pb2.HealthCheckResponse, timeout=5)
         return reply.status
 
     serving = health_pb2.HealthCheckResponse.SERVING

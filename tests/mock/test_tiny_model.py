@@ -18,9 +18,7 @@ from trio_direct.mock.tiny_model import (
 )
 
 EXPECTED_PROMPT = (
-    "<|im_start|>system\nYou are helpful.<|im_end|>\n"
-    "<|im_start|>user\nHello world<|im_end|>\n"
-    "<|im_start|>assistant\n"
+    "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nHello world<|im_end|>\n<|im_start|>assistant\n"
 )
 FILES = {
     "tokenizer.json",
@@ -53,7 +51,7 @@ def _render(model_dir: Path, messages: list[dict], add_generation_prompt: bool =
 
 
 def test_directory_has_the_hf_files(model_dir: Path) -> None:
-    assert FILES <= {p.name for p in model_dir.iterdir()}
+    assert {p.name for p in model_dir.iterdir()} >= FILES
 
 
 def test_special_tokens_are_ids_0_1_2(tokenizer: Tokenizer) -> None:
@@ -91,9 +89,7 @@ def test_chat_template_renders_chatml(model_dir: Path, tokenizer: Tokenizer) -> 
 
 def test_chat_template_accepts_content_parts(model_dir: Path) -> None:
     messages = [{"role": "user", "content": [{"type": "text", "text": "Hello world"}]}]
-    assert _render(model_dir, messages, add_generation_prompt=False) == (
-        "<|im_start|>user\nHello world<|im_end|>\n"
-    )
+    assert _render(model_dir, messages, add_generation_prompt=False) == ("<|im_start|>user\nHello world<|im_end|>\n")
 
 
 def test_configs_agree_with_the_tokenizer(model_dir: Path, tokenizer: Tokenizer) -> None:
@@ -127,7 +123,7 @@ def test_concurrent_callers_get_one_complete_directory(tmp_path: Path) -> None:
     with ThreadPoolExecutor(max_workers=4) as pool:
         results = list(pool.map(lambda _: ensure_tiny_model(target), range(4)))
     assert results == [target] * 4
-    assert FILES <= {p.name for p in target.iterdir()}
+    assert {p.name for p in target.iterdir()} >= FILES
     assert [p.name for p in tmp_path.iterdir()] == ["shared"]  # no staging leftovers
     Tokenizer.from_file(str(target / "tokenizer.json"))
 
@@ -143,7 +139,7 @@ def test_outdated_directory_is_replaced(tmp_path: Path) -> None:
 
 def test_empty_directory_is_filled(tmp_path: Path) -> None:
     (tmp_path / "m").mkdir()
-    assert FILES <= {p.name for p in ensure_tiny_model(tmp_path / "m").iterdir()}
+    assert {p.name for p in ensure_tiny_model(tmp_path / "m").iterdir()} >= FILES
 
 
 def test_foreign_directory_is_left_alone(tmp_path: Path) -> None:
@@ -156,9 +152,7 @@ def test_foreign_directory_is_left_alone(tmp_path: Path) -> None:
     assert [p.name for p in tmp_path.iterdir()] == ["mine"]
 
 
-def test_default_dir_follows_xdg_cache_home(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_default_dir_follows_xdg_cache_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert default_tiny_model_dir() == tmp_path / "xdg" / "trio-direct" / "tiny-chatml"
     monkeypatch.delenv("XDG_CACHE_HOME")

@@ -84,7 +84,9 @@ def sdk_reading(body_bytes: bytes) -> openai.OpenAI:
         return httpx.Response(200, content=body_bytes, headers={"content-type": "application/json"})
 
     return openai.OpenAI(
-        api_key="k", base_url="http://frontend.test/v1", http_client=httpx.Client(transport=httpx.MockTransport(handler))
+        api_key="k",
+        base_url="http://frontend.test/v1",
+        http_client=httpx.Client(transport=httpx.MockTransport(handler)),
     )
 
 

@@ -63,4 +63,3 @@ def test_context_length_exceeded_without_completion_budget_names_the_prompt():
     error = errors.context_length_exceeded(5000, 4096, None, param="prompt")
     assert error.param == "prompt"
     assert "your prompt resulted in 5000 tokens" in error.message
-

@@ -9,6 +9,7 @@ import pytest
 from openai.types import Completion, Model
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
+from trio_direct.core.plan import Usage
 from trio_direct.openai import errors
 from trio_direct.openai.responses import (
     DONE,
@@ -26,7 +27,6 @@ from trio_direct.openai.responses import (
     models_list,
     usage_chunk,
 )
-from trio_direct.core.plan import Usage
 
 ID, CREATED, MODEL = "chatcmpl-1", 1_700_000_000, "tiny"
 MESSAGES = [{"role": "user", "content": "hi"}]

@@ -72,7 +72,11 @@ def test_bad_detokenize_bodies(fields, param):
 
 def test_answers_in_the_shape_both_client_kinds_read():
     assert json.loads(tokenize_body([5, 6], 100)) == {"count": 2, "max_model_len": 100, "tokens": [5, 6]}
-    assert json.loads(tokenize_body([[5], [6, 7]], 100)) == {"count": [1, 2], "max_model_len": 100, "tokens": [[5], [6, 7]]}
+    assert json.loads(tokenize_body([[5], [6, 7]], 100)) == {
+        "count": [1, 2],
+        "max_model_len": 100,
+        "tokens": [[5], [6, 7]],
+    }
     with_strs = json.loads(tokenize_body([5], 100, ["Ġhi"]))
     assert with_strs["token_strs"] == ["Ġhi"]
     # vLLM's clients read `prompt`, SGLang's `text`

@@ -21,28 +21,111 @@ from trio_direct.parsers.tools.forced import NamedToolCallParser, RequiredToolCa
 # The names smg's factories register (`crates/tool_parser/src/factory.rs`,
 # `crates/reasoning_parser/src/factory.rs`), as the issue lists them.
 SMG_TOOL_CALL_NAMES = (
-    "passthrough", "json", "mistral", "qwen", "qwen_xml", "qwen_coder", "nemotron", "pythonic", "llama",
-    "deepseek", "deepseek31", "deepseek32", "deepseek_v4", "glm45_moe", "glm47_moe", "step3", "sarashina",
-    "kimik2", "kimi_k3", "inkling", "minimax_m2", "cohere",
+    "passthrough",
+    "json",
+    "mistral",
+    "qwen",
+    "qwen_xml",
+    "qwen_coder",
+    "nemotron",
+    "pythonic",
+    "llama",
+    "deepseek",
+    "deepseek31",
+    "deepseek32",
+    "deepseek_v4",
+    "glm45_moe",
+    "glm47_moe",
+    "step3",
+    "sarashina",
+    "kimik2",
+    "kimi_k3",
+    "inkling",
+    "minimax_m2",
+    "cohere",
 )
 SMG_REASONING_NAMES = (
-    "base", "passthrough", "deepseek_r1", "qwen3", "qwen3_thinking", "kimi", "glm45", "step3", "minimax",
-    "cohere_cmd", "nano_v3", "inkling", "deepseek_v31", "deepseek_v4", "kimi_k25", "kimi_thinking", "kimi_k3",
+    "base",
+    "passthrough",
+    "deepseek_r1",
+    "qwen3",
+    "qwen3_thinking",
+    "kimi",
+    "glm45",
+    "step3",
+    "minimax",
+    "cohere_cmd",
+    "nano_v3",
+    "inkling",
+    "deepseek_v31",
+    "deepseek_v4",
+    "kimi_k25",
+    "kimi_thinking",
+    "kimi_k3",
 )
 # SGLang's `FunctionCallParser.ToolCallParserEnum` keys for the formats trio-direct parses.
 SGLANG_TOOL_CALL_NAMES = (
-    "cohere_command4", "deepseekv3", "deepseekv31", "deepseekv32", "deepseekv4", "glm", "glm45", "glm47",
-    "gpt-oss", "kimi_k2", "kimi_k3", "llama3", "mistral", "pythonic", "qwen", "qwen25", "qwen3_coder", "step3",
-    "step3p5", "minimax-m2", "hermes", "hunyuan", "inkling",
+    "cohere_command4",
+    "deepseekv3",
+    "deepseekv31",
+    "deepseekv32",
+    "deepseekv4",
+    "glm",
+    "glm45",
+    "glm47",
+    "gpt-oss",
+    "kimi_k2",
+    "kimi_k3",
+    "llama3",
+    "mistral",
+    "pythonic",
+    "qwen",
+    "qwen25",
+    "qwen3_coder",
+    "step3",
+    "step3p5",
+    "minimax-m2",
+    "hermes",
+    "hunyuan",
+    "inkling",
 )
 # SGLang's `ReasoningParser.DetectorMap` keys for the formats trio-direct parses.
 SGLANG_REASONING_NAMES = (
-    "deepseek-r1", "deepseek-v3", "deepseek-v4", "glm45", "hunyuan", "gpt-oss", "kimi", "kimi_k2", "kimi_k3",
-    "mimo", "poolside_v1", "qwen3", "qwen3-thinking", "minimax", "minimax-append-think", "step3", "step3p5",
-    "mistral", "nemotron_3", "interns1", "inkling", "cohere_command4", "telechat4",
+    "deepseek-r1",
+    "deepseek-v3",
+    "deepseek-v4",
+    "glm45",
+    "hunyuan",
+    "gpt-oss",
+    "kimi",
+    "kimi_k2",
+    "kimi_k3",
+    "mimo",
+    "poolside_v1",
+    "qwen3",
+    "qwen3-thinking",
+    "minimax",
+    "minimax-append-think",
+    "step3",
+    "step3p5",
+    "mistral",
+    "nemotron_3",
+    "interns1",
+    "inkling",
+    "cohere_command4",
+    "telechat4",
 )
-OTHER_TOOL_CALL_NAMES = ("harmony", "deepseek_v3_2", "deepseek_v3_1", "llama3_json", "qwen3_xml", "seed_oss",
-                         "granite", "openai", "llama4_pythonic")
+OTHER_TOOL_CALL_NAMES = (
+    "harmony",
+    "deepseek_v3_2",
+    "deepseek_v3_1",
+    "llama3_json",
+    "qwen3_xml",
+    "seed_oss",
+    "granite",
+    "openai",
+    "llama4_pythonic",
+)
 
 D = "\uff5cDSML\uff5c"
 # One call to get_weather(city="Paris") in each format's markup, after "Sure." where it may follow prose.
@@ -51,51 +134,59 @@ ONE_CALL = {
     "json": '{"name": "get_weather", "arguments": {"city": "Paris"}}',
     "hermes": 'Sure.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
     "qwen3_coder": "Sure.<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n"
-                   "</tool_call>",
+    "</tool_call>",
     "seed_oss": "Sure.<seed:tool_call>\n<function=get_weather>\n<parameter=city>Paris</parameter>\n</function>\n"
-                "</seed:tool_call>",
+    "</seed:tool_call>",
     "llama3_json": 'Sure.<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}',
     "mistral": 'Sure.[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}',
     "pythonic": 'Sure.<|python_start|>[get_weather(city="Paris")]<|python_end|>',
     "deepseek_v3": "Sure.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
-                   '{"city": "Paris"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
+    '{"city": "Paris"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
     "deepseek_v31": 'Sure.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Paris"}'
-                    "<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+    "<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
     "deepseek_v32": f'Sure.<{D}function_calls>\n<{D}invoke name="get_weather">\n<{D}parameter name="city" '
-                    f'string="true">Paris</{D}parameter>\n</{D}invoke>\n</{D}function_calls>',
+    f'string="true">Paris</{D}parameter>\n</{D}invoke>\n</{D}function_calls>',
     "deepseek_v4": f'Sure.<{D}tool_calls>\n<{D}invoke name="get_weather">\n<{D}parameter name="city" '
-                   f'string="true">Paris</{D}parameter>\n</{D}invoke>\n</{D}tool_calls>',
+    f'string="true">Paris</{D}parameter>\n</{D}invoke>\n</{D}tool_calls>',
     "kimi_k2": "Sure.<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
-               '<|tool_call_argument_begin|>{"city": "Paris"}<|tool_call_end|><|tool_calls_section_end|>',
+    '<|tool_call_argument_begin|>{"city": "Paris"}<|tool_call_end|><|tool_calls_section_end|>',
     "kimi_k3": 'Sure.<|open|>tools<|sep|><|open|>call tool="get_weather" index="1"<|sep|><|open|>argument '
-               'key="city" type="string"<|sep|>Paris<|close|>argument<|sep|><|close|>call<|sep|><|close|>tools<|sep|>',
+    'key="city" type="string"<|sep|>Paris<|close|>argument<|sep|><|close|>call<|sep|><|close|>tools<|sep|>',
     "glm45": "Sure.<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n</tool_call>",
     "step3": "Sure.<｜tool_calls_begin｜><｜tool_call_begin｜>function<｜tool_sep｜><steptml:invoke "
-             'name="get_weather"><steptml:parameter name="city">Paris</steptml:parameter></steptml:invoke>'
-             "<｜tool_call_end｜><｜tool_calls_end｜>",
+    'name="get_weather"><steptml:parameter name="city">Paris</steptml:parameter></steptml:invoke>'
+    "<｜tool_call_end｜><｜tool_calls_end｜>",
     "sarashina": "Sure.<|tool_calls|>[{'name': 'get_weather', 'arguments': {'city': 'Paris'}}]",
     "inkling": 'Sure.<|message_model|>get_weather<|content_invoke_tool_json|>{"name": "get_weather", "args": '
-               '{"city": "Paris"}}<|end_message|>',
+    '{"city": "Paris"}}<|end_message|>',
     "minimax_m2": 'Sure.<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">Paris</parameter>\n'
-                  "</invoke>\n</minimax:tool_call>",
+    "</invoke>\n</minimax:tool_call>",
     "cohere": 'Sure.<|START_ACTION|>[{"tool_call_id": "0", "tool_name": "get_weather", "parameters": '
-              '{"city": "Paris"}}]<|END_ACTION|>',
+    '{"city": "Paris"}}]<|END_ACTION|>',
     "gpt_oss": "Sure.<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
-               '{"city": "Paris"}<|call|>',
+    '{"city": "Paris"}<|call|>',
     "hunyuan": "Sure.<tool_calls>\n<tool_call>get_weather<tool_sep>\n<arg_key>city</arg_key>\n<arg_value>Paris"
-               "</arg_value>\n</tool_call>\n</tool_calls>",
+    "</arg_value>\n</tool_call>\n</tool_calls>",
     "granite": '<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Paris"}}]',
 }
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string"}}}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+]
 
 
 def test_every_format_has_a_sample() -> None:
     assert set(ONE_CALL) == set(TOOL_CALL_FORMATS) == set(KNOWN_TOOL_CALL_PARSERS.values())
 
 
-@pytest.mark.parametrize("name", sorted({*SMG_TOOL_CALL_NAMES, *SGLANG_TOOL_CALL_NAMES, *OTHER_TOOL_CALL_NAMES,
-                                         *KNOWN_TOOL_CALL_PARSERS}))
+@pytest.mark.parametrize(
+    "name", sorted({*SMG_TOOL_CALL_NAMES, *SGLANG_TOOL_CALL_NAMES, *OTHER_TOOL_CALL_NAMES, *KNOWN_TOOL_CALL_PARSERS})
+)
 def test_every_tool_call_name_parses_its_format(name: str) -> None:
     parser = tool_call_parser(name, TOOLS, rng=random.Random(0))
     text = ONE_CALL[parser.format]
@@ -130,7 +221,7 @@ ONE_THOUGHT = {
     "seed_oss": "<seed:think>R</seed:think>C",
     "gpt_oss": "<|channel|>analysis<|message|>R<|end|><|start|>assistant<|channel|>final<|message|>C<|return|>",
     "inkling": "<|message_model|><|content_thinking|>R<|end_message|><|message_model|><|content_text|>C"
-               "<|end_message|><|content_model_end_sampling|>",
+    "<|end_message|><|content_model_end_sampling|>",
     "minimax_append_think": None,
     "passthrough": None,
 }
@@ -202,8 +293,11 @@ def test_the_docs_list_every_format_with_all_its_names_and_the_counts() -> None:
     tool_rows = doc.split("## Tool-call formats")[1].split("## Reasoning formats")[0]
     reasoning_rows = doc.split("## Reasoning formats")[1].split("## Special tokens")[0]
     for section, known in ((tool_rows, KNOWN_TOOL_CALL_PARSERS), (reasoning_rows, KNOWN_REASONING_PARSERS)):
-        table = {line.split("|")[1].strip().strip("`"): line.split("|")[2]
-                 for line in section.splitlines() if line.startswith("| `")}
+        table = {
+            line.split("|")[1].strip().strip("`"): line.split("|")[2]
+            for line in section.splitlines()
+            if line.startswith("| `")
+        }
         assert set(table) == set(known.values())
         for name, canonical in known.items():
             assert name in table[canonical].replace("-", "_"), (name, canonical)

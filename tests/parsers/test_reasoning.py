@@ -28,13 +28,14 @@ from trio_direct.parsers.reasoning import (
 
 FUZZ = settings(max_examples=250, deadline=None, database=None)
 
-HARMONY = ("<|start|>", "<|channel|>", "<|message|>", "<|constrain|>", "<|end|>", "<|call|>",
-           "<|return|>")
+HARMONY = ("<|start|>", "<|channel|>", "<|message|>", "<|constrain|>", "<|end|>", "<|call|>", "<|return|>")
 INKLING = INKLING_CONTROL_TOKENS
 # Tags each format reacts to (for the hold-back property and for generating texts).
 TAGS: dict[str, tuple[str, ...]] = {
-    **{name: tuple(dict.fromkeys((f.start, f.end, *f.extra_ends, *f.tool_starts, *f.content_drops)))
-       for name, f in REASONING_FORMATS.items()},
+    **{
+        name: tuple(dict.fromkeys((f.start, f.end, *f.extra_ends, *f.tool_starts, *f.content_drops)))
+        for name, f in REASONING_FORMATS.items()
+    },
     "gpt_oss": HARMONY,
     "inkling": INKLING,
     "minimax_append_think": (),
@@ -77,37 +78,54 @@ def cut(text: str, points: Iterable[int]) -> list[str]:
 # --- golden cases ---------------------------------------------------------------------------
 
 TOOL_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
-GPT_OSS_CALL = ('<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json'
-                '<|message|>{"location":"San Francisco"}<|call|>')
-GPT_OSS_PREAMBLE_CALL = ('<|start|>assistant<|channel|>commentary to=functions.generate_file'
-                         '<|constrain|>json<|message|>{"template": "basic_html", "path": '
-                         '"index.html"}<|call|>')
+GPT_OSS_CALL = (
+    "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json"
+    '<|message|>{"location":"San Francisco"}<|call|>'
+)
+GPT_OSS_PREAMBLE_CALL = (
+    "<|start|>assistant<|channel|>commentary to=functions.generate_file"
+    '<|constrain|>json<|message|>{"template": "basic_html", "path": '
+    '"index.html"}<|call|>'
+)
 
 GOLDEN: list[tuple[Config, str, str, str]] = [
     # DeepSeek-R1 omits <think>, R1-0528 emits it; both end at </think>.
-    (("deepseek_r1", {}), "I need to think about this...</think>The answer is 42.",
-     "I need to think about this...", "The answer is 42."),
-    (("deepseek_r1", {}), "<think>I need to think about this...</think>The answer is 42.",
-     "I need to think about this...", "The answer is 42."),
+    (
+        ("deepseek_r1", {}),
+        "I need to think about this...</think>The answer is 42.",
+        "I need to think about this...",
+        "The answer is 42.",
+    ),
+    (
+        ("deepseek_r1", {}),
+        "<think>I need to think about this...</think>The answer is 42.",
+        "I need to think about this...",
+        "The answer is 42.",
+    ),
     (("deepseek_r1", {}), "<think>Let me count: 1, 2,", "Let me count: 1, 2,", ""),
     (("deepseek_r1", {}), "No tags at all.", "No tags at all.", ""),
     (("step3", {}), "Think first.</think>Then answer.", "Think first.", "Then answer."),
     # Qwen3 hybrid, thinking on: whitespace around the tags is kept as the model wrote it.
-    (("qwen3", {}), "<think>\nreasoning content\n</think>\n\nThe answer is 42.",
-     "\nreasoning content\n", "\n\nThe answer is 42."),
-    (("qwen3_thinking", {}), "The template opened it.</think>Answer.", "The template opened it.",
-     "Answer."),
-    (("qwen3", {"force_reasoning": True}), "The template opened it.</think>Answer.",
-     "The template opened it.", "Answer."),
+    (
+        ("qwen3", {}),
+        "<think>\nreasoning content\n</think>\n\nThe answer is 42.",
+        "\nreasoning content\n",
+        "\n\nThe answer is 42.",
+    ),
+    (("qwen3_thinking", {}), "The template opened it.</think>Answer.", "The template opened it.", "Answer."),
+    (
+        ("qwen3", {"force_reasoning": True}),
+        "The template opened it.</think>Answer.",
+        "The template opened it.",
+        "Answer.",
+    ),
     (("qwen3", {"enable_thinking": True}), "<think>a</think>b", "a", "b"),
     (("qwen3", {"enable_thinking": False}), "The answer is 42.", "", "The answer is 42."),
     (("qwen3", {"enable_thinking": False}), "x < y, so <thin ice", "", "x < y, so <thin ice"),
-    (("qwen3", {}), "<think>I should call the tool." + TOOL_CALL,
-     "I should call the tool.", TOOL_CALL),
+    (("qwen3", {}), "<think>I should call the tool." + TOOL_CALL, "I should call the tool.", TOOL_CALL),
     (("qwen3", {}), "<think>Plan.</think>" + TOOL_CALL, "Plan.", TOOL_CALL),
     (("qwen3_thinking", {}), "Let me think.</think>42", "Let me think.", "42"),
-    (("qwen3_thinking", {"enable_thinking": False}), "Still thinking.</think>42",
-     "Still thinking.", "42"),
+    (("qwen3_thinking", {"enable_thinking": False}), "Still thinking.</think>42", "Still thinking.", "42"),
     (("kimi", {}), "◁think▷用户问的是 2+2。◁/think▷答案是 4。", "用户问的是 2+2。", "答案是 4。"),
     (("kimi", {}), "<think>not kimi's tags</think>ok", "", "<think>not kimi's tags</think>ok"),
     (("kimi", {}), "no reasoning", "", "no reasoning"),
@@ -124,46 +142,71 @@ GOLDEN: list[tuple[Config, str, str, str]] = [
     (("basic", {"force_reasoning": True}), "prompt opened it</think>x", "prompt opened it", "x"),
     (("passthrough", {}), "<think>a</think>b", "", "<think>a</think>b"),
     # gpt-oss, from the OpenAI harmony guide (the prompt ends with <|start|>assistant).
-    (("gpt_oss", {}),
-     ('<|channel|>analysis<|message|>User asks: "What is 2 + 2?" Simple arithmetic. Provide '
-     'answer.<|end|><|start|>assistant<|channel|>final<|message|>2 + 2 = 4.<|return|>'),
-     'User asks: "What is 2 + 2?" Simple arithmetic. Provide answer.', "2 + 2 = 4."),
-    (("gpt_oss", {}),
-     "<|channel|>analysis<|message|>Need to use function get_weather.<|end|>" + GPT_OSS_CALL,
-     "Need to use function get_weather.", GPT_OSS_CALL),
-    (("gpt_oss", {}),
-     "<|channel|>analysis<|message|>{long chain of thought}<|end|><|start|>assistant"
-     "<|channel|>commentary<|message|>**Action plan**:\n1. Generate an HTML file\n---\nWill "
-     "start executing the plan step by step<|end|>" + GPT_OSS_PREAMBLE_CALL,
-     "{long chain of thought}",
-     "**Action plan**:\n1. Generate an HTML file\n---\nWill start executing the plan step by "
-     "step" + GPT_OSS_PREAMBLE_CALL),
-    (("gpt_oss", {}),
-     "<|start|>assistant to=functions.lookup<|channel|>commentary json<|message|>{}<|call|>",
-     "", "<|start|>assistant to=functions.lookup<|channel|>commentary json<|message|>{}<|call|>"),
+    (
+        ("gpt_oss", {}),
+        (
+            '<|channel|>analysis<|message|>User asks: "What is 2 + 2?" Simple arithmetic. Provide '
+            "answer.<|end|><|start|>assistant<|channel|>final<|message|>2 + 2 = 4.<|return|>"
+        ),
+        'User asks: "What is 2 + 2?" Simple arithmetic. Provide answer.',
+        "2 + 2 = 4.",
+    ),
+    (
+        ("gpt_oss", {}),
+        "<|channel|>analysis<|message|>Need to use function get_weather.<|end|>" + GPT_OSS_CALL,
+        "Need to use function get_weather.",
+        GPT_OSS_CALL,
+    ),
+    (
+        ("gpt_oss", {}),
+        "<|channel|>analysis<|message|>{long chain of thought}<|end|><|start|>assistant"
+        "<|channel|>commentary<|message|>**Action plan**:\n1. Generate an HTML file\n---\nWill "
+        "start executing the plan step by step<|end|>" + GPT_OSS_PREAMBLE_CALL,
+        "{long chain of thought}",
+        "**Action plan**:\n1. Generate an HTML file\n---\nWill start executing the plan step by "
+        "step" + GPT_OSS_PREAMBLE_CALL,
+    ),
+    (
+        ("gpt_oss", {}),
+        "<|start|>assistant to=functions.lookup<|channel|>commentary json<|message|>{}<|call|>",
+        "",
+        "<|start|>assistant to=functions.lookup<|channel|>commentary json<|message|>{}<|call|>",
+    ),
     (("gpt_oss", {}), "<|channel|>analysis<|message|>cut by max_tok", "cut by max_tok", ""),
-    (("gpt_oss", {}), "<|channel|>analysis<|message|>a<|end|><|start|>assistant<|chan",
-     "a", ""),
+    (("gpt_oss", {}), "<|channel|>analysis<|message|>a<|end|><|start|>assistant<|chan", "a", ""),
     (("gpt_oss", {}), "<|channel|>final<|message|>no stop token", "", "no stop token"),
     (("gpt_oss", {}), "<|channel|>analysis<|message|>a<|channel|>final<|message|>b", "a", "b"),
     (("gpt_oss", {}), "plain text, no harmony", "", "plain text, no harmony"),
     # MiniMax-M2: the template opened <think>; `minimax_append_think` gives it back to the client.
     (("minimax", {}), "The user greets me.</think>Hello!", "The user greets me.", "Hello!"),
     (("minimax", {}), "Plan.<minimax:tool_call>\n<invoke", "Plan.", "<minimax:tool_call>\n<invoke"),
-    (("minimax_append_think", {}), "The user greets me.</think>Hello!", "",
-     "<think>The user greets me.</think>Hello!"),
+    (("minimax_append_think", {}), "The user greets me.</think>Hello!", "", "<think>The user greets me.</think>Hello!"),
     # smg's cohere_cmd.rs tests (CMD3/CMD4 framing is dropped here, not left to the tool parser).
     (("cohere_cmd", {}), "<|START_THINKING|><|END_THINKING|>The answer.", "", "The answer."),
-    (("cohere_cmd", {}), ("<|START_THINKING|>\nLet me analyze this step by step.\n<|END_THINKING|>\n"
-     "<|START_RESPONSE|>The answer is 42.<|END_RESPONSE|>"), "\nLet me analyze this step by step.\n",
-     "\nThe answer is 42."),
+    (
+        ("cohere_cmd", {}),
+        (
+            "<|START_THINKING|>\nLet me analyze this step by step.\n<|END_THINKING|>\n"
+            "<|START_RESPONSE|>The answer is 42.<|END_RESPONSE|>"
+        ),
+        "\nLet me analyze this step by step.\n",
+        "\nThe answer is 42.",
+    ),
     (("cohere_cmd", {}), "This is a normal response.", "", "This is a normal response."),
     # SGLang's CohereCommand4Detector docstring: the template opened thinking.
-    (("cohere_command4", {}), "thinking_content<|END_THINKING|><|START_TEXT|>final_answer<|END_TEXT|>",
-     "thinking_content", "final_answer"),
+    (
+        ("cohere_command4", {}),
+        "thinking_content<|END_THINKING|><|START_TEXT|>final_answer<|END_TEXT|>",
+        "thinking_content",
+        "final_answer",
+    ),
     (("cohere_command4", {}), "<|START_TEXT|>final_answer<|END_TEXT|>", "", "final_answer"),
-    (("cohere_command4", {}), 'Plan.<|START_ACTION|>[{"tool_name": "f"}]<|END_ACTION|>', "Plan.",
-     '<|START_ACTION|>[{"tool_name": "f"}]<|END_ACTION|>'),
+    (
+        ("cohere_command4", {}),
+        'Plan.<|START_ACTION|>[{"tool_name": "f"}]<|END_ACTION|>',
+        "Plan.",
+        '<|START_ACTION|>[{"tool_name": "f"}]<|END_ACTION|>',
+    ),
     # smg's nano_v3.rs: Nemotron's template puts <think> in the prompt when thinking is on.
     (("nano_v3", {"force_reasoning": True}), "reasoning content</think>answer", "reasoning content", "answer"),
     (("nano_v3", {}), "<think>a</think>b", "a", "b"),
@@ -171,47 +214,93 @@ GOLDEN: list[tuple[Config, str, str, str]] = [
     (("deepseek_v31", {}), "No thinking requested.", "", "No thinking requested."),
     (("deepseek_v4", {}), "<think>a</think>b", "a", "b"),
     # SGLang's InklingDetector comment, and a tool block passed through for the tool parser.
-    (("inkling", {}), ("<|message_model|><|content_thinking|>reasoning<|end_message|><|message_model|>"
-     "<|content_text|>visible answer<|end_message|><|content_model_end_sampling|>"), "reasoning",
-     "visible answer"),
-    (("inkling", {}), ("<|message_model|><|content_thinking|>plan<|end_message|><|message_model|>search"
-     '<|content_invoke_tool_json|>{"name":"search","args":{}}<|end_message|>'), "plan",
-     '<|message_model|>search<|content_invoke_tool_json|>{"name":"search","args":{}}<|end_message|>'),
+    (
+        ("inkling", {}),
+        (
+            "<|message_model|><|content_thinking|>reasoning<|end_message|><|message_model|>"
+            "<|content_text|>visible answer<|end_message|><|content_model_end_sampling|>"
+        ),
+        "reasoning",
+        "visible answer",
+    ),
+    (
+        ("inkling", {}),
+        (
+            "<|message_model|><|content_thinking|>plan<|end_message|><|message_model|>search"
+            '<|content_invoke_tool_json|>{"name":"search","args":{}}<|end_message|>'
+        ),
+        "plan",
+        '<|message_model|>search<|content_invoke_tool_json|>{"name":"search","args":{}}<|end_message|>',
+    ),
     (("inkling", {}), "plain text", "", "plain text"),
     # Kimi K2.5 thinks in <think> and may open its tool section without closing it.
     (("kimi_k25", {}), "<think>a</think>b", "a", "b"),
-    (("kimi_k25", {}), "<think>I'll call it.<|tool_calls_section_begin|><|tool_call_begin|>", "I'll call it.",
-     "<|tool_calls_section_begin|><|tool_call_begin|>"),
+    (
+        ("kimi_k25", {}),
+        "<think>I'll call it.<|tool_calls_section_begin|><|tool_call_begin|>",
+        "I'll call it.",
+        "<|tool_calls_section_begin|><|tool_call_begin|>",
+    ),
     (("kimi_thinking", {}), "Still thinking.</think>Done.", "Still thinking.", "Done."),
     # smg's kimi_k3.rs reasoning tests.
     (("kimi_k3", {}), "<|open|>think<|sep|>step <|close|>think<|sep|><|open|>response<|sep|>answer", "step ", "answer"),
-    (("kimi_k3", {}), ("<|open|>think<|sep|>step<|close|>think<|sep|><|open|>response<|sep|>answer<|close|>response<|sep|><|open|>tools<|sep|>CALLS"
-     "<|close|>tools<|sep|>"), "step", "answer<|open|>tools<|sep|>CALLS<|close|>tools<|sep|>"),
-    (("kimi_k3", {}), "<|open|>think<|sep|>r<|close|>think<|sep|><|open|>message<|sep|>answer<|close|>message<|sep|>", "r", "answer"),
-    (("kimi_k3", {"force_reasoning": True}), ('<|open|>tools<|sep|><|open|>call tool="f" index="1"<|sep|>'
-     "<|close|>call<|sep|><|close|>tools<|sep|><|close|>message<|sep|>"), "",
-     '<|open|>tools<|sep|><|open|>call tool="f" index="1"<|sep|><|close|>call<|sep|><|close|>tools<|sep|>'),
+    (
+        ("kimi_k3", {}),
+        (
+            "<|open|>think<|sep|>step<|close|>think<|sep|><|open|>response<|sep|>answer<|close|>response<|sep|><|open|>tools<|sep|>CALLS"
+            "<|close|>tools<|sep|>"
+        ),
+        "step",
+        "answer<|open|>tools<|sep|>CALLS<|close|>tools<|sep|>",
+    ),
+    (
+        ("kimi_k3", {}),
+        "<|open|>think<|sep|>r<|close|>think<|sep|><|open|>message<|sep|>answer<|close|>message<|sep|>",
+        "r",
+        "answer",
+    ),
+    (
+        ("kimi_k3", {"force_reasoning": True}),
+        (
+            '<|open|>tools<|sep|><|open|>call tool="f" index="1"<|sep|>'
+            "<|close|>call<|sep|><|close|>tools<|sep|><|close|>message<|sep|>"
+        ),
+        "",
+        '<|open|>tools<|sep|><|open|>call tool="f" index="1"<|sep|><|close|>call<|sep|><|close|>tools<|sep|>',
+    ),
     (("kimi_k3", {}), "just an answer", "", "just an answer"),
     # Mistral Small 4 with reasoning_effort="high".
     (("mistral", {}), "[THINK]The user asks for 2+2.[/THINK]4", "The user asks for 2+2.", "4"),
     (("hunyuan", {}), "<think>a</think>b", "a", "b"),
-    (("hunyuan", {}), "<think>Call it.<tool_calls>\n<tool_call>f<tool_sep>", "Call it.",
-     "<tool_calls>\n<tool_call>f<tool_sep>"),
+    (
+        ("hunyuan", {}),
+        "<think>Call it.<tool_calls>\n<tool_call>f<tool_sep>",
+        "Call it.",
+        "<tool_calls>\n<tool_call>f<tool_sep>",
+    ),
     # vLLM's test_seed_oss_tool_parser.py (thinking budget reflections stay reasoning).
-    (("seed_oss", {}), ("<seed:think>The budget is 512.</seed:cot_budget_reflect>\nCall get_weather.</seed:think>\n"
-     "<seed:tool_call>\n<function=get_weather>"), "The budget is 512.</seed:cot_budget_reflect>\nCall get_weather.",
-     "\n<seed:tool_call>\n<function=get_weather>"),
+    (
+        ("seed_oss", {}),
+        (
+            "<seed:think>The budget is 512.</seed:cot_budget_reflect>\nCall get_weather.</seed:think>\n"
+            "<seed:tool_call>\n<function=get_weather>"
+        ),
+        "The budget is 512.</seed:cot_budget_reflect>\nCall get_weather.",
+        "\n<seed:tool_call>\n<function=get_weather>",
+    ),
 ]
 
 
-@pytest.mark.parametrize(("config", "text", "reasoning", "content"), GOLDEN,
-                         ids=[f"{_label(g[0])}:{g[1][:24]}" for g in GOLDEN])
+@pytest.mark.parametrize(
+    ("config", "text", "reasoning", "content"), GOLDEN, ids=[f"{_label(g[0])}:{g[1][:24]}" for g in GOLDEN]
+)
 def test_golden_whole_text(config: Config, text: str, reasoning: str, content: str) -> None:
     assert whole(config, text) == (reasoning, content)
 
 
-@pytest.mark.parametrize(("config", "text", "reasoning", "content"), GOLDEN,
-                         ids=[f"{_label(g[0])}:{g[1][:24]}" for g in GOLDEN])
+@pytest.mark.parametrize(
+    ("config", "text", "reasoning", "content"), GOLDEN, ids=[f"{_label(g[0])}:{g[1][:24]}" for g in GOLDEN]
+)
 def test_golden_every_split(config: Config, text: str, reasoning: str, content: str) -> None:
     """Every single cut, every pair of cuts (short texts) and one delta per character."""
     expected = (reasoning, content)
@@ -226,11 +315,44 @@ def test_golden_every_split(config: Config, text: str, reasoning: str, content: 
 # --- streaming properties -------------------------------------------------------------------
 
 # Fragments that make tags, partial tags, look-alikes, whitespace and multi-byte characters.
-FRAGMENTS = ["a", "b", " ", "\n", "<", ">", "/", "<t", "<thin", "think", "</", "</thi", "é",
-             "思", "🤔", "◁", "▷", "◁th", "<|", "|>", "<think>", "</think>", "<tool_call>",
-             "◁think▷", "◁/think▷", *HARMONY, "analysis", "final", "commentary", " to=f",
-             *sorted({t for tags in TAGS.values() for t in tags} - set(HARMONY)), "<|open|>", "<|sep|>",
-             "[THINK", "<seed:", "<|START_"]
+FRAGMENTS = [
+    "a",
+    "b",
+    " ",
+    "\n",
+    "<",
+    ">",
+    "/",
+    "<t",
+    "<thin",
+    "think",
+    "</",
+    "</thi",
+    "é",
+    "思",
+    "🤔",
+    "◁",
+    "▷",
+    "◁th",
+    "<|",
+    "|>",
+    "<think>",
+    "</think>",
+    "<tool_call>",
+    "◁think▷",
+    "◁/think▷",
+    *HARMONY,
+    "analysis",
+    "final",
+    "commentary",
+    " to=f",
+    *sorted({t for tags in TAGS.values() for t in tags} - set(HARMONY)),
+    "<|open|>",
+    "<|sep|>",
+    "[THINK",
+    "<seed:",
+    "<|START_",
+]
 texts = st.lists(st.sampled_from(FRAGMENTS), max_size=25).map("".join)
 
 
@@ -267,8 +389,7 @@ def test_tag_formats_match_an_independent_reading(text: str) -> None:
         tags = TAGS[name]
         forced = REASONING_FORMATS[name].starts_in_reasoning
         assert whole((name, {}), text) == _reference_tags(text, tags, forced), name
-    assert whole(("qwen3", {"enable_thinking": False}), text) == _reference_tags(
-        text, TAGS["qwen3"], False)
+    assert whole(("qwen3", {"enable_thinking": False}), text) == _reference_tags(text, TAGS["qwen3"], False)
 
 
 @FUZZ
@@ -293,12 +414,12 @@ def test_harmony_holds_a_header_until_its_body_starts() -> None:
     assert parser.feed("<|channel|>analy") == ReasoningDelta()
     assert parser.feed("sis<|message|>We") == ReasoningDelta(reasoning="We")
     assert parser.feed(" think<|e") == ReasoningDelta(reasoning=" think")
-    assert parser.feed("nd|><|start|>assistant<|channel|>final<|message|>Hi") == ReasoningDelta(
-        content="Hi")
+    assert parser.feed("nd|><|start|>assistant<|channel|>final<|message|>Hi") == ReasoningDelta(content="Hi")
     assert parser.finish() == ReasoningDelta()
 
 
 # --- behaviour at the edges -----------------------------------------------------------------
+
 
 def test_a_partial_tag_is_held_then_released_as_text() -> None:
     parser = reasoning_parser("basic")
@@ -312,9 +433,14 @@ def test_a_tag_split_across_deltas_switches_mode_without_leaking() -> None:
     parser = reasoning_parser("deepseek_r1")
     deltas = [parser.feed(c) for c in ["Hmm, 2+2", "=4.</", "thi", "nk>", "\n\nIt is 4."]]
     deltas.append(parser.finish())
-    assert deltas == [ReasoningDelta(reasoning="Hmm, 2+2"), ReasoningDelta(reasoning="=4."),
-                      ReasoningDelta(), ReasoningDelta(), ReasoningDelta(content="\n\nIt is 4."),
-                      ReasoningDelta()]
+    assert deltas == [
+        ReasoningDelta(reasoning="Hmm, 2+2"),
+        ReasoningDelta(reasoning="=4."),
+        ReasoningDelta(),
+        ReasoningDelta(),
+        ReasoningDelta(content="\n\nIt is 4."),
+        ReasoningDelta(),
+    ]
 
 
 def test_unterminated_reasoning_is_flushed_as_reasoning() -> None:
@@ -355,14 +481,21 @@ def test_empty_deltas_are_harmless() -> None:
 
 # --- names ----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("alias", "canonical"), [
-    ("deepseek-r1", "deepseek_r1"), ("DeepSeek-R1", "deepseek_r1"), ("qwen3-thinking",
-    "qwen3_thinking"), ("gpt-oss", "gpt_oss"), ("base", "basic"), ("step3p5", "step3"),
-    (" glm45 ", "glm45"),
-])
+
+@pytest.mark.parametrize(
+    ("alias", "canonical"),
+    [
+        ("deepseek-r1", "deepseek_r1"),
+        ("DeepSeek-R1", "deepseek_r1"),
+        ("qwen3-thinking", "qwen3_thinking"),
+        ("gpt-oss", "gpt_oss"),
+        ("base", "basic"),
+        ("step3p5", "step3"),
+        (" glm45 ", "glm45"),
+    ],
+)
 def test_peer_spellings_are_aliases(alias: str, canonical: str) -> None:
-    for text in ("<think>a</think>b", "a</think>b", "◁think▷a◁/think▷b",
-                 "<|channel|>analysis<|message|>a<|end|>"):
+    for text in ("<think>a</think>b", "a</think>b", "◁think▷a◁/think▷b", "<|channel|>analysis<|message|>a<|end|>"):
         assert whole((alias, {}), text) == whole((canonical, {}), text)
 
 
@@ -378,13 +511,16 @@ def test_unknown_name_lists_the_known_ones() -> None:
         reasoning_parser("llama4")
 
 
-@pytest.mark.parametrize(("name", "prompt"), [
-    ("qwen3", "<|im_start|>assistant\n<think>\n"),
-    ("kimi_k3", "<|open|>assistant<|sep|><|open|>think<|sep|>"),
-    ("cohere_cmd", "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|><|START_THINKING|>"),
-    ("seed_oss", "<seed:bos>assistant\n<seed:think>"),
-    ("inkling", "<|message_model|><|content_thinking|>"),
-])
+@pytest.mark.parametrize(
+    ("name", "prompt"),
+    [
+        ("qwen3", "<|im_start|>assistant\n<think>\n"),
+        ("kimi_k3", "<|open|>assistant<|sep|><|open|>think<|sep|>"),
+        ("cohere_cmd", "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|><|START_THINKING|>"),
+        ("seed_oss", "<seed:bos>assistant\n<seed:think>"),
+        ("inkling", "<|message_model|><|content_thinking|>"),
+    ],
+)
 def test_a_prompt_that_opens_the_block_starts_the_output_in_reasoning(name: str, prompt: str) -> None:
     parser = reasoning_parser(name, prompt=prompt)
     delta = parser.feed("thought")

@@ -33,16 +33,17 @@ DS_SEP = "<｜tool▁sep｜>"
 
 
 def _tool(name: str, **properties: str) -> dict:
-    return {"type": "function", "function": {
-        "name": name,
-        "parameters": {"type": "object",
-                       "properties": {k: {"type": t} for k, t in properties.items()}},
-    }}
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "parameters": {"type": "object", "properties": {k: {"type": t} for k, t in properties.items()}},
+        },
+    }
 
 
 WEATHER_TOOLS = [
-    _tool("get_weather", location="string", city="string", date="string", days="integer",
-          unit="string"),
+    _tool("get_weather", location="string", city="string", date="string", days="integer", unit="string"),
 ]
 
 
@@ -58,228 +59,367 @@ class Case:
 
 CASES = [
     # Qwen2.5 function-calling guide (qwen.readthedocs.io), two parallel calls.
-    Case("hermes-qwen25-parallel", "hermes",
-         '<tool_call>\n{"name": "get_current_temperature", "arguments": {"location": '
-         '"San Francisco, CA, USA"}}\n</tool_call>\n<tool_call>\n{"name": '
-         '"get_temperature_date", "arguments": {"location": "San Francisco, CA, USA", "date": '
-         '"2024-10-01"}}\n</tool_call>',
-         "",
-         (("get_current_temperature", {"location": "San Francisco, CA, USA"}),
-          ("get_temperature_date", {"location": "San Francisco, CA, USA", "date": "2024-10-01"}))),
-    Case("hermes-content-around", "hermes",
-         'Let me check.\n\n<tool_call>\n{"name": "get_weather", "arguments": {"city": '
-         '"Paris", "note": "a } and a </tool_call> inside"}}\n</tool_call>\n\nDone.',
-         "Let me check.Done.",
-         (("get_weather", {"city": "Paris", "note": "a } and a </tool_call> inside"}),)),
-    Case("hermes-arguments-as-string", "hermes",
-         '<tool_call>{"arguments": "{\\"q\\": 1}", "name": "search"}</tool_call>',
-         "", (("search", {"q": 1}),)),
+    Case(
+        "hermes-qwen25-parallel",
+        "hermes",
+        '<tool_call>\n{"name": "get_current_temperature", "arguments": {"location": '
+        '"San Francisco, CA, USA"}}\n</tool_call>\n<tool_call>\n{"name": '
+        '"get_temperature_date", "arguments": {"location": "San Francisco, CA, USA", "date": '
+        '"2024-10-01"}}\n</tool_call>',
+        "",
+        (
+            ("get_current_temperature", {"location": "San Francisco, CA, USA"}),
+            ("get_temperature_date", {"location": "San Francisco, CA, USA", "date": "2024-10-01"}),
+        ),
+    ),
+    Case(
+        "hermes-content-around",
+        "hermes",
+        'Let me check.\n\n<tool_call>\n{"name": "get_weather", "arguments": {"city": '
+        '"Paris", "note": "a } and a </tool_call> inside"}}\n</tool_call>\n\nDone.',
+        "Let me check.Done.",
+        (("get_weather", {"city": "Paris", "note": "a } and a </tool_call> inside"}),),
+    ),
+    Case(
+        "hermes-arguments-as-string",
+        "hermes",
+        '<tool_call>{"arguments": "{\\"q\\": 1}", "name": "search"}</tool_call>',
+        "",
+        (("search", {"q": 1}),),
+    ),
     # Qwen3-Coder chat template shape; `days` is typed by the schema.
-    Case("qwen3-coder", "qwen3_coder",
-         "I'll check.\n<tool_call>\n<function=get_weather>\n<parameter=location>\n"
-         "San Francisco, CA\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n"
-         "</tool_call>",
-         "I'll check.",
-         (("get_weather", {"location": "San Francisco, CA", "days": 3}),), WEATHER_TOOLS),
-    Case("qwen3-coder-multiline-untyped", "qwen3_coder",
-         "<tool_call>\n<function=write_file>\n<parameter=path>\na.py\n</parameter>\n"
-         "<parameter=content>\ndef f():\n    return \"<x>\"\n\n</parameter>\n</function>\n"
-         "</tool_call>\n<tool_call>\n<function=run>\n</function>\n</tool_call>",
-         "",
-         (("write_file", {"path": "a.py", "content": 'def f():\n    return "<x>"\n'}),
-          ("run", {}))),
+    Case(
+        "qwen3-coder",
+        "qwen3_coder",
+        "I'll check.\n<tool_call>\n<function=get_weather>\n<parameter=location>\n"
+        "San Francisco, CA\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n"
+        "</tool_call>",
+        "I'll check.",
+        (("get_weather", {"location": "San Francisco, CA", "days": 3}),),
+        WEATHER_TOOLS,
+    ),
+    Case(
+        "qwen3-coder-multiline-untyped",
+        "qwen3_coder",
+        "<tool_call>\n<function=write_file>\n<parameter=path>\na.py\n</parameter>\n"
+        '<parameter=content>\ndef f():\n    return "<x>"\n\n</parameter>\n</function>\n'
+        "</tool_call>\n<tool_call>\n<function=run>\n</function>\n</tool_call>",
+        "",
+        (("write_file", {"path": "a.py", "content": 'def f():\n    return "<x>"\n'}), ("run", {})),
+    ),
     # Meta Llama 3.1 model card, JSON tool calling (bare and with <|python_tag|>).
-    Case("llama3-bare", "llama3_json",
-         '{"name": "get_current_conditions", "parameters": {"location": "San Francisco, CA", '
-         '"unit": "Fahrenheit"}}',
-         "",
-         (("get_current_conditions", {"location": "San Francisco, CA", "unit": "Fahrenheit"}),)),
-    Case("llama3-python-tag-parallel", "llama3_json",
-         'Sure.<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}; '
-         '{"name": "get_time", "parameters": {"tz": "CET"}}',
-         "Sure.",
-         (("get_weather", {"city": "Paris"}), ("get_time", {"tz": "CET"}))),
+    Case(
+        "llama3-bare",
+        "llama3_json",
+        '{"name": "get_current_conditions", "parameters": {"location": "San Francisco, CA", "unit": "Fahrenheit"}}',
+        "",
+        (("get_current_conditions", {"location": "San Francisco, CA", "unit": "Fahrenheit"}),),
+    ),
+    Case(
+        "llama3-python-tag-parallel",
+        "llama3_json",
+        'Sure.<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}; '
+        '{"name": "get_time", "parameters": {"tz": "CET"}}',
+        "Sure.",
+        (("get_weather", {"city": "Paris"}), ("get_time", {"tz": "CET"})),
+    ),
     # Mistral-7B-Instruct-v0.3 (function calling example), and the newer compact format.
-    Case("mistral-v3-array", "mistral",
-         '[TOOL_CALLS] [{"name": "get_current_weather", "arguments": {"location": '
-         '"Paris, France", "format": "celsius"}}]',
-         "",
-         (("get_current_weather", {"location": "Paris, France", "format": "celsius"}),)),
-    Case("mistral-compact", "mistral",
-         '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]get_time[ARGS]{"tz": "CET"}',
-         "",
-         (("get_weather", {"city": "Paris"}), ("get_time", {"tz": "CET"}))),
+    Case(
+        "mistral-v3-array",
+        "mistral",
+        '[TOOL_CALLS] [{"name": "get_current_weather", "arguments": {"location": '
+        '"Paris, France", "format": "celsius"}}]',
+        "",
+        (("get_current_weather", {"location": "Paris, France", "format": "celsius"}),),
+    ),
+    Case(
+        "mistral-compact",
+        "mistral",
+        '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]get_time[ARGS]{"tz": "CET"}',
+        "",
+        (("get_weather", {"city": "Paris"}), ("get_time", {"tz": "CET"})),
+    ),
     # Llama 3.2 model card, zero-shot function calling.
-    Case("pythonic-llama32", "pythonic",
-         "[get_user_info(user_id=7890, special='black'), get_weather(city=\"San Francisco\", "
-         "days=[1, 2], metric=True, extra=None)]",
-         "",
-         (("get_user_info", {"user_id": 7890, "special": "black"}),
-          ("get_weather", {"city": "San Francisco", "days": [1, 2], "metric": True,
-                           "extra": None}))),
-    Case("pythonic-llama4-tags", "pythonic",
-         "Checking.<|python_start|>[get_time(tz='CET')]<|python_end|>",
-         "Checking.",
-         (("get_time", {"tz": "CET"}),)),
+    Case(
+        "pythonic-llama32",
+        "pythonic",
+        "[get_user_info(user_id=7890, special='black'), get_weather(city=\"San Francisco\", "
+        "days=[1, 2], metric=True, extra=None)]",
+        "",
+        (
+            ("get_user_info", {"user_id": 7890, "special": "black"}),
+            ("get_weather", {"city": "San Francisco", "days": [1, 2], "metric": True, "extra": None}),
+        ),
+    ),
+    Case(
+        "pythonic-llama4-tags",
+        "pythonic",
+        "Checking.<|python_start|>[get_time(tz='CET')]<|python_end|>",
+        "Checking.",
+        (("get_time", {"tz": "CET"}),),
+    ),
     # SGLang's DeepSeekV3Detector docstring example (DeepSeek-V3-0324 template).
-    Case("deepseek-v3", "deepseek_v3",
-         f"{DS_CALLS_BEGIN}{DS_CALL_BEGIN}function{DS_SEP}get_current_weather\n```json\n"
-         f'{{"location": "Tokyo"}}\n```{DS_CALL_END}\n{DS_CALL_BEGIN}function{DS_SEP}'
-         f'get_current_weather\n```json\n{{"location": "Paris"}}\n```{DS_CALL_END}'
-         f"{DS_CALLS_END}",
-         "",
-         (("get_current_weather", {"location": "Tokyo"}),
-          ("get_current_weather", {"location": "Paris"}))),
+    Case(
+        "deepseek-v3",
+        "deepseek_v3",
+        f"{DS_CALLS_BEGIN}{DS_CALL_BEGIN}function{DS_SEP}get_current_weather\n```json\n"
+        f'{{"location": "Tokyo"}}\n```{DS_CALL_END}\n{DS_CALL_BEGIN}function{DS_SEP}'
+        f'get_current_weather\n```json\n{{"location": "Paris"}}\n```{DS_CALL_END}'
+        f"{DS_CALLS_END}",
+        "",
+        (("get_current_weather", {"location": "Tokyo"}), ("get_current_weather", {"location": "Paris"})),
+    ),
     # SGLang's DeepSeekV31Detector docstring example (DeepSeek-V3.1 template).
-    Case("deepseek-v31", "deepseek_v31",
-         f"Let me look.{DS_CALLS_BEGIN}{DS_CALL_BEGIN}get_current_weather{DS_SEP}"
-         f'{{"location": "Tokyo"}}{DS_CALL_END}{DS_CALL_BEGIN}get_current_weather{DS_SEP}'
-         f'{{"location": "Paris"}}{DS_CALL_END}{DS_CALLS_END}',
-         "Let me look.",
-         (("get_current_weather", {"location": "Tokyo"}),
-          ("get_current_weather", {"location": "Paris"}))),
+    Case(
+        "deepseek-v31",
+        "deepseek_v31",
+        f"Let me look.{DS_CALLS_BEGIN}{DS_CALL_BEGIN}get_current_weather{DS_SEP}"
+        f'{{"location": "Tokyo"}}{DS_CALL_END}{DS_CALL_BEGIN}get_current_weather{DS_SEP}'
+        f'{{"location": "Paris"}}{DS_CALL_END}{DS_CALLS_END}',
+        "Let me look.",
+        (("get_current_weather", {"location": "Tokyo"}), ("get_current_weather", {"location": "Paris"})),
+    ),
     # Kimi-K2-Instruct docs/tool_call_guidance.md.
-    Case("kimi-k2", "kimi_k2",
-         "I'll check.<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
-         '<|tool_call_argument_begin|>{"city": "Beijing"}<|tool_call_end|>'
-         "<|tool_call_begin|>functions.get_time:1<|tool_call_argument_begin|>{}"
-         "<|tool_call_end|><|tool_calls_section_end|>",
-         "I'll check.",
-         (("get_weather", {"city": "Beijing"}), ("get_time", {}))),
+    Case(
+        "kimi-k2",
+        "kimi_k2",
+        "I'll check.<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
+        '<|tool_call_argument_begin|>{"city": "Beijing"}<|tool_call_end|>'
+        "<|tool_call_begin|>functions.get_time:1<|tool_call_argument_begin|>{}"
+        "<|tool_call_end|><|tool_calls_section_end|>",
+        "I'll check.",
+        (("get_weather", {"city": "Beijing"}), ("get_time", {})),
+    ),
     # SGLang's Glm4MoeDetector docstring example; `days` typed, `flag` inferred.
-    Case("glm45", "glm45",
-         "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>北京</arg_value>\n"
-         "<arg_key>date</arg_key>\n<arg_value>2024-06-27</arg_value>\n<arg_key>days</arg_key>\n"
-         "<arg_value>3</arg_value>\n<arg_key>flag</arg_key>\n<arg_value>true</arg_value>\n"
-         "</tool_call>",
-         "",
-         (("get_weather", {"city": "北京", "date": "2024-06-27", "days": 3, "flag": True}),),
-         WEATHER_TOOLS),
+    Case(
+        "glm45",
+        "glm45",
+        "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>北京</arg_value>\n"
+        "<arg_key>date</arg_key>\n<arg_value>2024-06-27</arg_value>\n<arg_key>days</arg_key>\n"
+        "<arg_value>3</arg_value>\n<arg_key>flag</arg_key>\n<arg_value>true</arg_value>\n"
+        "</tool_call>",
+        "",
+        (("get_weather", {"city": "北京", "date": "2024-06-27", "days": 3, "flag": True}),),
+        WEATHER_TOOLS,
+    ),
     # GLM-4.7 drops the newlines.
-    Case("glm47-no-newlines", "glm47",
-         "On it.<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value>"
-         "</tool_call><tool_call>get_time</tool_call>",
-         "On it.",
-         (("get_weather", {"city": "Paris"}), ("get_time", {})), WEATHER_TOOLS),
+    Case(
+        "glm47-no-newlines",
+        "glm47",
+        "On it.<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value>"
+        "</tool_call><tool_call>get_time</tool_call>",
+        "On it.",
+        (("get_weather", {"city": "Paris"}), ("get_time", {})),
+        WEATHER_TOOLS,
+    ),
     # smg's tool_parser_json.rs (test_simple_json_tool_call, test_json_with_parameters_key).
-    Case("json-object", "json",
-         '{"name": "get_weather", "arguments": {"location": "San Francisco"}}', "",
-         (("get_weather", {"location": "San Francisco"}),)),
-    Case("json-array-parameters", "json",
-         '[{"name": "calculate", "parameters": {"x": 10, "y": 20}}, {"name": "ping", "arguments": {}}]', "",
-         (("calculate", {"x": 10, "y": 20}), ("ping", {}))),
+    Case(
+        "json-object",
+        "json",
+        '{"name": "get_weather", "arguments": {"location": "San Francisco"}}',
+        "",
+        (("get_weather", {"location": "San Francisco"}),),
+    ),
+    Case(
+        "json-array-parameters",
+        "json",
+        '[{"name": "calculate", "parameters": {"x": 10, "y": 20}}, {"name": "ping", "arguments": {}}]',
+        "",
+        (("calculate", {"x": 10, "y": 20}), ("ping", {})),
+    ),
     # smg's tool_parser_deepseek_dsml.rs: V3.2 parameters, typed by `string=`, and direct JSON.
-    Case("deepseek-v32-dsml", "deepseek32",
-         "Let me check that.\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"get_weather\">\n"
-         "<｜DSML｜parameter name=\"location\" string=\"true\">Tokyo</｜DSML｜parameter>\n"
-         "<｜DSML｜parameter name=\"days\" string=\"false\">3</｜DSML｜parameter>\n</｜DSML｜invoke>\n"
-         "<｜DSML｜invoke name=\"get_news\">\n{\"location\": \"Beijing\", \"date\": \"2024-01-16\"}\n"
-         "</｜DSML｜invoke>\n</｜DSML｜function_calls>",
-         "Let me check that.",
-         (("get_weather", {"location": "Tokyo", "days": 3}),
-          ("get_news", {"location": "Beijing", "date": "2024-01-16"}))),
-    Case("deepseek-v4-dsml", "deepseek_v4",
-         "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"search\">\n<｜DSML｜parameter name=\"query\" "
-         "string=\"true\">rust programming</｜DSML｜parameter>\n<｜DSML｜parameter name=\"filters\" "
-         "string=\"false\">{\"lang\": [\"en\"]}</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>",
-         "", (("search", {"query": "rust programming", "filters": {"lang": ["en"]}}),)),
+    Case(
+        "deepseek-v32-dsml",
+        "deepseek32",
+        'Let me check that.\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name="get_weather">\n'
+        '<｜DSML｜parameter name="location" string="true">Tokyo</｜DSML｜parameter>\n'
+        '<｜DSML｜parameter name="days" string="false">3</｜DSML｜parameter>\n</｜DSML｜invoke>\n'
+        '<｜DSML｜invoke name="get_news">\n{"location": "Beijing", "date": "2024-01-16"}\n'
+        "</｜DSML｜invoke>\n</｜DSML｜function_calls>",
+        "Let me check that.",
+        (
+            ("get_weather", {"location": "Tokyo", "days": 3}),
+            ("get_news", {"location": "Beijing", "date": "2024-01-16"}),
+        ),
+    ),
+    Case(
+        "deepseek-v4-dsml",
+        "deepseek_v4",
+        '<｜DSML｜tool_calls>\n<｜DSML｜invoke name="search">\n<｜DSML｜parameter name="query" '
+        'string="true">rust programming</｜DSML｜parameter>\n<｜DSML｜parameter name="filters" '
+        'string="false">{"lang": ["en"]}</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>',
+        "",
+        (("search", {"query": "rust programming", "filters": {"lang": ["en"]}}),),
+    ),
     # smg's tool_parser_step3.rs (single and typed examples).
-    Case("step3", "step3",
-         "Let me help you.\n<｜tool_calls_begin｜>\n<｜tool_call_begin｜>function<｜tool_sep｜>"
-         "<steptml:invoke name=\"search\">\n<steptml:parameter name=\"query\">rust programming"
-         "</steptml:parameter>\n<steptml:parameter name=\"limit\">10</steptml:parameter>\n</steptml:invoke>"
-         "<｜tool_call_end｜>\n<｜tool_call_begin｜>function<｜tool_sep｜><steptml:invoke name=\"process\">\n"
-         "<steptml:parameter name=\"rate\">2.5</steptml:parameter>\n<steptml:parameter name=\"active\">"
-         "true</steptml:parameter>\n<steptml:parameter name=\"optional\">null</steptml:parameter>\n"
-         "</steptml:invoke><｜tool_call_end｜>\n<｜tool_calls_end｜>",
-         "Let me help you.",
-         (("search", {"query": "rust programming", "limit": 10}),
-          ("process", {"rate": 2.5, "active": True, "optional": None}))),
+    Case(
+        "step3",
+        "step3",
+        "Let me help you.\n<｜tool_calls_begin｜>\n<｜tool_call_begin｜>function<｜tool_sep｜>"
+        '<steptml:invoke name="search">\n<steptml:parameter name="query">rust programming'
+        '</steptml:parameter>\n<steptml:parameter name="limit">10</steptml:parameter>\n</steptml:invoke>'
+        '<｜tool_call_end｜>\n<｜tool_call_begin｜>function<｜tool_sep｜><steptml:invoke name="process">\n'
+        '<steptml:parameter name="rate">2.5</steptml:parameter>\n<steptml:parameter name="active">'
+        'true</steptml:parameter>\n<steptml:parameter name="optional">null</steptml:parameter>\n'
+        "</steptml:invoke><｜tool_call_end｜>\n<｜tool_calls_end｜>",
+        "Let me help you.",
+        (
+            ("search", {"query": "rust programming", "limit": 10}),
+            ("process", {"rate": 2.5, "active": True, "optional": None}),
+        ),
+    ),
     # smg's sarashina.rs tests: with and without the marker, Python literals.
-    Case("sarashina-marker", "sarashina",
-         "Let me check.<|tool_calls|>[{'name': 'get_weather', 'arguments': {'city': 'Tokyo'}}, "
-         "{'name': 'flags', 'arguments': {'a': True, 'b': False, 'c': None}}]",
-         "Let me check.",
-         (("get_weather", {"city": "Tokyo"}), ("flags", {"a": True, "b": False, "c": None}))),
-    Case("sarashina-bare", "sarashina",
-         "[{'name': 'say', 'arguments': {'text': 'it\\'s [done]'}}]", "",
-         (("say", {"text": "it's [done]"}),)),
+    Case(
+        "sarashina-marker",
+        "sarashina",
+        "Let me check.<|tool_calls|>[{'name': 'get_weather', 'arguments': {'city': 'Tokyo'}}, "
+        "{'name': 'flags', 'arguments': {'a': True, 'b': False, 'c': None}}]",
+        "Let me check.",
+        (("get_weather", {"city": "Tokyo"}), ("flags", {"a": True, "b": False, "c": None})),
+    ),
+    Case(
+        "sarashina-bare",
+        "sarashina",
+        "[{'name': 'say', 'arguments': {'text': 'it\\'s [done]'}}]",
+        "",
+        (("say", {"text": "it's [done]"}),),
+    ),
     # Kimi K3 XTML (the format in smg's kimi_k3.rs): response channel unwrapped, typed arguments.
-    Case("kimi-k3", "kimi_k3",
-         "<|open|>response<|sep|>Let me check.<|close|>response<|sep|><|open|>tools<|sep|>"
-         "<|open|>call tool=\"get_weather\" index=\"1\"<|sep|><|open|>argument key=\"city\" type=\"string\"<|sep|>"
-         "Paris<|close|>argument<|sep|><|open|>argument key=\"days\" type=\"integer\"<|sep|>3"
-         "<|close|>argument<|sep|><|close|>call<|sep|><|open|>call tool=\"get_time\" index=\"2\"<|sep|>"
-         "<|close|>call<|sep|><|close|>tools<|sep|>",
-         "Let me check.", (("get_weather", {"city": "Paris", "days": 3}), ("get_time", {}))),
+    Case(
+        "kimi-k3",
+        "kimi_k3",
+        "<|open|>response<|sep|>Let me check.<|close|>response<|sep|><|open|>tools<|sep|>"
+        '<|open|>call tool="get_weather" index="1"<|sep|><|open|>argument key="city" type="string"<|sep|>'
+        'Paris<|close|>argument<|sep|><|open|>argument key="days" type="integer"<|sep|>3'
+        '<|close|>argument<|sep|><|close|>call<|sep|><|open|>call tool="get_time" index="2"<|sep|>'
+        "<|close|>call<|sep|><|close|>tools<|sep|>",
+        "Let me check.",
+        (("get_weather", {"city": "Paris", "days": 3}), ("get_time", {})),
+    ),
     # smg's tool_parser_inkling.rs (test_inkling_complete_parsing).
-    Case("inkling", "inkling",
-         "<|message_model|><|content_text|>I'll check.<|end_message|><|message_model|>search"
-         "<|content_invoke_tool_json|>{\"name\":\"search\",\"args\":{\"query\":\"Rust {language}\"}}"
-         "<|end_message|><|message_model|>get_weather<|content_invoke_tool_json|>{\"name\":\"get_weather\","
-         "\"args\":{\"city\":\"Tokyo\"}}<|end_message|><|content_model_end_sampling|>",
-         "I'll check.", (("search", {"query": "Rust {language}"}), ("get_weather", {"city": "Tokyo"}))),
+    Case(
+        "inkling",
+        "inkling",
+        "<|message_model|><|content_text|>I'll check.<|end_message|><|message_model|>search"
+        '<|content_invoke_tool_json|>{"name":"search","args":{"query":"Rust {language}"}}'
+        '<|end_message|><|message_model|>get_weather<|content_invoke_tool_json|>{"name":"get_weather",'
+        '"args":{"city":"Tokyo"}}<|end_message|><|content_model_end_sampling|>',
+        "I'll check.",
+        (("search", {"query": "Rust {language}"}), ("get_weather", {"city": "Tokyo"})),
+    ),
     # smg's tool_parser_minimax_m2.rs (issue #1743's call), with an escaped value and a second invoke.
-    Case("minimax-m2", "minimax_m2",
-         "<minimax:tool_call>\n<invoke name=\"update_task\">\n<parameter name=\"taskId\">3</parameter>\n"
-         "<parameter name=\"subject\">X &amp; Y &lt;b&gt;</parameter>\n</invoke>\n<invoke name=\"get_weather\">\n"
-         "<parameter name=\"days\">3</parameter>\n</invoke>\n</minimax:tool_call>",
-         "", (("update_task", {"taskId": "3", "subject": "X & Y <b>"}), ("get_weather", {"days": 3})),
-         [_tool("update_task", taskId="string", subject="string"), *WEATHER_TOOLS]),
+    Case(
+        "minimax-m2",
+        "minimax_m2",
+        '<minimax:tool_call>\n<invoke name="update_task">\n<parameter name="taskId">3</parameter>\n'
+        '<parameter name="subject">X &amp; Y &lt;b&gt;</parameter>\n</invoke>\n<invoke name="get_weather">\n'
+        '<parameter name="days">3</parameter>\n</invoke>\n</minimax:tool_call>',
+        "",
+        (("update_task", {"taskId": "3", "subject": "X & Y <b>"}), ("get_weather", {"days": 3})),
+        [_tool("update_task", taskId="string", subject="string"), *WEATHER_TOOLS],
+    ),
     # smg's tool_parser_cohere.rs (single and array shapes), Command A's tool_call_id.
-    Case("cohere-single", "cohere",
-         "<|START_RESPONSE|>Let me search for that.<|END_RESPONSE|>\n<|START_ACTION|>\n"
-         "{\"tool_name\": \"search_web\", \"parameters\": {\"query\": \"latest news\", \"max_results\": 5}}\n"
-         "<|END_ACTION|>",
-         "Let me search for that.", (("search_web", {"query": "latest news", "max_results": 5}),)),
-    Case("cohere-command-a-array", "cohere_command4",
-         "<|START_ACTION|>[\n    {\"tool_call_id\": \"0\", \"tool_name\": \"get_weather\", \"parameters\": "
-         "{\"city\": \"Tokyo\", \"units\": \"celsius\"}},\n    {\"tool_call_id\": \"1\", \"tool_name\": "
-         "\"search_news\", \"parameters\": {\"query\": \"AI developments\", \"limit\": 10}}\n]<|END_ACTION|>",
-         "", (("get_weather", {"city": "Tokyo", "units": "celsius"}),
-              ("search_news", {"query": "AI developments", "limit": 10}))),
+    Case(
+        "cohere-single",
+        "cohere",
+        "<|START_RESPONSE|>Let me search for that.<|END_RESPONSE|>\n<|START_ACTION|>\n"
+        '{"tool_name": "search_web", "parameters": {"query": "latest news", "max_results": 5}}\n'
+        "<|END_ACTION|>",
+        "Let me search for that.",
+        (("search_web", {"query": "latest news", "max_results": 5}),),
+    ),
+    Case(
+        "cohere-command-a-array",
+        "cohere_command4",
+        '<|START_ACTION|>[\n    {"tool_call_id": "0", "tool_name": "get_weather", "parameters": '
+        '{"city": "Tokyo", "units": "celsius"}},\n    {"tool_call_id": "1", "tool_name": '
+        '"search_news", "parameters": {"query": "AI developments", "limit": 10}}\n]<|END_ACTION|>',
+        "",
+        (
+            ("get_weather", {"city": "Tokyo", "units": "celsius"}),
+            ("search_news", {"query": "AI developments", "limit": 10}),
+        ),
+    ),
     # gpt-oss harmony, as the model writes a call (OpenAI's harmony guide) and as harmony's
     # encoder renders one (recipient in the role part, `json` without `<|constrain|>`).
-    Case("gpt-oss-harmony", "gpt-oss",
-         "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
-         "{\"location\":\"San Francisco\"}<|call|>",
-         "", (("get_weather", {"location": "San Francisco"}),)),
-    Case("gpt-oss-preamble-and-two-calls", "harmony",
-         "**Action plan**: look it up.<|start|>assistant to=functions.lookup<|channel|>commentary json"
-         "<|message|>{\"q\": \"weather\"}<|call|><|start|>assistant<|channel|>commentary to=functions.get_time"
-         " <|constrain|>json<|message|>{}",
-         "**Action plan**: look it up.", (("lookup", {"q": "weather"}), ("get_time", {}))),
+    Case(
+        "gpt-oss-harmony",
+        "gpt-oss",
+        "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
+        '{"location":"San Francisco"}<|call|>',
+        "",
+        (("get_weather", {"location": "San Francisco"}),),
+    ),
+    Case(
+        "gpt-oss-preamble-and-two-calls",
+        "harmony",
+        "**Action plan**: look it up.<|start|>assistant to=functions.lookup<|channel|>commentary json"
+        '<|message|>{"q": "weather"}<|call|><|start|>assistant<|channel|>commentary to=functions.get_time'
+        " <|constrain|>json<|message|>{}",
+        "**Action plan**: look it up.",
+        (("lookup", {"q": "weather"}), ("get_time", {})),
+    ),
     # SGLang's HunyuanDetector docstring shape, and the suffixed tags of the shipping tokenizer.
-    Case("hunyuan", "hunyuan",
-         "Checking.\n<tool_calls>\n<tool_call>get_weather<tool_sep>\n<arg_key>city</arg_key>\n"
-         "<arg_value>Paris</arg_value>\n<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call>\n"
-         "<tool_call>get_time<tool_sep>\n</tool_call>\n</tool_calls>",
-         "Checking.", (("get_weather", {"city": "Paris", "days": 3}), ("get_time", {})), WEATHER_TOOLS),
-    Case("hunyuan-suffixed", "hunyuan",
-         "<tool_calls:opensource><tool_call:opensource>get_weather<tool_sep:opensource><arg_key:opensource>"
-         "city</arg_key:opensource><arg_value:opensource>Oslo</arg_value:opensource></tool_call:opensource>"
-         "</tool_calls:opensource>",
-         "", (("get_weather", {"city": "Oslo"}),)),
+    Case(
+        "hunyuan",
+        "hunyuan",
+        "Checking.\n<tool_calls>\n<tool_call>get_weather<tool_sep>\n<arg_key>city</arg_key>\n"
+        "<arg_value>Paris</arg_value>\n<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call>\n"
+        "<tool_call>get_time<tool_sep>\n</tool_call>\n</tool_calls>",
+        "Checking.",
+        (("get_weather", {"city": "Paris", "days": 3}), ("get_time", {})),
+        WEATHER_TOOLS,
+    ),
+    Case(
+        "hunyuan-suffixed",
+        "hunyuan",
+        "<tool_calls:opensource><tool_call:opensource>get_weather<tool_sep:opensource><arg_key:opensource>"
+        "city</arg_key:opensource><arg_value:opensource>Oslo</arg_value:opensource></tool_call:opensource>"
+        "</tool_calls:opensource>",
+        "",
+        (("get_weather", {"city": "Oslo"}),),
+    ),
     # vLLM's test_seed_oss_tool_parser.py (0 thinking budget; two parameters).
-    Case("seed-oss", "seed_oss",
-         "<seed:tool_call>\n<function=get_weather>\n<parameter=location>Barcelona, Spain</parameter>\n"
-         "<parameter=unit>celsius</parameter>\n</function>\n</seed:tool_call>",
-         "", (("get_weather", {"location": "Barcelona, Spain", "unit": "celsius"}),)),
+    Case(
+        "seed-oss",
+        "seed_oss",
+        "<seed:tool_call>\n<function=get_weather>\n<parameter=location>Barcelona, Spain</parameter>\n"
+        "<parameter=unit>celsius</parameter>\n</function>\n</seed:tool_call>",
+        "",
+        (("get_weather", {"location": "Barcelona, Spain", "unit": "celsius"}),),
+    ),
     # vLLM's granite tool parser's expected output (Granite 3.0), and 3.1's `<tool_call>`.
-    Case("granite", "granite",
-         "<|tool_call|>[{\"name\": \"get_current_weather\", \"arguments\": {\"city\": \"Dallas\", "
-         "\"state\": \"TX\", \"unit\": \"fahrenheit\"}}, {\"name\": \"get_time\", \"arguments\": {}}]",
-         "", (("get_current_weather", {"city": "Dallas", "state": "TX", "unit": "fahrenheit"}), ("get_time", {}))),
-    Case("granite-31", "granite",
-         "<tool_call>[{\"name\": \"get_time\", \"arguments\": {\"tz\": \"CET\"}}]", "",
-         (("get_time", {"tz": "CET"}),)),
+    Case(
+        "granite",
+        "granite",
+        '<|tool_call|>[{"name": "get_current_weather", "arguments": {"city": "Dallas", '
+        '"state": "TX", "unit": "fahrenheit"}}, {"name": "get_time", "arguments": {}}]',
+        "",
+        (("get_current_weather", {"city": "Dallas", "state": "TX", "unit": "fahrenheit"}), ("get_time", {})),
+    ),
+    Case(
+        "granite-31",
+        "granite",
+        '<tool_call>[{"name": "get_time", "arguments": {"tz": "CET"}}]',
+        "",
+        (("get_time", {"tz": "CET"}),),
+    ),
     # Mistral v11+ tokenizers with a call id; Qwen3-Coder under smg's and vLLM's names.
-    Case("mistral-v11-call-id", "mistral",
-         "[TOOL_CALLS]get_weather[CALL_ID]a1b2c3d4e[ARGS]{\"city\": \"Paris\"}", "",
-         (("get_weather", {"city": "Paris"}),)),
-    Case("qwen-xml-alias", "qwen_xml",
-         "<tool_call>\n<function=get_weather>\n<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>",
-         "", (("get_weather", {"days": 2}),), WEATHER_TOOLS),
+    Case(
+        "mistral-v11-call-id",
+        "mistral",
+        '[TOOL_CALLS]get_weather[CALL_ID]a1b2c3d4e[ARGS]{"city": "Paris"}',
+        "",
+        (("get_weather", {"city": "Paris"}),),
+    ),
+    Case(
+        "qwen-xml-alias",
+        "qwen_xml",
+        "<tool_call>\n<function=get_weather>\n<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>",
+        "",
+        (("get_weather", {"days": 2}),),
+        WEATHER_TOOLS,
+    ),
 ]
 
 
@@ -368,10 +508,18 @@ def test_every_known_name_builds_a_parser(parser_name: str) -> None:
 
 def test_peer_spellings_are_aliases() -> None:
     expected = {
-        "qwen25": "hermes", "qwen": "hermes", "qwen_xml": "qwen3_coder", "llama3": "llama3_json",
-        "deepseekv3": "deepseek_v3", "deepseek": "deepseek_v3", "deepseekv31": "deepseek_v31",
-        "deepseek31": "deepseek_v31", "deepseek_v3_1": "deepseek_v31", "kimik2": "kimi_k2",
-        "glm": "glm45", "glm45_moe": "glm45",
+        "qwen25": "hermes",
+        "qwen": "hermes",
+        "qwen_xml": "qwen3_coder",
+        "llama3": "llama3_json",
+        "deepseekv3": "deepseek_v3",
+        "deepseek": "deepseek_v3",
+        "deepseekv31": "deepseek_v31",
+        "deepseek31": "deepseek_v31",
+        "deepseek_v3_1": "deepseek_v31",
+        "kimik2": "kimi_k2",
+        "glm": "glm45",
+        "glm45_moe": "glm45",
     }
     for alias, canonical in expected.items():
         assert tool_call_parser(alias).format == canonical
@@ -401,7 +549,8 @@ def test_kimi_keeps_the_model_ids_for_its_template() -> None:
 
 def test_mistral_ids_are_nine_alphanumerics_or_the_models_own() -> None:
     calls = tool_call_parser("mistral").parse_complete(
-        '[TOOL_CALLS]f[ARGS]{}[TOOL_CALLS]g[CALL_ID]a1B2c3D4e[ARGS]{"x": 1}')[1]
+        '[TOOL_CALLS]f[ARGS]{}[TOOL_CALLS]g[CALL_ID]a1B2c3D4e[ARGS]{"x": 1}'
+    )[1]
     assert re.fullmatch(r"[A-Za-z0-9]{9}", calls[0].id)
     assert (calls[1].id, calls[1].name, calls[1].arguments_json) == ("a1B2c3D4e", "g", '{"x": 1}')
 

@@ -26,17 +26,35 @@ DS_SEP = "<｜tool▁sep｜>"
 # Characters that stress the parsers: braces, quotes, escapes, tag openers, newlines, CJK.
 TRICKY = "ab Z09_{}[]\"'\\<>/=|:;,.\n\t北"
 # Markup fragments that must survive inside string values of the JSON-argument formats.
-FRAGMENTS = ["</tool_call>", "<tool_call>", "[TOOL_CALLS]", "[ARGS]", DS_CALL_END, "}]", "\\n",
-             "<|tool_call_end|>", "```", "<parameter=", "</arg_value>"]
+FRAGMENTS = [
+    "</tool_call>",
+    "<tool_call>",
+    "[TOOL_CALLS]",
+    "[ARGS]",
+    DS_CALL_END,
+    "}]",
+    "\\n",
+    "<|tool_call_end|>",
+    "```",
+    "<parameter=",
+    "</arg_value>",
+]
 
 names = st.from_regex(r"[a-z][a-z0-9_]{0,11}", fullmatch=True)
 keys = st.from_regex(r"[a-z][a-z0-9_]{0,7}", fullmatch=True)
-strings = st.lists(st.one_of(st.text(TRICKY, max_size=6), st.sampled_from(FRAGMENTS)),
-                   max_size=4).map("".join)
-scalars = st.one_of(st.integers(-10**6, 10**6), st.booleans(), st.none(), strings,
-                    st.floats(-1e6, 1e6, allow_nan=False).map(lambda f: round(f, 3)))
-values = st.recursive(scalars, lambda inner: st.one_of(
-    st.lists(inner, max_size=3), st.dictionaries(keys, inner, max_size=3)), max_leaves=6)
+strings = st.lists(st.one_of(st.text(TRICKY, max_size=6), st.sampled_from(FRAGMENTS)), max_size=4).map("".join)
+scalars = st.one_of(
+    st.integers(-(10**6), 10**6),
+    st.booleans(),
+    st.none(),
+    strings,
+    st.floats(-1e6, 1e6, allow_nan=False).map(lambda f: round(f, 3)),
+)
+values = st.recursive(
+    scalars,
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(keys, inner, max_size=3)),
+    max_leaves=6,
+)
 arguments = st.dictionaries(keys, values, max_size=4)
 calls = st.lists(st.tuples(names, arguments), min_size=1, max_size=3)
 # Prose around the calls: anything but a start marker.
@@ -48,8 +66,7 @@ def _json(value: Any) -> str:
 
 
 def _hermes(cs):
-    return "\n".join(f"<tool_call>\n{_json({'name': n, 'arguments': a})}\n</tool_call>"
-                     for n, a in cs)
+    return "\n".join(f"<tool_call>\n{_json({'name': n, 'arguments': a})}\n</tool_call>" for n, a in cs)
 
 
 def _llama(cs):
@@ -65,8 +82,7 @@ def _mistral_compact(cs):
 
 
 def _deepseek_v3(cs):
-    body = "\n".join(f"{DS_CALL_BEGIN}function{DS_SEP}{n}\n```json\n{_json(a)}\n```{DS_CALL_END}"
-                     for n, a in cs)
+    body = "\n".join(f"{DS_CALL_BEGIN}function{DS_SEP}{n}\n```json\n{_json(a)}\n```{DS_CALL_END}" for n, a in cs)
     return f"{DS_CALLS_BEGIN}{body}{DS_CALLS_END}"
 
 
@@ -76,14 +92,15 @@ def _deepseek_v31(cs):
 
 
 def _kimi(cs):
-    body = "".join(f"<|tool_call_begin|>functions.{n}:{i}<|tool_call_argument_begin|>{_json(a)}"
-                   "<|tool_call_end|>" for i, (n, a) in enumerate(cs))
+    body = "".join(
+        f"<|tool_call_begin|>functions.{n}:{i}<|tool_call_argument_begin|>{_json(a)}<|tool_call_end|>"
+        for i, (n, a) in enumerate(cs)
+    )
     return f"<|tool_calls_section_begin|>{body}<|tool_calls_section_end|>"
 
 
 def _pythonic_bare(cs):
-    return "[" + ", ".join(f"{n}({', '.join(f'{k}={v!r}' for k, v in a.items())})"
-                           for n, a in cs) + "]"
+    return "[" + ", ".join(f"{n}({', '.join(f'{k}={v!r}' for k, v in a.items())})" for n, a in cs) + "]"
 
 
 def _pythonic(cs):
@@ -97,20 +114,25 @@ def _llama_bare(cs):
 def _qwen3_coder(cs):
     def value(v):
         return v if isinstance(v, str) else _json(v)
+
     return "\n".join(
         f"<tool_call>\n<function={n}>\n"
         + "".join(f"<parameter={k}>\n{value(v)}\n</parameter>\n" for k, v in a.items())
-        + "</function>\n</tool_call>" for n, a in cs)
+        + "</function>\n</tool_call>"
+        for n, a in cs
+    )
 
 
 def _glm(cs, newline="\n"):
     def value(v):
         return v if isinstance(v, str) else _json(v)
+
     return "".join(
         f"<tool_call>{n}{newline}"
-        + "".join(f"<arg_key>{k}</arg_key>{newline}<arg_value>{value(v)}</arg_value>{newline}"
-                  for k, v in a.items())
-        + "</tool_call>" for n, a in cs)
+        + "".join(f"<arg_key>{k}</arg_key>{newline}<arg_value>{value(v)}</arg_value>{newline}" for k, v in a.items())
+        + "</tool_call>"
+        for n, a in cs
+    )
 
 
 def _glm47(cs):
@@ -131,8 +153,9 @@ def _cohere(cs):
 
 
 def _inkling(cs):
-    return "".join(f"<|message_model|>{n}<|content_invoke_tool_json|>{_json({'name': n, 'args': a})}"
-                   "<|end_message|>" for n, a in cs)
+    return "".join(
+        f"<|message_model|>{n}<|content_invoke_tool_json|>{_json({'name': n, 'args': a})}<|end_message|>" for n, a in cs
+    )
 
 
 def _granite(cs):
@@ -146,24 +169,48 @@ def _sarashina(cs):
 def _minimax(cs):
     def esc(v):
         return _bare(v).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-    return "<minimax:tool_call>\n" + "".join(
-        f'<invoke name="{n}">\n' + "".join(f'<parameter name="{k}">{esc(v)}</parameter>\n' for k, v in a.items())
-        + "</invoke>\n" for n, a in cs) + "</minimax:tool_call>"
+
+    return (
+        "<minimax:tool_call>\n"
+        + "".join(
+            f'<invoke name="{n}">\n'
+            + "".join(f'<parameter name="{k}">{esc(v)}</parameter>\n' for k, v in a.items())
+            + "</invoke>\n"
+            for n, a in cs
+        )
+        + "</minimax:tool_call>"
+    )
 
 
 def _step3(cs):
-    return "<\uff5ctool_calls_begin\uff5c>\n" + "".join(
-        f'<\uff5ctool_call_begin\uff5c>function<\uff5ctool_sep\uff5c><steptml:invoke name="{n}">\n'
-        + "".join(f'<steptml:parameter name="{k}">{_bare(v)}</steptml:parameter>\n' for k, v in a.items())
-        + "</steptml:invoke><\uff5ctool_call_end\uff5c>\n" for n, a in cs) + "<\uff5ctool_calls_end\uff5c>"
+    return (
+        "<\uff5ctool_calls_begin\uff5c>\n"
+        + "".join(
+            f'<\uff5ctool_call_begin\uff5c>function<\uff5ctool_sep\uff5c><steptml:invoke name="{n}">\n'
+            + "".join(f'<steptml:parameter name="{k}">{_bare(v)}</steptml:parameter>\n' for k, v in a.items())
+            + "</steptml:invoke><\uff5ctool_call_end\uff5c>\n"
+            for n, a in cs
+        )
+        + "<\uff5ctool_calls_end\uff5c>"
+    )
 
 
 def _dsml(cs, block="function_calls"):
     d = "\uff5cDSML\uff5c"
-    return f"<{d}{block}>\n" + "".join(
-        f'<{d}invoke name="{n}">\n' + "".join(
-            f'<{d}parameter name="{k}" string="{"true" if isinstance(v, str) else "false"}">{_bare(v)}'
-            f"</{d}parameter>\n" for k, v in a.items()) + f"</{d}invoke>\n" for n, a in cs) + f"</{d}{block}>"
+    return (
+        f"<{d}{block}>\n"
+        + "".join(
+            f'<{d}invoke name="{n}">\n'
+            + "".join(
+                f'<{d}parameter name="{k}" string="{"true" if isinstance(v, str) else "false"}">{_bare(v)}'
+                f"</{d}parameter>\n"
+                for k, v in a.items()
+            )
+            + f"</{d}invoke>\n"
+            for n, a in cs
+        )
+        + f"</{d}{block}>"
+    )
 
 
 def _dsml_v4(cs):
@@ -171,31 +218,51 @@ def _dsml_v4(cs):
 
 
 def _hunyuan(cs):
-    return "<tool_calls>\n" + "".join(
-        f"<tool_call>{n}<tool_sep>\n" + "".join(
-            f"<arg_key>{k}</arg_key>\n<arg_value>{_bare(v)}</arg_value>\n" for k, v in a.items())
-        + "</tool_call>\n" for n, a in cs) + "</tool_calls>"
+    return (
+        "<tool_calls>\n"
+        + "".join(
+            f"<tool_call>{n}<tool_sep>\n"
+            + "".join(f"<arg_key>{k}</arg_key>\n<arg_value>{_bare(v)}</arg_value>\n" for k, v in a.items())
+            + "</tool_call>\n"
+            for n, a in cs
+        )
+        + "</tool_calls>"
+    )
 
 
 def _seed_oss(cs):
     return "\n".join(
         f"<seed:tool_call>\n<function={n}>\n"
         + "".join(f"<parameter={k}>\n{_bare(v)}\n</parameter>\n" for k, v in a.items())
-        + "</function>\n</seed:tool_call>" for n, a in cs)
+        + "</function>\n</seed:tool_call>"
+        for n, a in cs
+    )
 
 
 def _kimi_k3(cs):
     def kind(v):
         return "string" if isinstance(v, str) else _schema(v)["type"]
-    return "<|open|>tools<|sep|>" + "".join(
-        f'<|open|>call tool="{n}" index="{i + 1}"<|sep|>' + "".join(
-            f'<|open|>argument key="{k}" type="{kind(v)}"<|sep|>{_bare(v)}<|close|>argument<|sep|>'
-            for k, v in a.items()) + "<|close|>call<|sep|>" for i, (n, a) in enumerate(cs)) + "<|close|>tools<|sep|>"
+
+    return (
+        "<|open|>tools<|sep|>"
+        + "".join(
+            f'<|open|>call tool="{n}" index="{i + 1}"<|sep|>'
+            + "".join(
+                f'<|open|>argument key="{k}" type="{kind(v)}"<|sep|>{_bare(v)}<|close|>argument<|sep|>'
+                for k, v in a.items()
+            )
+            + "<|close|>call<|sep|>"
+            for i, (n, a) in enumerate(cs)
+        )
+        + "<|close|>tools<|sep|>"
+    )
 
 
 def _gpt_oss(cs):
-    return "".join(f"<|start|>assistant<|channel|>commentary to=functions.{n} <|constrain|>json<|message|>"
-                   f"{_json(a)}<|call|>" for n, a in cs)
+    return "".join(
+        f"<|start|>assistant<|channel|>commentary to=functions.{n} <|constrain|>json<|message|>{_json(a)}<|call|>"
+        for n, a in cs
+    )
 
 
 RENDERERS: dict[str, tuple[str, Callable[[Any], str]]] = {
@@ -230,12 +297,33 @@ RENDERERS: dict[str, tuple[str, Callable[[Any], str]]] = {
     "sarashina-bare": ("sarashina", lambda cs: _sarashina(cs).removeprefix("<|tool_calls|>")),
 }
 # Formats whose values are bare text: a value cannot hold its own closing tag.
-XML_FORMATS = ("qwen3_coder", "glm45", "glm47", "minimax_m2", "step3", "deepseek_v32", "deepseek_v4",
-               "hunyuan", "seed_oss", "kimi_k3")
-XML_TERMINATORS = ("</parameter>", "<parameter=", "</function>", "</tool_call>", "</arg_value>",
-                   "</arg_key>", "</invoke>", "</steptml:parameter>", "</steptml:invoke>",
-                   "</\uff5cDSML\uff5cparameter>", "</\uff5cDSML\uff5cinvoke>", "<|close|>argument<|sep|>",
-                   "</seed:tool_call>")
+XML_FORMATS = (
+    "qwen3_coder",
+    "glm45",
+    "glm47",
+    "minimax_m2",
+    "step3",
+    "deepseek_v32",
+    "deepseek_v4",
+    "hunyuan",
+    "seed_oss",
+    "kimi_k3",
+)
+XML_TERMINATORS = (
+    "</parameter>",
+    "<parameter=",
+    "</function>",
+    "</tool_call>",
+    "</arg_value>",
+    "</arg_key>",
+    "</invoke>",
+    "</steptml:parameter>",
+    "</steptml:invoke>",
+    "</\uff5cDSML\uff5cparameter>",
+    "</\uff5cDSML\uff5cinvoke>",
+    "<|close|>argument<|sep|>",
+    "</seed:tool_call>",
+)
 # Formats that write arguments themselves (not the model's JSON verbatim).
 CONVERTED = (*XML_FORMATS, "pythonic", "sarashina")
 
@@ -258,9 +346,16 @@ def _schema(value: Any) -> dict:
 
 def _tools_for(cs) -> list[dict]:
     """One tool per call (names may repeat with other argument types: last one wins)."""
-    return [{"type": "function", "function": {"name": n, "parameters": {
-        "type": "object", "properties": {k: _schema(v) for k, v in a.items()}}}}
-        for n, a in cs]
+    return [
+        {
+            "type": "function",
+            "function": {
+                "name": n,
+                "parameters": {"type": "object", "properties": {k: _schema(v) for k, v in a.items()}},
+            },
+        }
+        for n, a in cs
+    ]
 
 
 def _chunks(text: str, cuts: Sequence[int]) -> list[str]:
@@ -275,8 +370,13 @@ def _run(parser_name: str, chunks: Sequence[str], tools=None) -> tuple[str, list
 
 
 @FUZZ
-@given(style=st.sampled_from(sorted(RENDERERS)), cs=calls, before=prose, after=prose,
-       cuts=st.lists(st.integers(0, 100_000), max_size=10))
+@given(
+    style=st.sampled_from(sorted(RENDERERS)),
+    cs=calls,
+    before=prose,
+    after=prose,
+    cuts=st.lists(st.integers(0, 100_000), max_size=10),
+)
 def test_rendered_calls_parse_back_under_any_chunking(style, cs, before, after, cuts) -> None:
     parser_name, render = RENDERERS[style]
     if parser_name in XML_FORMATS:
@@ -301,40 +401,123 @@ def test_rendered_calls_parse_back_under_any_chunking(style, cs, before, after, 
     assert _run(parser_name, _chunks(text, cuts), tools) == whole
 
 
-MARKUP = ["<tool_call>", "</tool_call>", "<function=", "<parameter=", "</parameter>", "</function>",
-          "<|python_tag|>", "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]", "<|python_start|>",
-          "<|python_end|>", DS_CALLS_BEGIN, DS_CALL_BEGIN, DS_SEP, DS_CALL_END, DS_CALLS_END,
-          "<|tool_calls_section_begin|>", "<|tool_call_begin|>", "<|tool_call_argument_begin|>",
-          "<|tool_call_end|>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>",
-          '{"name": "f"', '"arguments": ', '"name": ', "f(", "a=1", "```json\n", "functions.f:0",
-          "get_weather\n", "[", "]", "{", "}", '"', ";", ",", "\n", " ", "<", "|", "x",
-          "<|START_ACTION|>", "<|END_ACTION|>", '"tool_name": ', "<|content_invoke_tool_json|>",
-          "<|message_model|>", "<|end_message|>", '"args": ', "<|tool_call|>", "<|tool_calls|>", "{'name': 'f'",
-          "'arguments': ", "<minimax:tool_call>", '<invoke name="f">', '<parameter name="a">',
-          "</invoke>", "</minimax:tool_call>", "<\uff5ctool_calls_begin\uff5c>",
-          "<\uff5ctool_call_begin\uff5c>function<\uff5ctool_sep\uff5c>", '<steptml:invoke name="f">',
-          '<steptml:parameter name="a">', "</steptml:parameter>", "</steptml:invoke>",
-          "<\uff5cDSML\uff5cfunction_calls>", "<\uff5cDSML\uff5ctool_calls>", '<\uff5cDSML\uff5cinvoke name="f">',
-          '<\uff5cDSML\uff5cparameter name="a" string="false">', "</\uff5cDSML\uff5cinvoke>",
-          "<tool_calls>", "<tool_sep>", "</tool_calls>", "<seed:tool_call>", "</seed:tool_call>",
-          "<|open|>tools<|sep|>", '<|open|>call tool="f"<|sep|>', '<|open|>argument key="a" type="integer"<|sep|>',
-          "<|close|>argument<|sep|>", "<|close|>call<|sep|>", "<|open|>response<|sep|>", "<|open|>",
-          "<|start|>assistant", "<|channel|>commentary to=functions.f", "<|constrain|>json",
-          "<|message|>", "<|call|>", "<|end|>"]
+MARKUP = [
+    "<tool_call>",
+    "</tool_call>",
+    "<function=",
+    "<parameter=",
+    "</parameter>",
+    "</function>",
+    "<|python_tag|>",
+    "[TOOL_CALLS]",
+    "[ARGS]",
+    "[CALL_ID]",
+    "<|python_start|>",
+    "<|python_end|>",
+    DS_CALLS_BEGIN,
+    DS_CALL_BEGIN,
+    DS_SEP,
+    DS_CALL_END,
+    DS_CALLS_END,
+    "<|tool_calls_section_begin|>",
+    "<|tool_call_begin|>",
+    "<|tool_call_argument_begin|>",
+    "<|tool_call_end|>",
+    "<arg_key>",
+    "</arg_key>",
+    "<arg_value>",
+    "</arg_value>",
+    '{"name": "f"',
+    '"arguments": ',
+    '"name": ',
+    "f(",
+    "a=1",
+    "```json\n",
+    "functions.f:0",
+    "get_weather\n",
+    "[",
+    "]",
+    "{",
+    "}",
+    '"',
+    ";",
+    ",",
+    "\n",
+    " ",
+    "<",
+    "|",
+    "x",
+    "<|START_ACTION|>",
+    "<|END_ACTION|>",
+    '"tool_name": ',
+    "<|content_invoke_tool_json|>",
+    "<|message_model|>",
+    "<|end_message|>",
+    '"args": ',
+    "<|tool_call|>",
+    "<|tool_calls|>",
+    "{'name': 'f'",
+    "'arguments': ",
+    "<minimax:tool_call>",
+    '<invoke name="f">',
+    '<parameter name="a">',
+    "</invoke>",
+    "</minimax:tool_call>",
+    "<\uff5ctool_calls_begin\uff5c>",
+    "<\uff5ctool_call_begin\uff5c>function<\uff5ctool_sep\uff5c>",
+    '<steptml:invoke name="f">',
+    '<steptml:parameter name="a">',
+    "</steptml:parameter>",
+    "</steptml:invoke>",
+    "<\uff5cDSML\uff5cfunction_calls>",
+    "<\uff5cDSML\uff5ctool_calls>",
+    '<\uff5cDSML\uff5cinvoke name="f">',
+    '<\uff5cDSML\uff5cparameter name="a" string="false">',
+    "</\uff5cDSML\uff5cinvoke>",
+    "<tool_calls>",
+    "<tool_sep>",
+    "</tool_calls>",
+    "<seed:tool_call>",
+    "</seed:tool_call>",
+    "<|open|>tools<|sep|>",
+    '<|open|>call tool="f"<|sep|>',
+    '<|open|>argument key="a" type="integer"<|sep|>',
+    "<|close|>argument<|sep|>",
+    "<|close|>call<|sep|>",
+    "<|open|>response<|sep|>",
+    "<|open|>",
+    "<|start|>assistant",
+    "<|channel|>commentary to=functions.f",
+    "<|constrain|>json",
+    "<|message|>",
+    "<|call|>",
+    "<|end|>",
+]
 garbage = st.lists(st.sampled_from(MARKUP), max_size=14).map("".join)
 
 
 FORMATS = sorted(TOOL_CALL_FORMATS)
-_INKLING_CONTROL = ("<|message_model|>", "<|content_invoke_tool_json|>", "<|content_invoke_tool_text|>",
-                    "<|content_text|>", "<|content_thinking|>", "<|end_message|>", "<|content_model_end_sampling|>")
+_INKLING_CONTROL = (
+    "<|message_model|>",
+    "<|content_invoke_tool_json|>",
+    "<|content_invoke_tool_text|>",
+    "<|content_text|>",
+    "<|content_thinking|>",
+    "<|end_message|>",
+    "<|content_model_end_sampling|>",
+)
 # What each format drops from content although it is not a call: answer framing.
 FRAMING = {
     "cohere": re.compile(r"<\|(?:START|END)_(?:RESPONSE|TEXT)\|>"),
     "kimi_k3": re.compile(r"<\|(?:open|close)\|>\s*(?:response|message)\s*<\|sep\|>"),
     # A header runs from <|message_model|> to the next control token (or the end).
-    "inkling": re.compile(r"<\|message_model\|>(?:(?!" + "|".join(map(re.escape, _INKLING_CONTROL))
-                          + r").)*|<\|content_text\|>|<\|content_thinking\|>|<\|end_message\|>"
-                          r"|<\|content_model_end_sampling\|>", re.DOTALL),
+    "inkling": re.compile(
+        r"<\|message_model\|>(?:(?!"
+        + "|".join(map(re.escape, _INKLING_CONTROL))
+        + r").)*|<\|content_text\|>|<\|content_thinking\|>|<\|end_message\|>"
+        r"|<\|content_model_end_sampling\|>",
+        re.DOTALL,
+    ),
 }
 
 
@@ -344,8 +527,7 @@ def _unframed(parser_name: str, text: str) -> str:
 
 
 @settings(max_examples=500, deadline=None, database=None)
-@given(parser_name=st.sampled_from(FORMATS),
-       text=garbage, cuts=st.lists(st.integers(0, 100_000), max_size=8))
+@given(parser_name=st.sampled_from(FORMATS), text=garbage, cuts=st.lists(st.integers(0, 100_000), max_size=8))
 def test_markup_soup_is_chunking_independent_and_loses_nothing(parser_name, text, cuts) -> None:
     whole = _run(parser_name, [text])
     assert _run(parser_name, _chunks(text, cuts)) == whole
@@ -357,8 +539,7 @@ def test_markup_soup_is_chunking_independent_and_loses_nothing(parser_name, text
 
 
 @FUZZ
-@given(parser_name=st.sampled_from(FORMATS),
-       text=st.text(max_size=60), cuts=st.lists(st.integers(0, 1000), max_size=8))
+@given(parser_name=st.sampled_from(FORMATS), text=st.text(max_size=60), cuts=st.lists(st.integers(0, 1000), max_size=8))
 def test_arbitrary_text_without_calls_is_content_unchanged(parser_name, text, cuts) -> None:
     content, parsed = _run(parser_name, _chunks(text, cuts))
     assume(not parsed)

@@ -51,8 +51,7 @@ def test_long_prompts_hash_like_one_block_at_a_time(blocks):
     block = 4
     tokens = [(i * 7919) % 150_000 for i in range(blocks * block + 3)]
     local = [
-        xxhash.xxh3_64_intdigest(token_bytes(tokens[i : i + block]), seed=1337)
-        for i in range(0, blocks * block, block)
+        xxhash.xxh3_64_intdigest(token_bytes(tokens[i : i + block]), seed=1337) for i in range(0, blocks * block, block)
     ]
     assert local_block_hashes(tokens, block) == local
     assert prefix_hashes(tokens, block) == sequence_hashes(local)

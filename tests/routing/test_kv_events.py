@@ -31,10 +31,26 @@ def _payload(events: list[Any], ts: Any = 1.5, rank: Any = 0) -> bytes:
 
 # 0.5.23: "type"-tagged maps, optional keys omitted when null, lora_id always present.
 MAP_EVENTS = [
-    {"type": "BlockStored", "block_hashes": [11, -12], "parent_block_hash": 10, "token_ids": [1, 2, 3, 4],
-     "block_size": 2, "lora_id": None, "medium": "GPU"},
-    {"type": "BlockStored", "block_hashes": [5], "parent_block_hash": None, "token_ids": [9, 9],
-     "block_size": 2, "lora_id": None, "medium": "GPU", "cache_salt": "s", "lora_name": "x"},
+    {
+        "type": "BlockStored",
+        "block_hashes": [11, -12],
+        "parent_block_hash": 10,
+        "token_ids": [1, 2, 3, 4],
+        "block_size": 2,
+        "lora_id": None,
+        "medium": "GPU",
+    },
+    {
+        "type": "BlockStored",
+        "block_hashes": [5],
+        "parent_block_hash": None,
+        "token_ids": [9, 9],
+        "block_size": 2,
+        "lora_id": None,
+        "medium": "GPU",
+        "cache_salt": "s",
+        "lora_name": "x",
+    },
     {"type": "BlockRemoved", "block_hashes": [11], "medium": "GPU"},
     {"type": "AllBlocksCleared"},
 ]

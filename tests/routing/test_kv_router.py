@@ -105,17 +105,13 @@ def test_a_hot_prefix_spreads_once_its_worker_gets_busy():
     router = router_with()
     system = tokens(0, 4 * BS)
     cache(router.index, A, system)
-    counts = Counter(
-        router.route(f"r{i}", system + tokens(i + 1, 4 * BS), WORKERS).worker for i in range(30)
-    )
+    counts = Counter(router.route(f"r{i}", system + tokens(i + 1, 4 * BS), WORKERS).worker for i in range(30))
     assert counts[A] == max(counts.values())  # the cache still earns A the largest share
     assert all(counts[w] >= 5 for w in WORKERS)
     # requests past prefill keep their KV: load still spreads after their first tokens
     for i in range(30):
         router.first_token(f"r{i}")
-    counts = Counter(
-        router.route(f"s{i}", system + tokens(i + 100, 4 * BS), WORKERS).worker for i in range(30)
-    )
+    counts = Counter(router.route(f"s{i}", system + tokens(i + 100, 4 * BS), WORKERS).worker for i in range(30))
     assert all(counts[w] >= 5 for w in WORKERS)
 
 
@@ -219,7 +215,7 @@ def test_temperature_samples_in_proportion_to_normalised_cost():
     prompt = tokens(1, BS)
     first = router.decide(prompt, WORKERS)
     probabilities = {c.worker: c.probability for c in first.candidates}
-    weights = {A: 1.0, B: 2.718281828 ** -0.5, C: 2.718281828**-1}
+    weights = {A: 1.0, B: 2.718281828**-0.5, C: 2.718281828**-1}
     total = sum(weights.values())
     for worker in WORKERS:
         assert probabilities[worker] == pytest.approx(weights[worker] / total)

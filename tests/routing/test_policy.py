@@ -20,7 +20,9 @@ def candidates(workers=WORKERS) -> Candidates[RoutingKey]:
 
 
 def card(engine_id: str = "e0", role: str = "aggregated"):
-    return SimpleNamespace(role=role, dp_size=1, block_size=16, kv_block_size=16, kv_events=(), url=f"grpc://{engine_id}")
+    return SimpleNamespace(
+        role=role, dp_size=1, block_size=16, kv_block_size=16, kv_events=(), url=f"grpc://{engine_id}"
+    )
 
 
 def kv_routing(mode: str = "kv", **config) -> KvRouting:

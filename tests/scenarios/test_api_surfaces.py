@@ -172,7 +172,9 @@ async def test_tokenize_and_detokenize_round_trip_and_count_what_a_chat_sends(ai
         chat_form = (await http.post("/v1/tokenize", json={"model": model, "messages": messages})).json()
         reply = await http.post("/v1/chat/completions", json={"model": model, "messages": messages, "max_tokens": 2})
         assert chat_form["count"] == reply.json()["usage"]["prompt_tokens"]
-        strs = (await http.post("/v1/tokenize", json={"model": model, "prompt": "Hi", "return_token_strs": True})).json()
+        strs = (
+            await http.post("/v1/tokenize", json={"model": model, "prompt": "Hi", "return_token_strs": True})
+        ).json()
         assert len(strs["token_strs"]) == strs["count"]
 
 
@@ -204,7 +206,9 @@ async def check_generate(base: str) -> None:
         assert all(later["text"].startswith(earlier["text"]) for earlier, later in pairwise(chunks))
         assert chunks[-1]["text"] == unary["text"] and chunks[-1]["output_ids"] == unary["output_ids"]
         assert chunks[-1]["meta_info"]["finish_reason"] == meta["finish_reason"]
-        batch = (await http.post("/generate", json={"text": ["one", "two"], "sampling_params": {"max_new_tokens": 3}})).json()
+        batch = (
+            await http.post("/generate", json={"text": ["one", "two"], "sampling_params": {"max_new_tokens": 3}})
+        ).json()
         assert [answer["meta_info"]["completion_tokens"] for answer in batch] == [3, 3]
 
 
@@ -285,7 +289,9 @@ async def serve_image(nursery: trio.Nursery, body: bytes) -> tuple[str, list[str
 
 
 @pytest.mark.parametrize(("fetch", "disaggregated"), [(False, False), (True, False), (False, True)])
-async def test_chat_with_images_through_the_sdk_on_multimodal_engines(aio_loop, nursery, tmp_path, fetch, disaggregated):
+async def test_chat_with_images_through_the_sdk_on_multimodal_engines(
+    aio_loop, nursery, tmp_path, fetch, disaggregated
+):
     template = tmp_path / "vl.jinja"
     template.write_text(VL_TEMPLATE)
     url, fetched = await serve_image(nursery, b"\x89PNG not really")

@@ -7,7 +7,6 @@ import json
 import httpx
 import pytest
 import trio
-
 from support import start_frontend, start_mock_engine
 
 pytestmark = pytest.mark.slow
@@ -33,15 +32,39 @@ CASES = [
     ("max_tokens a string", "POST", CHAT, {"model": MODEL, "messages": HELLO, "max_tokens": "ten"}, 400, "max_tokens"),
     ("temperature too high", "POST", CHAT, {"model": MODEL, "messages": HELLO, "temperature": 9}, 400, "temperature"),
     ("n zero", "POST", CHAT, {"model": MODEL, "messages": HELLO, "n": 0}, 400, "n"),
-    ("image part", "POST", CHAT, {"model": MODEL, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]}, 400, None),  # noqa: E501
+    (
+        "image part",
+        "POST",
+        CHAT,
+        {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}],
+        },
+        400,
+        None,
+    ),
     ("unknown model", "POST", CHAT, {"model": "gpt-17", "messages": HELLO}, 404, "model"),
-    ("stream_options without stream", "POST", CHAT, {"model": MODEL, "messages": HELLO, "stream_options": {"include_usage": True}}, 400, "stream_options"),  # noqa: E501
+    (
+        "stream_options without stream",
+        "POST",
+        CHAT,
+        {"model": MODEL, "messages": HELLO, "stream_options": {"include_usage": True}},
+        400,
+        "stream_options",
+    ),
     ("prompt too long", "POST", TEXT, {"model": MODEL, "prompt": [5] * 40000}, 400, None),
     ("empty prompt", "POST", TEXT, {"model": MODEL, "prompt": ""}, 400, "prompt"),
     ("token id out of vocabulary", "POST", TEXT, {"model": MODEL, "prompt": [5, 10**7]}, 400, "prompt"),
     ("negative token id", "POST", TEXT, {"model": MODEL, "prompt": [5, -1]}, 400, None),
     ("suffix", "POST", TEXT, {"model": MODEL, "prompt": "a", "suffix": "b"}, 400, "suffix"),
-    ("body too large", "POST", CHAT, {"model": MODEL, "messages": [{"role": "user", "content": "x" * 300_000}]}, 413, None),
+    (
+        "body too large",
+        "POST",
+        CHAT,
+        {"model": MODEL, "messages": [{"role": "user", "content": "x" * 300_000}]},
+        413,
+        None,
+    ),
     ("wrong method", "GET", CHAT, None, 405, None),
     ("unknown route", "POST", "/v1/nothing", {}, 404, None),
 ]
@@ -57,7 +80,9 @@ async def test_bad_requests_get_openai_errors(aio_loop, nursery):
             if isinstance(body, dict):
                 body = json.dumps(body).replace(MODEL, model).encode()
             with trio.fail_after(10):
-                response = await client.request(method, path, content=body, headers={"Content-Type": "application/json"})
+                response = await client.request(
+                    method, path, content=body, headers={"Content-Type": "application/json"}
+                )
             try:
                 error = response.json()["error"]
                 assert response.status_code == status, (response.status_code, error)

@@ -10,7 +10,6 @@ from contextlib import aclosing
 import httpx
 import pytest
 import trio
-
 from support import RawSseClient, engine_accounting, start_frontend, start_mock_engine
 
 pytestmark = pytest.mark.slow
@@ -162,7 +161,8 @@ async def test_a_prefill_engine_that_dies_fails_the_request_cleanly(aio_loop, nu
     async with httpx.AsyncClient(base_url=base, timeout=30) as client:
         with trio.fail_after(15):
             reply = await client.post(
-                "/v1/chat/completions", json={"model": model, "messages": [{"role": "user", "content": "x"}], "max_tokens": 4}
+                "/v1/chat/completions",
+                json={"model": model, "messages": [{"role": "user", "content": "x"}], "max_tokens": 4},
             )
     assert reply.status_code in (502, 503)
     assert "error" in reply.json()
@@ -180,11 +180,15 @@ async def test_a_decode_engine_that_dies_fails_the_request_and_aborts_the_prefil
     async with httpx.AsyncClient(base_url=base, timeout=30) as client:
         with trio.fail_after(15):
             reply = await client.post(
-                "/v1/chat/completions", json={"model": model, "messages": [{"role": "user", "content": "x"}], "max_tokens": 4}
+                "/v1/chat/completions",
+                json={"model": model, "messages": [{"role": "user", "content": "x"}], "max_tokens": 4},
             )
     assert reply.status_code in (502, 503)
     (prefill_account,) = await settle(prefill)
-    assert prefill_account["started"] == prefill_account["aborted"] + prefill_account["cancelled"] + prefill_account["failed"]
+    assert (
+        prefill_account["started"]
+        == prefill_account["aborted"] + prefill_account["cancelled"] + prefill_account["failed"]
+    )
 
 
 async def test_a_rendezvous_timeout_fails_the_request(aio_loop, nursery):
@@ -201,7 +205,12 @@ async def test_a_rendezvous_timeout_fails_the_request(aio_loop, nursery):
             )
         assert reply.status_code == 502
         assert "abort" in reply.json()["error"]["message"].lower()
-        body = {"model": model, "messages": [{"role": "user", "content": "word " * 400}], "max_tokens": 4, "stream": True}
+        body = {
+            "model": model,
+            "messages": [{"role": "user", "content": "word " * 400}],
+            "max_tokens": 4,
+            "stream": True,
+        }
         events = [e async for e in RawSseClient(base).events("/v1/chat/completions", body)]
     assert events[-1] == "[DONE]" and "error" in events[-2], "a streamed request ends with an error event"
     prefill_account, decode_account = await settle(prefill, decode)
@@ -220,7 +229,11 @@ async def test_five_hundred_random_disconnects(aio_loop, nursery):
     async def one() -> None:
         async with limiter:
             await disconnect_after(
-                base, model, rng.choice([0, 1, 1, 2, 3, 5, 8, 100]), prompt_words=rng.choice([5, 200]), linger=rng.random() * 0.02
+                base,
+                model,
+                rng.choice([0, 1, 1, 2, 3, 5, 8, 100]),
+                prompt_words=rng.choice([5, 200]),
+                linger=rng.random() * 0.02,
             )
 
     async with trio.open_nursery() as requests:
@@ -243,7 +256,11 @@ async def test_kv_routing_sends_a_shared_prefix_to_the_prefill_engine_that_has_i
     )  # fmt: skip
     model = await model_of(base)
     system = "You are a careful assistant. " + "Always cite the rules. " * 60
-    body = {"model": model, "messages": [{"role": "system", "content": system}, {"role": "user", "content": "one"}], "max_tokens": 3}
+    body = {
+        "model": model,
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": "one"}],
+        "max_tokens": 3,
+    }
     async with httpx.AsyncClient(base_url=base, timeout=30) as client:
         first = (await client.post("/v1/chat/completions", json=body)).json()
         with trio.fail_after(10):

@@ -327,7 +327,9 @@ async def test_prefill_and_decode_engines_from_a_file_drain_like_any_other(aio_l
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         bootstrap = str(sock.getsockname()[1])
-    prefill = await start_mock_engine(nursery, "--role", "prefill", "--disaggregation-bootstrap-port", bootstrap, *ENGINE)
+    prefill = await start_mock_engine(
+        nursery, "--role", "prefill", "--disaggregation-bootstrap-port", bootstrap, *ENGINE
+    )
     decodes = [await start_mock_engine(nursery, "--role", "decode", *ENGINE) for _ in range(3)]
     path = tmp_path / "engines.json"
 
@@ -392,7 +394,9 @@ async def test_a_stream_cut_at_the_drain_timeout_moves_to_another_decode_engine(
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         bootstrap = str(sock.getsockname()[1])
-    prefill = await start_mock_engine(nursery, "--role", "prefill", "--disaggregation-bootstrap-port", bootstrap, *ENGINE)
+    prefill = await start_mock_engine(
+        nursery, "--role", "prefill", "--disaggregation-bootstrap-port", bootstrap, *ENGINE
+    )
     decodes = [await start_mock_engine(nursery, "--role", "decode", *ENGINE) for _ in range(2)]
     path = tmp_path / "engines.json"
 

@@ -508,7 +508,7 @@ async def test_malformed_kv_messages_are_counted_and_routing_carries_on(aio_loop
         assert (await client.get("/health")).status_code == 200
         metrics = (await client.get("/metrics")).text
         counter = f'trio_direct_kv_events_total{{engine="{engine}",kind="bad_batches",model="{model}"}}'
-        assert f'{counter} {float(after["bad_batches"])}' in metrics
+        assert f"{counter} {float(after['bad_batches'])}" in metrics
 
 
 async def test_a_kv_sequence_gap_is_replayed_and_a_publisher_restart_clears_and_rebuilds(

@@ -14,7 +14,6 @@ from functools import partial
 import httpx
 import pytest
 import trio
-
 from support import RawSseClient, engine_accounting, start_frontend, start_mock_engine
 
 pytestmark = pytest.mark.slow
@@ -85,7 +84,9 @@ async def test_streaming_and_unary_give_the_same_text_and_usage(aio_loop, nurser
     finishes = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
     assert finishes == ["length"]
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 8
-    assert chunks[-1]["usage"] == unary["usage"] | {"prompt_tokens_details": chunks[-1]["usage"]["prompt_tokens_details"]}
+    assert chunks[-1]["usage"] == unary["usage"] | {
+        "prompt_tokens_details": chunks[-1]["usage"]["prompt_tokens_details"]
+    }
 
 
 async def test_the_chat_template_is_compiled_at_start_up_not_by_the_first_chat(aio_loop, nursery):
@@ -136,7 +137,13 @@ async def test_an_engine_without_incremental_streaming_gives_the_same_text(aio_l
                 events = await sse_events(
                     client,
                     "/v1/chat/completions",
-                    {"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 24, "seed": 3, "stream": True},
+                    {
+                        "model": model,
+                        "messages": [{"role": "user", "content": "Hi"}],
+                        "max_tokens": 24,
+                        "seed": 3,
+                        "stream": True,
+                    },
                 )
             texts.append("".join(e["choices"][0]["delta"].get("content", "") for e in events[:-1]))
             frontend_nursery.cancel_scope.cancel()
@@ -154,7 +161,11 @@ async def test_completions_accepts_strings_lists_and_token_ids(aio_loop, nursery
             body = response.json()
             assert [c["index"] for c in body["choices"]] == list(range(choices))
             assert body["usage"]["completion_tokens"] == 4 * choices
-        echoed = (await client.post("/v1/completions", json={"model": model, "prompt": "Echo me", "max_tokens": 2, "echo": True})).json()
+        echoed = (
+            await client.post(
+                "/v1/completions", json={"model": model, "prompt": "Echo me", "max_tokens": 2, "echo": True}
+            )
+        ).json()
         assert echoed["choices"][0]["text"].startswith("Echo me")
 
 
@@ -292,14 +303,21 @@ async def test_logprobs_come_through_in_openai_shape(aio_loop, nursery, api):
         client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
         model = client.models.list().data[0].id
         messages = [{"role": "user", "content": "Hi"}]
-        reply = client.chat.completions.create(model=model, messages=messages, max_tokens=6, logprobs=True, top_logprobs=3)
+        reply = client.chat.completions.create(
+            model=model, messages=messages, max_tokens=6, logprobs=True, top_logprobs=3
+        )
         content = reply.choices[0].logprobs.content
         assert len(content) == 6 and all(len(t.top_logprobs) == 3 for t in content)
         assert all(t.logprob < 0 and t.top_logprobs[0].logprob == t.logprob for t in content)
         streamed = client.chat.completions.create(
             model=model, messages=messages, max_tokens=6, logprobs=True, top_logprobs=2, stream=True
         )
-        rows = [t for chunk in streamed if chunk.choices and chunk.choices[0].logprobs for t in chunk.choices[0].logprobs.content]
+        rows = [
+            t
+            for chunk in streamed
+            if chunk.choices and chunk.choices[0].logprobs
+            for t in chunk.choices[0].logprobs.content
+        ]
         assert len(rows) == 6 and [len(t.top_logprobs) for t in rows] == [2] * 6
         legacy = client.completions.create(model=model, prompt="Once", max_tokens=5, logprobs=2)
         logprobs = legacy.choices[0].logprobs

@@ -11,8 +11,8 @@ import pytest
 import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from support import start_frontend, start_mock_engine
+
 from trio_direct.engine.transport import open_asyncio_loop
 
 pytestmark = pytest.mark.slow
@@ -21,7 +21,11 @@ MODEL = "fuzz-model"
 scalars = st.one_of(
     st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=False), st.text(max_size=20)
 )
-values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=12)
+values = st.recursive(
+    scalars,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
 FIELDS = [
     "model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "n",
     "stop", "stream", "stream_options", "seed", "logprobs", "top_logprobs", "tools", "tool_choice",

@@ -11,7 +11,6 @@ from functools import partial
 import httpx
 import pytest
 import trio
-
 from support import engine_accounting, start_frontend, start_mock_engine
 
 pytestmark = pytest.mark.slow

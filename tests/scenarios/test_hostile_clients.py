@@ -20,7 +20,6 @@ import httpx
 import openai
 import pytest
 import trio
-
 from support import exchange, read_response, read_to_eof, sockets_in_close_wait, start_frontend, wait_until
 
 pytestmark = pytest.mark.slow

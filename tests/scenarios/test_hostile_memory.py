@@ -73,9 +73,13 @@ BODIES = {
     "a 20 MB chat message": lambda: chat_with("lorem ipsum " * (20 * MB // 12)),
     "a 20 MB completion prompt": lambda: json.dumps({"model": MOCK, "prompt": "dolor sit " * (2 * MB)}).encode(),
     # a million-ish messages, each tiny
-    "900,000 messages": lambda: json.dumps({
-        "model": MOCK, "messages": [{"role": "user", "content": ""}] * 900_000, "max_tokens": 4,
-    }).encode(),  # fmt: skip
+    "900,000 messages": lambda: json.dumps(
+        {
+            "model": MOCK,
+            "messages": [{"role": "user", "content": ""}] * 900_000,
+            "max_tokens": 4,
+        }
+    ).encode(),
     # one-character words, a token each: too short for the length bound to decide (the tiny
     # model's longest token bounds it at ~31k of its 32k context), so the chunked count must
     "800,000 characters of one-character words": lambda: chat_with("x " * 400_000),

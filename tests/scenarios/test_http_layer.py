@@ -15,7 +15,6 @@ import httpx
 import openai
 import pytest
 import trio
-
 from support import engine_accounting, start_frontend, start_mock_engine
 
 FAST = ("--mock-speedup", "inf")
@@ -39,7 +38,11 @@ async def test_created_is_each_requests_own_time_and_one_streams_chunks_share_it
         second = (await client.post("/v1/completions", json={"model": model, "prompt": "x", "max_tokens": 2})).json()
         assert second["created"] >= before > first - 1 and second["created"] > first
         async with client.stream("POST", "/v1/chat/completions", json=chat(model, stream=True)) as response:
-            stamps = {json.loads(line[6:])["created"] for line in (await response.aread()).decode().splitlines() if line[6:7] == "{"}
+            stamps = {
+                json.loads(line[6:])["created"]
+                for line in (await response.aread()).decode().splitlines()
+                if line[6:7] == "{"
+            }
         assert len(stamps) == 1 and stamps.pop() >= second["created"]
         listed = (await client.get("/v1/models")).json()["data"][0]["created"]
         assert listed >= before
@@ -194,9 +197,10 @@ async def _stream_through_shutdown(process, client, signals: int) -> list[str]:
     model = await model_of(client)
     body = chat(model, "Tell a long story", max_tokens=3000, ignore_eos=True, stream=True)
     events = []
-    async with client.stream("POST", "/v1/chat/completions", json=body) as response, aclosing(
-        response.aiter_lines()
-    ) as lines:
+    async with (
+        client.stream("POST", "/v1/chat/completions", json=body) as response,
+        aclosing(response.aiter_lines()) as lines,
+    ):
         async for line in lines:
             if not line.startswith("data: "):
                 continue

@@ -11,15 +11,16 @@ from functools import partial
 import httpx
 import pytest
 import trio
-
 from support import engine_accounting, start_frontend, start_mock_engine
+
 from trio_direct.mock.server import MockEngineConfig, run_mock_engine
 
 pytestmark = pytest.mark.slow
 
 FAST = ("--speedup", "inf", "--incremental-streaming-output")
 SYSTEM_PROMPTS = [
-    f"You are assistant number {i}. " + " ".join(f"rule {i}.{j}: be precise and kind." for j in range(40)) for i in range(6)
+    f"You are assistant number {i}. " + " ".join(f"rule {i}.{j}: be precise and kind." for j in range(40))
+    for i in range(6)
 ]
 
 
@@ -136,7 +137,9 @@ async def test_approximate_mode_learns_from_its_own_routing(aio_loop, nursery):
 
 
 async def start_in_process_engine(nursery, **config):
-    return await nursery.start(run_mock_engine, MockEngineConfig(speedup=float("inf"), incremental_streaming_output=True, **config))
+    return await nursery.start(
+        run_mock_engine, MockEngineConfig(speedup=float("inf"), incremental_streaming_output=True, **config)
+    )
 
 
 async def subscriber_counters(client: httpx.AsyncClient) -> dict:

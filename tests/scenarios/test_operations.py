@@ -5,7 +5,6 @@ from __future__ import annotations
 import httpx
 import pytest
 import trio
-
 from support import start_frontend, start_mock_engine
 
 pytestmark = pytest.mark.slow

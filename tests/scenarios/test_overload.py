@@ -383,7 +383,9 @@ async def test_keepalive_pings_notice_a_dead_connection_and_its_streams_move(aio
 
 
 @pytest.mark.slow
-async def test_a_decode_engine_lost_mid_stream_continues_through_a_fresh_prefill(aio_loop, nursery, script, expected_text):
+async def test_a_decode_engine_lost_mid_stream_continues_through_a_fresh_prefill(
+    aio_loop, nursery, script, expected_text
+):
     bootstrap = ("--disaggregation-bootstrap-port", str(free_port()))
     common = (INCREMENTAL, "--scripted-outputs", str(script))
     prefill = await start_mock_engine(nursery, "--role", "prefill", *common, *bootstrap)
@@ -420,14 +422,18 @@ async def test_x_request_id_is_returned_and_prefixes_the_engine_rid(aio_loop, nu
     base = await start_frontend(nursery, "--engine-url", f"grpc://127.0.0.1:{running.port}")
     async with httpx.AsyncClient(base_url=base, timeout=30) as client:
         model = await model_of(client)
-        reply = await client.post("/v1/chat/completions", json=chat(model, max_tokens=2), headers={"x-request-id": "req-42"})
+        reply = await client.post(
+            "/v1/chat/completions", json=chat(model, max_tokens=2), headers={"x-request-id": "req-42"}
+        )
         assert reply.status_code == 200 and reply.headers["x-request-id"] == "req-42"
         rids = list(running.engine.accounting.requests)
         assert rids[-1].startswith("req-42---") and len(rids[-1]) == 52
         generated = await client.post("/v1/chat/completions", json=chat(model, max_tokens=2))
         key = generated.json()["id"].split("-", 1)[1]
         assert generated.headers["x-request-id"] == key  # the response's own id, without its prefix
-        refused = await client.post("/v1/chat/completions", json={"model": "nope", "messages": []}, headers={"x-request-id": "r-7"})
+        refused = await client.post(
+            "/v1/chat/completions", json={"model": "nope", "messages": []}, headers={"x-request-id": "r-7"}
+        )
         assert refused.status_code in (400, 404) and refused.headers["x-request-id"] == "r-7"
         assert "x-request-id" not in (await client.get("/v1/models")).headers
 
@@ -435,7 +441,9 @@ async def test_x_request_id_is_returned_and_prefixes_the_engine_rid(aio_loop, nu
 @pytest.mark.slow
 async def test_a_quiet_stream_gets_sse_keepalive_comments(aio_loop, nursery, script):
     engine = await start_mock_engine(nursery, INCREMENTAL, "--scripted-outputs", str(script))
-    base = await start_frontend(nursery, "--engine-url", engine.url, "--sse-keepalive", "0.2", "--stream-idle-timeout", "0")
+    base = await start_frontend(
+        nursery, "--engine-url", engine.url, "--sse-keepalive", "0.2", "--stream-idle-timeout", "0"
+    )
     async with httpx.AsyncClient(base_url=base, timeout=60) as client:
         model = await model_of(client)
         stream: dict = {}
@@ -478,7 +486,10 @@ async def test_traces_continue_the_clients_traceparent_down_to_the_engine(aio_lo
         children = {s.name: s for s in spans if s.parent is not None and s.parent.span_id == root.context.span_id}
         assert {"plan", "response", "engine.generate"} <= set(children), sorted(children)
         call = children["engine.generate"]
-        assert call.attributes["trio_direct.rid"].startswith("traced---") and call.attributes["trio_direct.role"] == "aggregated"
+        assert (
+            call.attributes["trio_direct.rid"].startswith("traced---")
+            and call.attributes["trio_direct.role"] == "aggregated"
+        )
         (seen,) = [r["trace_headers"] for r in running.engine.accounting.requests.values()]
         assert seen["traceparent"].split("-")[1] == trace_id  # the engine continues the client's trace
         assert seen["traceparent"].split("-")[2] == f"{call.context.span_id:016x}"

@@ -110,7 +110,9 @@ def test_version_prints_the_project_version(argv, capsys):
 
 
 def test_the_installed_command_prints_its_version():
-    result = subprocess.run([sys.executable, "-m", "trio_direct", "--version"], capture_output=True, text=True, check=False)
+    result = subprocess.run(
+        [sys.executable, "-m", "trio_direct", "--version"], capture_output=True, text=True, check=False
+    )
     assert (result.returncode, result.stdout) == (0, f"trio-direct {project_version()}\n")
 
 
@@ -257,7 +259,9 @@ async def test_a_prefill_engine_given_with_engine_url_serves_as_prefill(mock_eng
         reply = await client.post("/v1/chat/completions", json=body)
         assert reply.status_code == 200, reply.text
         assert (await client.get("/debug/routing")).json()["disaggregated"] is True
-    legs = [[rid for rid in e.engine.accounting.outcomes if not rid.startswith("HEALTH_CHECK")] for e in (prefill, decode)]
+    legs = [
+        [rid for rid in e.engine.accounting.outcomes if not rid.startswith("HEALTH_CHECK")] for e in (prefill, decode)
+    ]
     assert legs[0] and legs[0] == legs[1], "the request ran as a prefill leg and a decode leg"
 
 
@@ -273,4 +277,3 @@ def test_every_flag_alias_is_in_the_flag_list():
     docs = (ROOT / "docs" / "direct-engines.md").read_text()
     missing = [alias for aliases in _ALIASES.values() for alias in aliases if f"`{alias}`" not in docs]
     assert not missing, f"aliases missing from docs/direct-engines.md: {missing}"
-

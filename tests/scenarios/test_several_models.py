@@ -67,7 +67,9 @@ async def test_two_models_with_their_own_tokenizers_serve_side_by_side(aio_loop,
                 reply = client.completions.create(model=model, prompt=PROMPT, max_tokens=3)
                 counts[model] = reply.usage.prompt_tokens
                 assert reply.model == model and reply.choices[0].text
-                chat = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=3)
+                chat = client.chat.completions.create(
+                    model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=3
+                )
                 assert chat.choices[0].message.content
             return counts
         finally:

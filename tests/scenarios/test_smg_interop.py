@@ -39,7 +39,9 @@ def smg_executable() -> str:
         subprocess.run([sys.executable, "-m", "venv", str(SMG_VENV)], check=True)
         install = subprocess.run(
             [str(SMG_VENV / "bin" / "pip"), "install", "-q", f"smg=={SMG_VERSION}"],
-            capture_output=True, text=True, check=False,
+            capture_output=True,
+            text=True,
+            check=False,
         )
         if install.returncode != 0:
             pytest.fail(f"could not install smg=={SMG_VERSION}: {install.stderr[-2000:]}")
@@ -111,7 +113,9 @@ async def ask(base: str, *, stream: bool) -> str:
 
 async def test_smg_routes_chat_through_two_mock_engines(aio_loop, nursery, smg_executable):
     engines = [await start_mock_engine(nursery, "--incremental-streaming-output") for _ in range(2)]
-    base = await start_smg(nursery, smg_executable, "--worker-urls", *(e.url for e in engines), "--policy", "round_robin")
+    base = await start_smg(
+        nursery, smg_executable, "--worker-urls", *(e.url for e in engines), "--policy", "round_robin"
+    )
     answers = [await ask(base, stream=False) for _ in range(2)] + [await ask(base, stream=True) for _ in range(2)]
     assert all(answers)
     accounts = [await engine_accounting(e.url) for e in engines]
@@ -123,7 +127,12 @@ async def test_smg_routes_chat_through_two_mock_engines(aio_loop, nursery, smg_e
 async def test_smg_runs_prefill_decode_through_mock_engines(aio_loop, nursery, smg_executable):
     bootstrap_port = free_port()
     prefill = await start_mock_engine(
-        nursery, "--role", "prefill", "--disaggregation-bootstrap-port", str(bootstrap_port), "--incremental-streaming-output"
+        nursery,
+        "--role",
+        "prefill",
+        "--disaggregation-bootstrap-port",
+        str(bootstrap_port),
+        "--incremental-streaming-output",
     )
     decode = await start_mock_engine(nursery, "--role", "decode", "--incremental-streaming-output")
     base = await start_smg(

@@ -18,11 +18,21 @@ pytestmark = pytest.mark.slow
 
 D = "\uff5cDSML\uff5c"
 TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-        "required": ["city"]}}},
-    {"type": "function", "function": {"name": "get_time", "parameters": {
-        "type": "object", "properties": {"tz": {"type": "string"}}}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+                "required": ["city"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {"name": "get_time", "parameters": {"type": "object", "properties": {"tz": {"type": "string"}}}},
+    },
 ]
 CALLS = [("get_weather", {"city": "Paris", "days": 3}), ("get_time", {"tz": "CET"})]
 
@@ -38,47 +48,84 @@ class Family:
 
 
 FAMILIES = [
-    Family("json-objects-cohere", "cohere", "cohere_cmd",
-           "<|START_THINKING|>Two lookups.<|END_THINKING|><|START_RESPONSE|>Checking both.<|END_RESPONSE|>"
-           '<|START_ACTION|>[{"tool_call_id": "0", "tool_name": "get_weather", "parameters": {"city": "Paris", '
-           '"days": 3}}, {"tool_call_id": "1", "tool_name": "get_time", "parameters": {"tz": "CET"}}]<|END_ACTION|>'),
-    Family("tag-per-argument-glm47", "glm47_moe", "glm45",
-           "<think>Two lookups.</think>Checking both.<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris"
-           "</arg_value><arg_key>days</arg_key><arg_value>3</arg_value></tool_call><tool_call>get_time"
-           "<arg_key>tz</arg_key><arg_value>CET</arg_value></tool_call>"),
-    Family("invoke-elements-deepseek-v32", "deepseek32", "deepseek_v31",
-           f'<think>Two lookups.</think>Checking both.\n\n<{D}function_calls>\n<{D}invoke name="get_weather">\n'
-           f'<{D}parameter name="city" string="true">Paris</{D}parameter>\n<{D}parameter name="days" '
-           f'string="false">3</{D}parameter>\n</{D}invoke>\n<{D}invoke name="get_time">\n<{D}parameter name="tz" '
-           f'string="true">CET</{D}parameter>\n</{D}invoke>\n</{D}function_calls>'),
-    Family("invoke-elements-minimax-m2", "minimax_m2", "minimax",
-           "Two lookups.</think>Checking both.\n<minimax:tool_call>\n<invoke name=\"get_weather\">\n"
-           "<parameter name=\"city\">Paris</parameter>\n<parameter name=\"days\">3</parameter>\n</invoke>\n"
-           "<invoke name=\"get_time\">\n<parameter name=\"tz\">CET</parameter>\n</invoke>\n</minimax:tool_call>"),
-    Family("special-token-sections-kimi-k2", "kimik2", "kimi_k25",
-           "<think>Two lookups.</think>Checking both.<|tool_calls_section_begin|><|tool_call_begin|>"
-           'functions.get_weather:0<|tool_call_argument_begin|>{"city": "Paris", "days": 3}<|tool_call_end|>'
-           '<|tool_call_begin|>functions.get_time:1<|tool_call_argument_begin|>{"tz": "CET"}<|tool_call_end|>'
-           "<|tool_calls_section_end|>"),
-    Family("xtml-kimi-k3", "kimi_k3", "kimi_k3",
-           "<|open|>think<|sep|>Two lookups.<|close|>think<|sep|><|open|>response<|sep|>Checking both."
-           '<|close|>response<|sep|><|open|>tools<|sep|><|open|>call tool="get_weather" index="1"<|sep|>'
-           '<|open|>argument key="city" type="string"<|sep|>Paris<|close|>argument<|sep|><|open|>argument '
-           'key="days" type="integer"<|sep|>3<|close|>argument<|sep|><|close|>call<|sep|><|open|>call '
-           'tool="get_time" index="2"<|sep|><|open|>argument key="tz" type="string"<|sep|>CET<|close|>argument'
-           "<|sep|><|close|>call<|sep|><|close|>tools<|sep|>"),
-    Family("pythonic-llama4", "pythonic", None,
-           'Checking both.<|python_start|>[get_weather(city="Paris", days=3), get_time(tz="CET")]<|python_end|>',
-           reasoning=None),
-    Family("python-dicts-sarashina", "sarashina", None,
-           "Checking both.<|tool_calls|>[{'name': 'get_weather', 'arguments': {'city': 'Paris', 'days': 3}}, "
-           "{'name': 'get_time', 'arguments': {'tz': 'CET'}}]", reasoning=None),
+    Family(
+        "json-objects-cohere",
+        "cohere",
+        "cohere_cmd",
+        "<|START_THINKING|>Two lookups.<|END_THINKING|><|START_RESPONSE|>Checking both.<|END_RESPONSE|>"
+        '<|START_ACTION|>[{"tool_call_id": "0", "tool_name": "get_weather", "parameters": {"city": "Paris", '
+        '"days": 3}}, {"tool_call_id": "1", "tool_name": "get_time", "parameters": {"tz": "CET"}}]<|END_ACTION|>',
+    ),
+    Family(
+        "tag-per-argument-glm47",
+        "glm47_moe",
+        "glm45",
+        "<think>Two lookups.</think>Checking both.<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris"
+        "</arg_value><arg_key>days</arg_key><arg_value>3</arg_value></tool_call><tool_call>get_time"
+        "<arg_key>tz</arg_key><arg_value>CET</arg_value></tool_call>",
+    ),
+    Family(
+        "invoke-elements-deepseek-v32",
+        "deepseek32",
+        "deepseek_v31",
+        f'<think>Two lookups.</think>Checking both.\n\n<{D}function_calls>\n<{D}invoke name="get_weather">\n'
+        f'<{D}parameter name="city" string="true">Paris</{D}parameter>\n<{D}parameter name="days" '
+        f'string="false">3</{D}parameter>\n</{D}invoke>\n<{D}invoke name="get_time">\n<{D}parameter name="tz" '
+        f'string="true">CET</{D}parameter>\n</{D}invoke>\n</{D}function_calls>',
+    ),
+    Family(
+        "invoke-elements-minimax-m2",
+        "minimax_m2",
+        "minimax",
+        'Two lookups.</think>Checking both.\n<minimax:tool_call>\n<invoke name="get_weather">\n'
+        '<parameter name="city">Paris</parameter>\n<parameter name="days">3</parameter>\n</invoke>\n'
+        '<invoke name="get_time">\n<parameter name="tz">CET</parameter>\n</invoke>\n</minimax:tool_call>',
+    ),
+    Family(
+        "special-token-sections-kimi-k2",
+        "kimik2",
+        "kimi_k25",
+        "<think>Two lookups.</think>Checking both.<|tool_calls_section_begin|><|tool_call_begin|>"
+        'functions.get_weather:0<|tool_call_argument_begin|>{"city": "Paris", "days": 3}<|tool_call_end|>'
+        '<|tool_call_begin|>functions.get_time:1<|tool_call_argument_begin|>{"tz": "CET"}<|tool_call_end|>'
+        "<|tool_calls_section_end|>",
+    ),
+    Family(
+        "xtml-kimi-k3",
+        "kimi_k3",
+        "kimi_k3",
+        "<|open|>think<|sep|>Two lookups.<|close|>think<|sep|><|open|>response<|sep|>Checking both."
+        '<|close|>response<|sep|><|open|>tools<|sep|><|open|>call tool="get_weather" index="1"<|sep|>'
+        '<|open|>argument key="city" type="string"<|sep|>Paris<|close|>argument<|sep|><|open|>argument '
+        'key="days" type="integer"<|sep|>3<|close|>argument<|sep|><|close|>call<|sep|><|open|>call '
+        'tool="get_time" index="2"<|sep|><|open|>argument key="tz" type="string"<|sep|>CET<|close|>argument'
+        "<|sep|><|close|>call<|sep|><|close|>tools<|sep|>",
+    ),
+    Family(
+        "pythonic-llama4",
+        "pythonic",
+        None,
+        'Checking both.<|python_start|>[get_weather(city="Paris", days=3), get_time(tz="CET")]<|python_end|>',
+        reasoning=None,
+    ),
+    Family(
+        "python-dicts-sarashina",
+        "sarashina",
+        None,
+        "Checking both.<|tool_calls|>[{'name': 'get_weather', 'arguments': {'city': 'Paris', 'days': 3}}, "
+        "{'name': 'get_time', 'arguments': {'tz': 'CET'}}]",
+        reasoning=None,
+    ),
     # Harmony markers are plain text to the mock's tokenizer: the parsers read them all the same.
-    Family("harmony-gpt-oss", "gpt-oss", "gpt-oss",
-           "<|channel|>analysis<|message|>Two lookups.<|end|><|start|>assistant<|channel|>commentary<|message|>"
-           "Checking both.<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json"
-           '<|message|>{"city": "Paris", "days": 3}<|call|><|start|>assistant<|channel|>commentary '
-           'to=functions.get_time <|constrain|>json<|message|>{"tz": "CET"}'),
+    Family(
+        "harmony-gpt-oss",
+        "gpt-oss",
+        "gpt-oss",
+        "<|channel|>analysis<|message|>Two lookups.<|end|><|start|>assistant<|channel|>commentary<|message|>"
+        "Checking both.<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json"
+        '<|message|>{"city": "Paris", "days": 3}<|call|><|start|>assistant<|channel|>commentary '
+        'to=functions.get_time <|constrain|>json<|message|>{"tz": "CET"}',
+    ),
 ]
 
 
@@ -89,7 +136,8 @@ async def test_a_tool_call_family_through_the_openai_sdk(aio_loop, nursery, tmp_
     script = tmp_path / "scripts.json"
     script.write_text(json.dumps([{"match": None, "text": family.text}]))
     engine = await start_mock_engine(
-        nursery, "--speedup", "inf", "--incremental-streaming-output", "--scripted-outputs", str(script))
+        nursery, "--speedup", "inf", "--incremental-streaming-output", "--scripted-outputs", str(script)
+    )
     flags = ["--tool-call-parser", family.tool_call_parser]
     if family.reasoning_parser:
         flags += ["--reasoning-parser", family.reasoning_parser]
@@ -108,8 +156,7 @@ async def test_a_tool_call_family_through_the_openai_sdk(aio_loop, nursery, tmp_
         assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == CALLS
         assert len({c.id for c in calls}) == 2
 
-        stream = client.chat.completions.create(model=model, messages=ask, tools=TOOLS, max_tokens=1000,
-                                                stream=True)
+        stream = client.chat.completions.create(model=model, messages=ask, tools=TOOLS, max_tokens=1000, stream=True)
         content, reasoning, finish = [], [], None
         names: dict[int, str] = {}
         arguments: dict[int, list[str]] = {}

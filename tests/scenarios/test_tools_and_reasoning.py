@@ -10,7 +10,6 @@ import json
 
 import pytest
 import trio
-
 from support import start_frontend, start_mock_engine
 
 pytestmark = pytest.mark.slow
@@ -18,7 +17,7 @@ pytestmark = pytest.mark.slow
 SCRIPTS = [
     {
         "match": "weather",
-        "text": '<think>The user wants the weather in Paris.</think>Let me check.<tool_call>\n'
+        "text": "<think>The user wants the weather in Paris.</think>Let me check.<tool_call>\n"
         '{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}\n</tool_call>',
     },
     {"match": "riddle", "text": "<think>Keys but no locks... a piano.</think>A piano."},
@@ -141,7 +140,12 @@ def test_forced_tool_choices_become_guided_decoding_schemas():
     from trio_direct.openai.tool_choice import tool_choice_schema
 
     def request(tool_choice) -> object:
-        body = {"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": TOOLS, "tool_choice": tool_choice}
+        body = {
+            "model": "m",
+            "messages": [{"role": "user", "content": "x"}],
+            "tools": TOOLS,
+            "tool_choice": tool_choice,
+        }
         return decode_chat_request(json.dumps(body).encode())
 
     assert tool_choice_schema(request("auto")) is None
@@ -157,6 +161,8 @@ async def test_an_unknown_parser_name_stops_start_up(aio_loop, nursery):
     from trio_direct.fleet.fleet import FleetError
 
     engine = await start_mock_engine(nursery, "--speedup", "inf")
-    with pytest.RaisesGroup(pytest.RaisesExc(FleetError, match="unknown tool-call parser 'nope'.*hermes"), flatten_subgroups=True):
+    with pytest.RaisesGroup(
+        pytest.RaisesExc(FleetError, match="unknown tool-call parser 'nope'.*hermes"), flatten_subgroups=True
+    ):
         async with trio.open_nursery() as inner:
             await start_frontend(inner, "--engine-url", engine.url, "--tool-call-parser", "nope")

@@ -191,7 +191,9 @@ async def test_kv_workers_send_a_shared_prefix_to_the_same_warm_engine(nursery):
 
     kv_events = '{"publisher": "zmq", "endpoint": "tcp://*:0", "replay_endpoint": "tcp://*:0", "topic": ""}'
     engines = [
-        await start_mock_engine(nursery, "--speedup", "inf", "--incremental-streaming-output", "--kv-events-config", kv_events)
+        await start_mock_engine(
+            nursery, "--speedup", "inf", "--incremental-streaming-output", "--kv-events-config", kv_events
+        )
         for _ in range(3)
     ]
     urls = [arg for engine in engines for arg in ("--engine-url", engine.url)]

@@ -52,7 +52,13 @@ async def test_sampling_params_map_to_the_engine_request(make_pool):
     assert engine.input_ids == pool.tokenizer.encode("Hello there", add_special_tokens=True)
     sampling = engine.sampling
     assert (sampling.max_new_tokens, sampling.min_new_tokens, sampling.temperature) == (9, 2, 0.5)
-    assert (sampling.top_k, sampling.top_p, sampling.min_p, sampling.seed, sampling.regex) == (5, 0.9, 0.1, 42, "[a-z]+")
+    assert (sampling.top_k, sampling.top_p, sampling.min_p, sampling.seed, sampling.regex) == (
+        5,
+        0.9,
+        0.1,
+        42,
+        "[a-z]+",
+    )
     assert tuple(sampling.stop_token_ids) == (7,) and sampling.ignore_eos is True  # no EOS added with ignore_eos
     # the client's rid never reaches the engine: the frontend's ids are fixed-length and distinct
     rids = [choice.request.rid for choice in plan.choices]
@@ -90,7 +96,10 @@ async def test_a_batch_plans_one_choice_per_prompt(make_pool):
         ({"text": "a", "sampling_params": {"top_p": 0}}, "sampling_params.top_p"),
         ({"text": "a", "sampling_params": {"top_k": 0}}, "sampling_params.top_k"),
         ({"text": "a", "sampling_params": {"n": 0}}, "sampling_params.n"),
-        ({"text": "a", "sampling_params": {"min_new_tokens": 9, "max_new_tokens": 3}}, "sampling_params.min_new_tokens"),
+        (
+            {"text": "a", "sampling_params": {"min_new_tokens": 9, "max_new_tokens": 3}},
+            "sampling_params.min_new_tokens",
+        ),
         ({"text": "a", "sampling_params": {"stop": [""]}}, "sampling_params.stop"),
         ({"text": "a", "sampling_params": {"regex": "a", "json_schema": "{}"}}, "sampling_params.regex"),
         ({"text": "a", "sampling_params": {"logit_bias": {"5": 1.0}}}, "sampling_params.logit_bias"),
@@ -122,7 +131,9 @@ async def test_images_need_a_multimodal_model(make_pool):
     with pytest.raises(OpenAIError) as caught:
         await plan_generate(make_pool(), decode(text="<image> what?", image_data="http://x/cat.png"))
     assert caught.value.status == 400 and caught.value.param == "image_data"
-    plan = await plan_generate(make_pool(images=True), decode(text="<image> what?", image_data=["data:image/png;base64,AA=="]))
+    plan = await plan_generate(
+        make_pool(images=True), decode(text="<image> what?", image_data=["data:image/png;base64,AA=="])
+    )
     assert list(plan.choices[0].request.image_data) == ["data:image/png;base64,AA=="]
 
 
@@ -203,13 +214,19 @@ async def test_logprobs_are_sglang_rows_with_text_when_asked(make_pool):
 
 async def test_a_unary_answer_is_one_object_or_a_list(make_pool):
     pool = make_pool()
-    for fields, listed in (({"text": "hi"}, False), ({"text": ["a", "b"]}, True), ({"text": "hi", "sampling_params": {"n": 2}}, True)):
+    for fields, listed in (
+        ({"text": "hi"}, False),
+        ({"text": ["a", "b"]}, True),
+        ({"text": "hi", "sampling_params": {"n": 2}}, True),
+    ):
         request = decode(**fields)
         plan = await plan_generate(pool, request)
         renderer = GenerateRenderer(plan, request, pool.token_text, started=0.0)
         results = []
         for choice in plan.choices:
-            event = choice.output.push([GenerateChunk([20, 2], finish_reason="stop", matched_stop=2, completion_tokens=2)])
+            event = choice.output.push(
+                [GenerateChunk([20, 2], finish_reason="stop", matched_stop=2, completion_tokens=2)]
+            )
             result = ChoiceResult(choice.output.index)
             result.add(event)
             results.append(result)

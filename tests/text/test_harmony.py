@@ -30,9 +30,16 @@ from trio_direct.text.harmony import (
     render_harmony_chat,
 )
 
-TOOLS = [{"type": "function", "function": {
-    "name": "get_weather", "description": "Current weather in a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Current weather in a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    }
+]
 TODAY = date(2026, 8, 1)
 
 
@@ -63,9 +70,13 @@ def test_harmony_loads_in_a_fresh_process_with_no_vocabulary_anywhere(tmp_path) 
     """No TIKTOKEN_ENCODINGS_BASE, an empty cache, and no network (as in CI): still loads."""
     environ = {k: v for k, v in os.environ.items() if k != "TIKTOKEN_ENCODINGS_BASE"}
     environ["XDG_CACHE_HOME"] = str(tmp_path)
-    code = ("from trio_direct.text.harmony import harmony_encoding\n"
-            "print(harmony_encoding().stop_tokens_for_assistant_actions())")
-    done = subprocess.run([sys.executable, "-c", code], check=False, env=environ, capture_output=True, text=True, timeout=120)
+    code = (
+        "from trio_direct.text.harmony import harmony_encoding\n"
+        "print(harmony_encoding().stop_tokens_for_assistant_actions())"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], check=False, env=environ, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() in ("[200002, 200012]", "[200012, 200002]", "{200002, 200012}")
 
@@ -74,9 +85,18 @@ def test_a_tool_conversation_renders_as_harmony() -> None:
     messages = [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Weather in Paris?"},
-        {"role": "assistant", "content": None, "reasoning_content": "Need the tool.",
-         "tool_calls": [{"id": "call_1", "type": "function",
-                         "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "reasoning_content": "Need the tool.",
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                }
+            ],
+        },
         {"role": "tool", "tool_call_id": "call_1", "content": '{"temp_c": 21}'},
     ]
     prompt = render_harmony_chat(messages, tools=TOOLS, reasoning_effort="low", today=TODAY)
@@ -92,7 +112,7 @@ def test_a_tool_conversation_renders_as_harmony() -> None:
         "<|start|>assistant<|channel|>analysis<|message|>Need the tool.<|end|>"
         "<|start|>assistant to=functions.get_weather<|channel|>commentary <|constrain|>json<|message|>"
         '{"city": "Paris"}<|call|>'
-        "<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>{\"temp_c\": 21}<|end|>"
+        '<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>{"temp_c": 21}<|end|>'
         "<|start|>assistant"
     )
     encoding = harmony_encoding()
@@ -102,22 +122,29 @@ def test_a_tool_conversation_renders_as_harmony() -> None:
 
 
 def test_a_plain_chat_has_no_commentary_channel_and_drops_old_analysis() -> None:
-    messages = [{"role": "user", "content": [{"type": "text", "text": "Hi"}]},
-                {"role": "assistant", "content": "Hello!", "reasoning_content": "Greet back."},
-                {"role": "user", "content": "And again?"}]
+    messages = [
+        {"role": "user", "content": [{"type": "text", "text": "Hi"}]},
+        {"role": "assistant", "content": "Hello!", "reasoning_content": "Greet back."},
+        {"role": "user", "content": "And again?"},
+    ]
     text = render_harmony_chat(messages, today=TODAY).text
     assert "# Valid channels: analysis, final." in text and "Reasoning: medium" in text
     assert "<|start|>developer" not in text
     assert "Greet back." not in text  # harmony drops a finished turn's analysis
-    assert text.endswith("<|start|>assistant<|channel|>final<|message|>Hello!<|end|>"
-                         "<|start|>user<|message|>And again?<|end|><|start|>assistant")
+    assert text.endswith(
+        "<|start|>assistant<|channel|>final<|message|>Hello!<|end|>"
+        "<|start|>user<|message|>And again?<|end|><|start|>assistant"
+    )
 
 
-@pytest.mark.parametrize(("messages", "problem"), [
-    ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}], "text only"),
-    ([{"role": "tool", "tool_call_id": "nope", "content": "1"}], "tool_call_id"),
-    ([{"role": "critic", "content": "x"}], "no harmony equivalent"),
-])
+@pytest.mark.parametrize(
+    ("messages", "problem"),
+    [
+        ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}], "text only"),
+        ([{"role": "tool", "tool_call_id": "nope", "content": "1"}], "tool_call_id"),
+        ([{"role": "critic", "content": "x"}], "no harmony equivalent"),
+    ],
+)
 def test_what_harmony_cannot_hold_is_a_clear_error(messages, problem) -> None:
     with pytest.raises(HarmonyRenderError, match=problem):
         render_harmony_chat(messages, today=TODAY)
@@ -138,8 +165,10 @@ def _assistant_output() -> list[Message]:
     return [
         Message.from_role_and_content(Role.ASSISTANT, "User wants weather; call the tool.").with_channel("analysis"),
         Message.from_role_and_content(Role.ASSISTANT, "Checking the weather.").with_channel("commentary"),
-        Message.from_role_and_content(Role.ASSISTANT, '{"city": "Paris"}').with_channel("commentary")
-        .with_recipient("functions.get_weather").with_content_type("<|constrain|>json"),
+        Message.from_role_and_content(Role.ASSISTANT, '{"city": "Paris"}')
+        .with_channel("commentary")
+        .with_recipient("functions.get_weather")
+        .with_content_type("<|constrain|>json"),
     ]
 
 
@@ -179,8 +208,10 @@ def test_harmony_output_parses_into_reasoning_content_and_the_call(special, stop
 
 def test_a_final_answer_is_content_and_analysis_is_reasoning() -> None:
     encoding = harmony_encoding()
-    messages = [Message.from_role_and_content(Role.ASSISTANT, "2 + 2 is simple.").with_channel("analysis"),
-                Message.from_role_and_content(Role.ASSISTANT, "4").with_channel("final")]
+    messages = [
+        Message.from_role_and_content(Role.ASSISTANT, "2 + 2 is simple.").with_channel("analysis"),
+        Message.from_role_and_content(Role.ASSISTANT, "4").with_channel("final"),
+    ]
     text = encoding.decode([t for m in messages for t in encoding.render(m)]).removeprefix("<|start|>assistant")
     parser = reasoning_parser("gpt_oss")
     deltas = [parser.feed(encoding.decode([t])) for t in encoding.encode(text, allowed_special="all")]

@@ -38,8 +38,7 @@ def _stream(matcher: StopStringMatcher, chunks: Sequence[str]) -> tuple[str, str
     cuts=st.lists(st.integers(0, 40), max_size=8),
     include=st.booleans(),
 )
-def test_any_chunking_equals_the_batch_cut(text: str, stops: list[str], cuts: list[int],
-                                           include: bool) -> None:
+def test_any_chunking_equals_the_batch_cut(text: str, stops: list[str], cuts: list[int], include: bool) -> None:
     points = sorted({0, len(text), *(c % (len(text) + 1) for c in cuts)})
     chunks = [text[a:b] for a, b in zip(points, points[1:])]
     out, matched, _ = _stream(StopStringMatcher(stops, include), chunks)
@@ -96,6 +95,4 @@ def test_long_stream_holds_at_most_a_stop_length() -> None:
         emitted.append(piece)
     tail = matcher.flush()
     assert len(tail) < len("Observation:")
-    assert "".join(emitted) + tail == "".join(
-        f"token{i} <|en" if i % 7 == 0 else f" word{i}" for i in range(20_000)
-    )
+    assert "".join(emitted) + tail == "".join(f"token{i} <|en" if i % 7 == 0 else f" word{i}" for i in range(20_000))

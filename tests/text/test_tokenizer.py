@@ -47,9 +47,7 @@ def test_encode_decode_round_trip(tiny: ModelTokenizer) -> None:
     assert tiny.decode(ids, skip_special_tokens=True) == "user\nHello world\n"
 
 
-def test_added_token_dicts_and_generation_config_eos(
-    deepseek: ModelTokenizer, deepseek_dir: Path
-) -> None:
+def test_added_token_dicts_and_generation_config_eos(deepseek: ModelTokenizer, deepseek_dir: Path) -> None:
     assert deepseek.bos_token == DEEPSEEK_BOS
     assert deepseek.eos_token == DEEPSEEK_EOS
     assert deepseek.unk_token is None
@@ -86,10 +84,14 @@ def test_single_token_id(tiny: ModelTokenizer, deepseek: ModelTokenizer) -> None
 
 
 def test_named_templates_from_tokenizer_config(tiny_dir: Path, tmp_path: Path) -> None:
-    model = _copy_model(tiny_dir, tmp_path / "m", chat_template=[
-        {"name": "default", "template": "plain"},
-        {"name": "tool_use", "template": "tools"},
-    ])
+    model = _copy_model(
+        tiny_dir,
+        tmp_path / "m",
+        chat_template=[
+            {"name": "default", "template": "plain"},
+            {"name": "tool_use", "template": "tools"},
+        ],
+    )
     tok = ModelTokenizer.from_directory(model)
     assert tok.chat_templates == {"default": "plain", "tool_use": "tools"}
     assert tok.chat_template == "plain"
@@ -151,9 +153,9 @@ def test_long_texts_encode_like_short_ones(deepseek: ModelTokenizer) -> None:
     # Long inputs take the GIL-releasing path; the ids must not change.
     text = "The quick brown fox 快速的棕色狐狸 jumps 😀 over the lazy dog. " * 200
     assert len(text) > 4096
-    assert deepseek.encode(text, add_special_tokens=False) == deepseek.tokenizer.encode(
-        text, add_special_tokens=False
-    ).ids
+    assert (
+        deepseek.encode(text, add_special_tokens=False) == deepseek.tokenizer.encode(text, add_special_tokens=False).ids
+    )
     assert deepseek.encode(text)[0] == deepseek.bos_token_id
 
 

@@ -23,14 +23,14 @@ from typing import Any
 import pytest
 
 from trio_direct.config import ServeConfig
-from trio_direct.fleet.fleet import Engine, Fleet, FleetModel
-from trio_direct.engine.types import GenerateChunk
 from trio_direct.core.plan import RequestPlan
-from trio_direct.openai.requests import decode_chat_request
-from trio_direct.surfaces.chat import plan_chat
+from trio_direct.engine.types import GenerateChunk
+from trio_direct.fleet.fleet import Engine, Fleet, FleetModel
 from trio_direct.frontend.runtime import ModelPool, select_model_parsers
+from trio_direct.openai.requests import decode_chat_request
 from trio_direct.parsers.tools import ToolCall, ToolDelta, assemble, tool_call_parser
 from trio_direct.routing.policy import RoutingPolicy
+from trio_direct.surfaces.chat import plan_chat
 from trio_direct.text.chat_template import render_chat
 from trio_direct.text.detokenizer import IncrementalDetokenizer
 from trio_direct.text.tokenizer import ModelTokenizer
@@ -77,8 +77,13 @@ LLAMA = Format(
     eos_token="<|eot_id|>",
     pad_token=None,
     special_tokens=(
-        "<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
-        "<|eom_id|>", "<|eot_id|>", "<|python_tag|>",
+        "<|begin_of_text|>",
+        "<|end_of_text|>",
+        "<|start_header_id|>",
+        "<|end_header_id|>",
+        "<|eom_id|>",
+        "<|eot_id|>",
+        "<|python_tag|>",
     ),
     stop_tokens=("<|end_of_text|>", "<|eom_id|>", "<|eot_id|>"),
     turn_end="<|eom_id|>",
@@ -93,35 +98,47 @@ DEEPSEEK = Format(
     stop_tokens=(DS_EOS,),
     turn_end=DS_EOS,
     markers=(
-        DS_BOS, DS_EOS, "<｜User｜>", "<｜Assistant｜>", "<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>",
-        "<｜tool▁sep｜>", "<｜tool▁call▁end｜>", "<｜tool▁outputs▁begin｜>", "<｜tool▁output▁begin｜>",
+        DS_BOS,
+        DS_EOS,
+        "<｜User｜>",
+        "<｜Assistant｜>",
+        "<｜tool▁calls▁begin｜>",
+        "<｜tool▁call▁begin｜>",
+        "<｜tool▁sep｜>",
+        "<｜tool▁call▁end｜>",
+        "<｜tool▁outputs▁begin｜>",
+        "<｜tool▁output▁begin｜>",
     ),
 )
 FORMATS = (QWEN, LLAMA, DEEPSEEK)
 
 # -- the conversation, as an OpenAI client sends it -------------------------------------------------
 
-TOOLS = [{
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather in a city",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}, "unit": {"type": "string"}},
-            "required": ["city"],
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Current weather in a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "unit": {"type": "string"}},
+                "required": ["city"],
+            },
         },
-    },
-}]
+    }
+]
 ZURICH_ARGUMENTS = '{"city":"Zürich","unit":"celsius"}'  # compact, as clients echo them back
 TOOL_CALL_TURN = {
     "role": "assistant",
     "content": None,
-    "tool_calls": [{
-        "id": "call_1",
-        "type": "function",
-        "function": {"name": "get_weather", "arguments": ZURICH_ARGUMENTS},
-    }],
+    "tool_calls": [
+        {
+            "id": "call_1",
+            "type": "function",
+            "function": {"name": "get_weather", "arguments": ZURICH_ARGUMENTS},
+        }
+    ],
 }
 CONVERSATION = [
     {"role": "system", "content": "You are a weather bot."},
@@ -134,10 +151,8 @@ TWO_CALLS_TURN = {
     "role": "assistant",
     "content": "Checking both cities.",
     "tool_calls": [
-        {"id": "call_2", "type": "function",
-         "function": {"name": "get_weather", "arguments": ZURICH_ARGUMENTS}},
-        {"id": "call_3", "type": "function",
-         "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}},
+        {"id": "call_2", "type": "function", "function": {"name": "get_weather", "arguments": ZURICH_ARGUMENTS}},
+        {"id": "call_3", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}},
     ],
 }
 
@@ -206,9 +221,8 @@ LLAMA_EXPECTED = (
     "Cutting Knowledge Date: December 2023\n"
     "Today Date: 26 Jul 2024\n\n"
     "You have access to the following functions. To call a function, respond with JSON for a"
-    " function call. Respond in the format {\"name\": function name, \"parameters\": dictionary of"
-    " argument name and its value}. Do not use variables.\n\n"
-    + LLAMA_TOOL_BLOCK + "\n\n"
+    ' function call. Respond in the format {"name": function name, "parameters": dictionary of'
+    " argument name and its value}. Do not use variables.\n\n" + LLAMA_TOOL_BLOCK + "\n\n"
     "You are a weather bot.<|eot_id|>"
     "<|start_header_id|>user<|end_header_id|>\n\nIs it warm in Zürich?<|eot_id|>"
     "<|start_header_id|>assistant<|end_header_id|>\n\n"
@@ -259,13 +273,22 @@ def _tokenizer_json(fmt: Format) -> tuple[str, dict[str, int]]:
     if not added:
         return text, {}
     close = text.rindex("]", 0, text.index('"normalizer"'))  # the end of `added_tokens`
-    last = re.match(r'"id": (\d+)', text[text.rindex('"id": ', 0, close):])
+    last = re.match(r'"id": (\d+)', text[text.rindex('"id": ', 0, close) :])
     assert last is not None
     first_id = int(last.group(1)) + 1
     ids = {content: first_id + i for i, (content, _) in enumerate(added)}
     entries = [
-        json.dumps({"id": ids[content], "content": content, "single_word": False, "lstrip": False,
-                    "rstrip": False, "normalized": False, "special": special})
+        json.dumps(
+            {
+                "id": ids[content],
+                "content": content,
+                "single_word": False,
+                "lstrip": False,
+                "rstrip": False,
+                "normalized": False,
+                "special": special,
+            }
+        )
         for content, special in added
     ]
     return text[:close].rstrip() + "," + ",".join(entries) + text[close:], ids
@@ -282,14 +305,19 @@ def _install(fmt: Format, directory: Path) -> None:
         with importlib.resources.as_file(source) as path:
             shutil.copyfile(path, directory / "tokenizer.json")
     ids.update({DS_BOS: 0, DS_EOS: 1})  # DeepSeek's own; the tests check every id they rely on
-    (directory / "tokenizer_config.json").write_text(json.dumps({
-        "bos_token": fmt.bos_token,
-        "eos_token": fmt.eos_token,
-        "pad_token": fmt.pad_token,
-        "add_bos_token": False,
-        "chat_template": (TEMPLATES / f"{fmt.name}.jinja").read_text(encoding="utf-8"),
-        "tokenizer_class": "PreTrainedTokenizerFast",
-    }), encoding="utf-8")
+    (directory / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "bos_token": fmt.bos_token,
+                "eos_token": fmt.eos_token,
+                "pad_token": fmt.pad_token,
+                "add_bos_token": False,
+                "chat_template": (TEMPLATES / f"{fmt.name}.jinja").read_text(encoding="utf-8"),
+                "tokenizer_class": "PreTrainedTokenizerFast",
+            }
+        ),
+        encoding="utf-8",
+    )
     (directory / "generation_config.json").write_text(
         json.dumps({"eos_token_id": [ids[t] for t in fmt.stop_tokens]}), encoding="utf-8"
     )
@@ -312,15 +340,25 @@ def _pool(model: ModelTokenizer, fmt: Format) -> ModelPool:
     card = SimpleNamespace(role="aggregated", dp_size=1, url="grpc://e0:1")
     engine = Engine("e0", card, client=SimpleNamespace(api="native", name="e0"))  # type: ignore[arg-type]
     served = FleetModel(
-        served_model_name="m", model_path="m", tokenizer_path="m", block_size=None,
-        context_length=None, tool_call_parser=fmt.parser, reasoning_parser=None,
+        served_model_name="m",
+        model_path="m",
+        tokenizer_path="m",
+        block_size=None,
+        context_length=None,
+        tool_call_parser=fmt.parser,
+        reasoning_parser=None,
     )
-    return ModelPool(ServeConfig(), Fleet([engine], served), RoutingPolicy(), tokenizer=model,
-                     chat_template_override=None, parsers=select_model_parsers(ServeConfig(), served))
+    return ModelPool(
+        ServeConfig(),
+        Fleet([engine], served),
+        RoutingPolicy(),
+        tokenizer=model,
+        chat_template_override=None,
+        parsers=select_model_parsers(ServeConfig(), served),
+    )
 
 
-async def _plan(model: ModelTokenizer, fmt: Format, messages: list[dict[str, Any]],
-                **fields: Any) -> RequestPlan:
+async def _plan(model: ModelTokenizer, fmt: Format, messages: list[dict[str, Any]], **fields: Any) -> RequestPlan:
     """How `/v1/chat/completions` plans `messages` with TOOLS and `fields` added."""
     body = json.dumps({"model": "m", "messages": messages, "tools": TOOLS, **fields})
     return await plan_chat(_pool(model, fmt), decode_chat_request(body.encode()))
@@ -338,7 +376,7 @@ def _model_output(model: ModelTokenizer, fmt: Format, turn: dict[str, Any]) -> s
     before = render_chat(model, CONVERSATION[:2], tools=TOOLS)
     after = render_chat(model, [*CONVERSATION[:2], turn], tools=TOOLS, add_generation_prompt=False)
     assert after.startswith(before), "the generation prompt must open the assistant turn"
-    output, end, rest = after[len(before):].rpartition(fmt.turn_end)
+    output, end, rest = after[len(before) :].rpartition(fmt.turn_end)
     assert end and not rest.strip()
     return output
 
@@ -368,9 +406,7 @@ def test_multi_turn_tool_conversation_renders_exactly(fmt: Format, model: ModelT
     assert render_chat(model, CONVERSATION, tools=TOOLS) == EXPECTED[fmt.name]
 
 
-def test_prompt_tokenizes_losslessly_with_markup_as_single_tokens(
-    fmt: Format, model: ModelTokenizer
-) -> None:
+def test_prompt_tokenizes_losslessly_with_markup_as_single_tokens(fmt: Format, model: ModelTokenizer) -> None:
     text = render_chat(model, CONVERSATION, tools=TOOLS)
     ids = model.encode(text, add_special_tokens=False)
     assert model.decode(ids, skip_special_tokens=False) == text
@@ -387,9 +423,7 @@ def test_the_token_ending_a_tool_call_turn_stops_generation(fmt: Format, model: 
 
 
 @pytest.mark.parametrize("turn", [TOOL_CALL_TURN, TWO_CALLS_TURN], ids=["one_call", "text_and_two_calls"])
-def test_tool_call_turn_parses_back_to_the_same_calls(
-    fmt: Format, model: ModelTokenizer, turn: dict[str, Any]
-) -> None:
+def test_tool_call_turn_parses_back_to_the_same_calls(fmt: Format, model: ModelTokenizer, turn: dict[str, Any]) -> None:
     content, calls = _parse_streamed(model, fmt, _model_output(model, fmt, turn))
     assert content == (turn["content"] or "")
     assert [(c.name, json.loads(c.arguments_json)) for c in calls] == _calls(turn)

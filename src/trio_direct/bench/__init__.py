@@ -42,7 +42,15 @@ from trio_direct.bench.trace import (
     synthetic_multiturn,
 )
 
-__all__ = ["DEFAULT_OUT", "TRACE_NAME", "TRACE_URL", "bench_main", "build_parser", "default_trace_path", "plan_requests"]
+__all__ = [
+    "DEFAULT_OUT",
+    "TRACE_NAME",
+    "TRACE_URL",
+    "bench_main",
+    "build_parser",
+    "default_trace_path",
+    "plan_requests",
+]
 
 TRACE_NAME = "mooncake_conversation_trace.jsonl"
 #: Where to download the Mooncake conversation trace (Apache-2.0) that `--trace` replays.
@@ -110,26 +118,39 @@ def build_parser(prog: str = "trio-direct bench") -> argparse.ArgumentParser:
     target.add_argument("--url", metavar="URL", help="base URL of a running frontend, e.g. http://127.0.0.1:8000")
     target.add_argument("--model", metavar="NAME", help="model to request (default: the first of GET /v1/models)")
     target.add_argument(
-        "--mock-engines", metavar="N", type=_positive_int, default=2,
+        "--mock-engines",
+        metavar="N",
+        type=_positive_int,
+        default=2,
         help="embedded mode: mock engines behind an in-process trio-direct (default %(default)s)",
     )
     target.add_argument(
-        "--mock-speedup", metavar="S", type=_positive_float, default=1.0,
+        "--mock-speedup",
+        metavar="S",
+        type=_positive_float,
+        default=1.0,
         help="embedded mode: mock timing divisor; inf = as fast as the CPU allows (default %(default)s)",
     )
     target.add_argument(
-        "--router-mode", choices=("round-robin", "random", "kv"), default="round-robin",
+        "--router-mode",
+        choices=("round-robin", "random", "kv"),
+        default="round-robin",
         help="embedded mode: the frontend's --router-mode (default %(default)s)",
     )
     target.add_argument(
-        "--page-size", metavar="TOKENS", type=_positive_int, default=16,
+        "--page-size",
+        metavar="TOKENS",
+        type=_positive_int,
+        default=16,
         help="embedded mode: engines' KV page size (default %(default)s)",
     )
 
     workload = p.add_argument_group("workload")
     source = workload.add_mutually_exclusive_group()
     source.add_argument(
-        "--trace", type=Path, metavar="PATH",
+        "--trace",
+        type=Path,
+        metavar="PATH",
         help=f"Mooncake JSONL trace to replay, e.g. the conversation trace from {TRACE_URL} "
         "(default: the --synthetic workload)",
     )
@@ -139,72 +160,110 @@ def build_parser(prog: str = "trio-direct bench") -> argparse.ArgumentParser:
     workload.add_argument("--start", metavar="I", type=int, default=0, help="index of the first request (default 0)")
     workload.add_argument("--limit", metavar="N", type=int, help="number of requests to replay (default: all)")
     workload.add_argument(
-        "--sample-conversations", metavar="FRACTION", type=_fraction, default=1.0,
+        "--sample-conversations",
+        metavar="FRACTION",
+        type=_fraction,
+        default=1.0,
         help="keep this share of the trace's conversations, every turn of each (applied before "
         "--start/--limit; drawn with --seed); replays the whole reuse pattern of a long window at a "
         "rate a small fleet sustains (default 1 = all)",
     )
     workload.add_argument(
-        "--time-scale", metavar="X", type=_non_negative_float, default=1.0,
+        "--time-scale",
+        metavar="X",
+        type=_non_negative_float,
+        default=1.0,
         help="multiply arrival times by this; 0.5 = twice as fast, 0 = all at once (default %(default)s)",
     )
     workload.add_argument("--max-input-tokens", metavar="N", type=_positive_int, help="truncate longer prompts")
     workload.add_argument("--max-output-tokens", metavar="N", type=int, help="cap max_tokens of every request")
     workload.add_argument(
-        "--conversations", metavar="N", type=_positive_int, default=16,
+        "--conversations",
+        metavar="N",
+        type=_positive_int,
+        default=16,
         help="--synthetic: conversations (default %(default)s)",
     )
     workload.add_argument(
         "--turns", metavar="N", type=_positive_int, default=4, help="--synthetic: turns each (default %(default)s)"
     )
     workload.add_argument(
-        "--system-prompts", metavar="N", type=_positive_int, default=2,
+        "--system-prompts",
+        metavar="N",
+        type=_positive_int,
+        default=2,
         help="--synthetic: shared system prompts (default %(default)s)",
     )
     workload.add_argument(
-        "--seed", metavar="N", type=int, default=0,
+        "--seed",
+        metavar="N",
+        type=int,
+        default=0,
         help="prompt token seed; change it for a cold cache (default %(default)s)",
     )
     workload.add_argument(
-        "--min-token-id", metavar="ID", type=int, default=None,
+        "--min-token-id",
+        metavar="ID",
+        type=int,
+        default=None,
         help="lowest prompt token id (default: above the embedded model's special ids; "
         f"{DEFAULT_MIN_TOKEN_ID} with --url)",
     )
     workload.add_argument(
-        "--vocab-size", metavar="N", type=int, default=None,
+        "--vocab-size",
+        metavar="N",
+        type=int,
+        default=None,
         help="prompt token ids stay below this (default: the embedded model's vocabulary; "
         f"{DEFAULT_VOCAB_SIZE} with --url)",
     )
 
     run = p.add_argument_group("run")
     run.add_argument(
-        "--duration", metavar="SECONDS", type=_positive_float, default=None,
+        "--duration",
+        metavar="SECONDS",
+        type=_positive_float,
+        default=None,
         help="stop after this many seconds, cancelling requests in flight",
     )
     run.add_argument(
-        "--concurrency", metavar="N", type=_positive_int, default=None,
+        "--concurrency",
+        metavar="N",
+        type=_positive_int,
+        default=None,
         help="at most this many requests in flight; later ones wait (default: unbounded, open loop)",
     )
     run.add_argument(
-        "--timeout", metavar="SECONDS", type=_positive_float, default=600.0,
+        "--timeout",
+        metavar="SECONDS",
+        type=_positive_float,
+        default=600.0,
         help="per-request timeout (default %(default)s)",
     )
     run.add_argument("--out", metavar="DIR", type=Path, help=f"output directory (default: {DEFAULT_OUT}/<date-time>)")
     run.add_argument(
-        "--keep-alive", action=argparse.BooleanOptionalAction, default=True,
+        "--keep-alive",
+        action=argparse.BooleanOptionalAction,
+        default=True,
         help="reuse HTTP connections between requests (default on)",
     )
     run.add_argument(
-        "--client-check", action=argparse.BooleanOptionalAction, default=True,
-        help="first compare TTFT over reused and fresh connections, to catch a client-side latency floor "
-        "(default on)",
+        "--client-check",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="first compare TTFT over reused and fresh connections, to catch a client-side latency floor (default on)",
     )
     run.add_argument(
-        "--progress", action=argparse.BooleanOptionalAction, default=True,
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=True,
         help="progress on stderr: one rewritten line on a terminal, else a line every --progress-interval seconds",
     )
     run.add_argument(
-        "--progress-interval", metavar="SECONDS", type=_positive_float, default=PROGRESS_INTERVAL_S,
+        "--progress-interval",
+        metavar="SECONDS",
+        type=_positive_float,
+        default=PROGRESS_INTERVAL_S,
         help="seconds between progress lines when stderr is not a terminal (default %(default)s)",
     )
     return p
@@ -217,8 +276,7 @@ def plan_requests(args: argparse.Namespace) -> tuple[list[TraceRequest], str]:
         end = None if args.limit is None else args.start + args.limit
         requests = rebase(requests[args.start : end], args.time_scale)
         source = (
-            f"synthetic: {args.conversations} conversations x {args.turns} turns, "
-            f"{args.system_prompts} system prompts"
+            f"synthetic: {args.conversations} conversations x {args.turns} turns, {args.system_prompts} system prompts"
         )
     else:
         path = args.trace
@@ -351,7 +409,8 @@ async def _measure(
             log.warning(
                 "reused connections are slower than fresh ones (TTFT p50 %.1f ms vs %.1f ms): a client-side "
                 "latency floor; consider --no-keep-alive",
-                check["keep_alive_ttft_p50_ms"], check["fresh_connection_ttft_p50_ms"],
+                check["keep_alive_ttft_p50_ms"],
+                check["fresh_connection_ttft_p50_ms"],
             )
     result = await run_bench(
         base_url,

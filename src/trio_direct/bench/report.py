@@ -229,7 +229,10 @@ def write_plots(result: BenchResult, out_dir: Path) -> list[Path]:
         for engine, samples in sorted(_load_by_engine(result.engine_load).items()):
             line = axes.plot([s.at_s for s in samples], [s.running for s in samples], label=f"{engine} running")[0]
             axes.plot(
-                [s.at_s for s in samples], [s.waiting for s in samples], linestyle=":", color=line.get_color(),
+                [s.at_s for s in samples],
+                [s.waiting for s in samples],
+                linestyle=":",
+                color=line.get_color(),
                 label=f"{engine} waiting",
             )
         axes.set_xlabel("time since start (s)")

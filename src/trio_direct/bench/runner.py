@@ -220,10 +220,7 @@ class StreamMeter:
 
 def progress_line(*, planned: int, started: int, finished: int, failed: int, elapsed_s: float) -> str:
     """The one-line progress display."""
-    return (
-        f"bench: {finished}/{planned} done, {started - finished} in flight, {failed} failed, "
-        f"{elapsed_s:.1f} s"
-    )
+    return f"bench: {finished}/{planned} done, {started - finished} in flight, {failed} failed, {elapsed_s:.1f} s"
 
 
 # --- HTTP/1.1 client on trio sockets ---------------------------------------------------------------
@@ -396,14 +393,16 @@ async def fetch_model(base_url: str) -> str:
 
 def completion_body(model: str, prompt: list[int], max_tokens: int) -> bytes:
     """A streamed `/v1/completions` request for a token-id prompt that always runs to `max_tokens`."""
-    return _json_encode({
-        "model": model,
-        "prompt": prompt,
-        "max_tokens": max_tokens,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-        "ignore_eos": True,
-    })
+    return _json_encode(
+        {
+            "model": model,
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "ignore_eos": True,
+        }
+    )
 
 
 async def _stream_completion(client: HttpClient, body: bytes, record: RequestRecord, started: float) -> None:
@@ -526,7 +525,10 @@ async def run_bench(
         await client.aclose()
     if progress:
         line = progress_line(
-            planned=len(requests), started=len(records), finished=counts["finished"], failed=counts["failed"],
+            planned=len(requests),
+            started=len(records),
+            finished=counts["finished"],
+            failed=counts["failed"],
             elapsed_s=ended - t0,
         )
         stream.write(f"\r{line}\n" if terminal else f"{line}\n")
@@ -559,7 +561,10 @@ async def _show_progress(
         await trio.sleep(interval)
     while True:
         line = progress_line(
-            planned=planned, started=len(records), finished=counts["finished"], failed=counts["failed"],
+            planned=planned,
+            started=len(records),
+            finished=counts["finished"],
+            failed=counts["failed"],
             elapsed_s=trio.current_time() - t0,
         )
         stream.write(f"\r{line}\x1b[K" if terminal else f"{line}\n")

@@ -252,7 +252,9 @@ class ChoiceReader:
     def _migrate(self, error: EngineError, failed: EngineClient) -> Continuation | None:
         run = self._run
         if run.migrations <= 0:
-            metrics.MIGRATIONS.labels("exhausted" if migration_refusal(run.plan.request, error) is None else "refused").inc()
+            metrics.MIGRATIONS.labels(
+                "exhausted" if migration_refusal(run.plan.request, error) is None else "refused"
+            ).inc()
             return None
         continuation = self._control.migrate(run, error, failed, can_pair=self._on_migrate is not None)
         if continuation is None or continuation is BUDGET_SPENT:

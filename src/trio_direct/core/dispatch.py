@@ -162,7 +162,9 @@ class Dispatcher:
             return None
         prompt = plan.prompts[run.plan.prompt_index].token_ids
         key = new_request_key()
-        request = continuation_request(run.plan.request, prompt, output.continue_elsewhere(), engine_rid(plan.tag, key, output.index))
+        request = continuation_request(
+            run.plan.request, prompt, output.continue_elsewhere(), engine_rid(plan.tag, key, output.index)
+        )
         if request is None:
             log.info("choice %d: engine failed after its last token (%s); ending it", output.index, error)
             metrics.MIGRATIONS.labels("migrated").inc()
@@ -182,7 +184,9 @@ class Dispatcher:
         run.plan.request, run.client, run.prefill, run.route_key = request, route.decode.engine.client, prefill, key
         metrics.ROUTED.labels(route.decode.engine.id, route.decode.engine.card.role).inc()
         metrics.MIGRATIONS.labels("migrated").inc()
-        where = route.decode.engine.id if route.prefill is None else f"{route.prefill.engine.id} + {route.decode.engine.id}"
+        where = (
+            route.decode.engine.id if route.prefill is None else f"{route.prefill.engine.id} + {route.decode.engine.id}"
+        )
         log.warning(
             "choice %d: engine %s failed after %d tokens (%s); continuing on %s as %s",
             output.index, failed.name, len(output.generated), error, where, request.rid,
@@ -301,7 +305,9 @@ async def run_choices(
         async with trio.open_nursery() as nursery:
             for run in runs:
                 if run.prefill is None:
-                    nursery.start_soon(partial(_run_choice, run, control, abort_timeout, send.clone(), written, readers))
+                    nursery.start_soon(
+                        partial(_run_choice, run, control, abort_timeout, send.clone(), written, readers)
+                    )
                 else:
                     nursery.start_soon(
                         partial(

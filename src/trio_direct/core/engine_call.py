@@ -105,7 +105,6 @@ class EngineCall:
             self.ended_at_engine = True
         return batch
 
-
     def drain_arrived(self) -> None:
         """Read what already arrived unread, so a request the engine just finished is not aborted."""
         while not self.ended_at_engine:

@@ -116,7 +116,11 @@ class ChoiceOutput:
         self.generated += token_ids
         last = batch[-1]
         text_ids = token_ids
-        if last.finish_reason == "stop" and isinstance(last.matched_stop, int) and token_ids[-1:] == [last.matched_stop]:
+        if (
+            last.finish_reason == "stop"
+            and isinstance(last.matched_stop, int)
+            and token_ids[-1:] == [last.matched_stop]
+        ):
             text_ids = token_ids[:-1]  # the stop token (EOS) ends the text, it is not part of it
         if self._continued:
             # The engine counts from the continuation's start; its prompt and cache hit are not the client's.

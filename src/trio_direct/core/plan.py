@@ -150,7 +150,9 @@ def plan_request(
         if not prompt.token_ids:
             raise errors.invalid_request("The prompt is empty after tokenization.", param=prompt_param)
         if limit is not None and len(prompt.token_ids) >= limit:
-            raise errors.context_length_exceeded(len(prompt.token_ids), limit, sampling.max_new_tokens, param=prompt_param)
+            raise errors.context_length_exceeded(
+                len(prompt.token_ids), limit, sampling.max_new_tokens, param=prompt_param
+            )
     context = CURRENT.get()
     if context is None:  # planned outside the HTTP layer (tests, benchmarks)
         key, tag, trace = new_request_key(), "", None
@@ -187,9 +189,7 @@ def plan_request(
                 spaces_between_special_tokens=output.spaces_between_special_tokens,
                 prompt_ids=prompt.token_ids,
             )
-            stops = (
-                StopStringMatcher(output.stop_strings, output.include_stop_str) if output.stop_strings else None
-            )
+            stops = StopStringMatcher(output.stop_strings, output.include_stop_str) if output.stop_strings else None
             choices.append(ChoicePlan(request, ChoiceOutput(index, decoder, stops, reasoning, tools), prompt_index))
     return RequestPlan(
         id=id_prefix + key,

@@ -29,7 +29,15 @@ from trio_direct.engine.errors import EngineError, StreamWakeup
 from trio_direct.openai import errors
 from trio_direct.openai.errors import OpenAIError
 
-__all__ = ["KEEPALIVE", "SSE_HEADERS", "Renderer", "ResponseWriter", "StreamCutter", "stream_response", "unary_response"]
+__all__ = [
+    "KEEPALIVE",
+    "SSE_HEADERS",
+    "Renderer",
+    "ResponseWriter",
+    "StreamCutter",
+    "stream_response",
+    "unary_response",
+]
 
 #: What a stream that has been quiet for ``--sse-keepalive`` seconds sends: an SSE comment.
 KEEPALIVE = b": ping\n\n"

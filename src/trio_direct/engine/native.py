@@ -249,9 +249,7 @@ class NativeEngineClient:
         return reply.success
 
     async def health(self, *, timeout: float = 5.0) -> bool:
-        reply = await self.channel.unary(
-            HEALTH_CHECK, pb.HealthCheckRequest(), pb.HealthCheckResponse, timeout=timeout
-        )
+        reply = await self.channel.unary(HEALTH_CHECK, pb.HealthCheckRequest(), pb.HealthCheckResponse, timeout=timeout)
         return reply.healthy
 
     async def model_info(self, *, timeout: float = 10.0) -> dict[str, Any]:

@@ -173,7 +173,9 @@ class _ChunkDecoder:
 def _logprobs(rows: pb.OutputLogProbs) -> list[TokenLogprob]:
     tops = list(rows.top_logprobs)
     return [
-        TokenLogprob(token_id, logprob, tuple(zip(tops[i].token_ids, tops[i].values, strict=False)) if i < len(tops) else ())
+        TokenLogprob(
+            token_id, logprob, tuple(zip(tops[i].token_ids, tops[i].values, strict=False)) if i < len(tops) else ()
+        )
         for i, (logprob, token_id) in enumerate(zip(rows.token_logprobs, rows.token_ids, strict=False))
     ]
 
@@ -182,7 +184,9 @@ def _raise_legacy_error(message: pb.GenerateResponse, engine: str) -> None:
     """Old servicers (smg-grpc-proto <= 0.4.5) put `GenerateError{message, http_status_code}` in field 4."""
     for field in unknown_fields.UnknownFieldSet(message):
         if field.field_number == _LEGACY_ERROR_FIELD and field.wire_type == 2:
-            parts = {f.field_number: f.data for f in unknown_fields.UnknownFieldSet(empty_pb2.Empty.FromString(field.data))}
+            parts = {
+                f.field_number: f.data for f in unknown_fields.UnknownFieldSet(empty_pb2.Empty.FromString(field.data))
+            }
             text = parts.get(1, b"").decode("utf-8", "replace")
             status = parts.get(2, b"").decode("utf-8", "replace")
             raise EngineInternal(f"{text} (http status {status})" if status else text, engine=engine)
@@ -247,8 +251,6 @@ class SmgEngineClient:
         request = pb.GetLoadsRequest() if dp_rank is None else pb.GetLoadsRequest(dp_rank=dp_rank)
         reply = await self.channel.unary(GET_LOADS, request, pb.GetLoadsResponse, timeout=timeout)
         return [
-            json_format.MessageToDict(
-                load, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
-            )
+            json_format.MessageToDict(load, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
             for load in reply.loads
         ]

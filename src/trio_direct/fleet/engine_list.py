@@ -41,7 +41,7 @@ def parse_engine_list(text: str) -> list[EngineSpec]:
     if isinstance(document, dict) and set(document) == {"engines"}:
         document = document["engines"]
     if document is None:
-        raise EngineListError('empty: write [] for no engines, or a list of engine URLs')
+        raise EngineListError("empty: write [] for no engines, or a list of engine URLs")
     if not isinstance(document, list):
         raise EngineListError(f'expected a list of engines (or {{"engines": [...]}}), not {type(document).__name__}')
     specs: list[EngineSpec] = []

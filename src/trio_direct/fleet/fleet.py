@@ -318,9 +318,7 @@ def _url_index(engine_id: str) -> int:
     return int(digits) if engine_id.startswith("e") and digits.isdigit() else -1
 
 
-async def _wait_for_engine(
-    engine: PendingEngine, pool: ChannelPool, api: ApiChoice, deadline: float
-) -> ProbedEngine:
+async def _wait_for_engine(engine: PendingEngine, pool: ChannelPool, api: ApiChoice, deadline: float) -> ProbedEngine:
     """Probe until it works (the caller cancels at its deadline); retry only "not up yet" failures,
     noting the last one in ``engine.reason``."""
     name = f"engine {engine.id} ({engine.url})"

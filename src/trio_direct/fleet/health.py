@@ -170,7 +170,9 @@ class EngineHealth:
                 # SGLang answers HealthCheck through its scheduler: under load it queues. An engine
                 # that just delivered tokens is busy, not down (nor is a frontend whose own event
                 # loop stalled past the timeout).
-                log.info("engine %s: health check unanswered in %gs, but it is streaming output", engine.id, self.timeout)
+                log.info(
+                    "engine %s: health check unanswered in %gs, but it is streaming output", engine.id, self.timeout
+                )
                 return
         if not healthy:
             self._failures[engine.id] += 1
@@ -214,7 +216,8 @@ class EngineHealth:
                     self.check_join(Engine(engine.id, card, probed.client, healthy=False))
                 except FleetError as error:
                     self._refuse_back(
-                        engine, f"engine {engine.id} came back with a card this frontend refuses: {error}; it stays down"
+                        engine,
+                        f"engine {engine.id} came back with a card this frontend refuses: {error}; it stays down",
                     )
                     return
             log.info("engine %s came back with a changed card; applying it", engine.id)

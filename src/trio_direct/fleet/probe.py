@@ -45,9 +45,7 @@ class ProbedEngine:
     client: EngineClient
 
 
-async def probe_engine(
-    url: str, pool: ChannelPool, *, api: ApiChoice = "auto", timeout: float = 10.0
-) -> ProbedEngine:
+async def probe_engine(url: str, pool: ChannelPool, *, api: ApiChoice = "auto", timeout: float = 10.0) -> ProbedEngine:
     """Probe the engine at ``url`` (see `parse_engine_url` for the accepted forms).
 
     Raises `ValueError` for a malformed URL, `EngineUnavailable` when the engine cannot be reached,

@@ -27,8 +27,7 @@ from typing import Any
 
 import trio
 
-from trio_direct import metrics
-from trio_direct import tracing
+from trio_direct import metrics, tracing
 from trio_direct.config import ServeConfig
 from trio_direct.core.render import StreamCutter
 from trio_direct.core.watch import StreamWatch
@@ -740,7 +739,11 @@ class FleetPools:
         """Engines in no pool yet that may join `name`'s (their source names no other model)."""
         if self.membership is None:
             return []
-        return [m for m in self.membership.waiting() if m.spec.model is None or self.settings.pool_name(m.spec.model) == name]
+        return [
+            m
+            for m in self.membership.waiting()
+            if m.spec.model is None or self.settings.pool_name(m.spec.model) == name
+        ]
 
 
 def engine_sources(config: ServeConfig) -> list[EngineSource]:
@@ -760,11 +763,17 @@ def engine_sources(config: ServeConfig) -> list[EngineSource]:
 def has_engine_sources(config: ServeConfig) -> bool:
     """Whether any engine is named (else `serve` runs built-in mock engines)."""
     return bool(
-        config.engine_url or config.prefill_engine_url or config.engine_dns or config.engine_dns_srv or config.engine_file
+        config.engine_url
+        or config.prefill_engine_url
+        or config.engine_dns
+        or config.engine_dns_srv
+        or config.engine_file
     )
 
 
-async def run_frontend(config: ServeConfig, *, task_status: trio.TaskStatus[Frontend] = trio.TASK_STATUS_IGNORED) -> None:
+async def run_frontend(
+    config: ServeConfig, *, task_status: trio.TaskStatus[Frontend] = trio.TASK_STATUS_IGNORED
+) -> None:
     """Start the fleet and its pools, report the `Frontend`, and keep everything running until cancelled.
 
     Engines given with `--engine-url`/`--prefill-engine-url` are probed first and start-up waits for

@@ -143,7 +143,9 @@ def create_app(
             metrics.IN_FLIGHT.dec()
             status = exchange.status if exchange.ended else 499  # 499: the client went away
             stream = "true" if exchange.stream else "false"
-            metrics.REQUESTS.labels(model=exchange.model, endpoint=route.endpoint, stream=stream, status=str(status)).inc()
+            metrics.REQUESTS.labels(
+                model=exchange.model, endpoint=route.endpoint, stream=stream, status=str(status)
+            ).inc()
             metrics.DURATION.labels(exchange.model, route.endpoint).observe(time.perf_counter() - exchange.started)
             if context.trace is not None:
                 context.trace.end(status, exchange.model)
@@ -172,7 +174,12 @@ async def _run(route: Route, exchange: Exchange, receive: Receive, max_body: int
     except* OpenAIError as group:
         await _answer_error(exchange, route, group.exceptions[0])  # type: ignore[arg-type]
     except* Exception as group:
-        log.error("unexpected error serving %s %s", exchange.scope["method"], exchange.scope["path"], exc_info=group.exceptions[0])
+        log.error(
+            "unexpected error serving %s %s",
+            exchange.scope["method"],
+            exchange.scope["path"],
+            exc_info=group.exceptions[0],
+        )
         await _answer_error(exchange, route, errors.internal_error())
 
 

@@ -211,7 +211,10 @@ class KvEventSubscriber:
             self.counters.restarts += 1
             log.info(
                 "engine %s rank %d: publisher restarted (seq %d after %d), index cleared",
-                self.engine, rank.source.dp_rank, action.got, action.last,
+                self.engine,
+                rank.source.dp_rank,
+                action.got,
+                action.last,
             )
             reason = f"publisher restarted (seq {action.got} after {action.last})"
             self.sink.on_clear(rank.source.dp_rank, reason)
@@ -229,23 +232,27 @@ class KvEventSubscriber:
             batch = decode_batch(payload)
         except BadBatch as exc:
             self.counters.bad_batches += 1
-            log.warning(
-                "engine %s rank %d: skipped bad batch %d: %s", self.engine, rank.source.dp_rank, seq, exc
-            )
+            log.warning("engine %s rank %d: skipped bad batch %d: %s", self.engine, rank.source.dp_rank, seq, exc)
             return
         self.counters.batches += 1
         self.counters.dropped_events += batch.dropped_events
         if batch.dropped_events:
             log.warning(
                 "engine %s rank %d: dropped %d malformed events of batch %d",
-                self.engine, rank.source.dp_rank, batch.dropped_events, seq,
+                self.engine,
+                rank.source.dp_rank,
+                batch.dropped_events,
+                seq,
             )
         mismatch = batch.dp_rank is not None and batch.dp_rank != rank.source.dp_rank
         if mismatch and not rank.rank_mismatch_logged:
             rank.rank_mismatch_logged = True
             log.warning(
                 "engine %s rank %d: batches say dp_rank %d; indexing them under the endpoint's rank %d",
-                self.engine, rank.source.dp_rank, batch.dp_rank, rank.source.dp_rank,
+                self.engine,
+                rank.source.dp_rank,
+                batch.dp_rank,
+                rank.source.dp_rank,
             )
         if batch.events:
             self.counters.events += len(batch.events)
@@ -253,9 +260,7 @@ class KvEventSubscriber:
 
     def _bad_frames(self, rank: _Rank, what: str) -> None:
         self.counters.bad_batches += 1
-        log.warning(
-            "engine %s rank %d: skipped malformed message (%s)", self.engine, rank.source.dp_rank, what
-        )
+        log.warning("engine %s rank %d: skipped malformed message (%s)", self.engine, rank.source.dp_rank, what)
 
     # -- joins and gaps ----------------------------------------------------------------------
 

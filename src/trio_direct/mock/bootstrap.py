@@ -85,9 +85,7 @@ class MessageBuffer:
         return message
 
 
-async def _receive_message(
-    stream: trio.abc.ReceiveStream, buffer: MessageBuffer
-) -> dict[str, Any] | None:
+async def _receive_message(stream: trio.abc.ReceiveStream, buffer: MessageBuffer) -> dict[str, Any] | None:
     """The next message, or None at end of stream."""
     while (message := buffer.next_message()) is None:
         data = await stream.receive_some()

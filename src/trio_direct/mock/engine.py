@@ -529,8 +529,10 @@ class MockEngine:
                 except BaseException:
                     handle.abort()
                     raise
-                seconds = 0.0 if math.isinf(self.speedup) else (
-                    live.prompt_tokens * TRANSFER_SECONDS_PER_TOKEN / self.speedup
+                seconds = (
+                    0.0
+                    if math.isinf(self.speedup)
+                    else (live.prompt_tokens * TRANSFER_SECONDS_PER_TOKEN / self.speedup)
                 )
                 await self._bootstrap.send_kv(handle, live.prompt_tokens, seconds)
             except (BootstrapTimeout, BootstrapFailed) as exc:

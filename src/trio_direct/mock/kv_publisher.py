@@ -94,7 +94,7 @@ class KvEventsConfig:
             return cls()
         raw = json.loads(text)
         if not isinstance(raw, dict):
-            raise ValueError("kv-events config must be a JSON object")  # noqa: TRY004 (a bad flag value)
+            raise ValueError("kv-events config must be a JSON object")
         return cls.from_dict(raw)
 
     @classmethod
@@ -149,7 +149,7 @@ def decode_batch(payload: bytes) -> tuple[float, list[KvEvent], int | None]:
         raise ValueError("not a KV event batch")
     ts = raw[0]
     if not isinstance(ts, int | float) or isinstance(ts, bool):
-        raise ValueError("KV event batch without a timestamp")  # noqa: TRY004 (bytes from the wire)
+        raise ValueError("KV event batch without a timestamp")
     rank = raw[2] if len(raw) > 2 and _is_int(raw[2]) else None
     events = [event for item in raw[1] if (event := _decode_event(item)) is not None]
     return float(ts), events, rank
@@ -167,9 +167,7 @@ class KvEventPublisher:
         self._topic = config.topic.encode()
         self._seq = FIRST_SEQ
         self._skip = 0
-        self._buffer: deque[tuple[int, bytes]] = deque(
-            maxlen=config.buffer_steps if config.replay_endpoint else 0
-        )
+        self._buffer: deque[tuple[int, bytes]] = deque(maxlen=config.buffer_steps if config.replay_endpoint else 0)
         self._replay: TrioSocket | None = None
         self.bound_replay_endpoint: str | None = None
         self._pub = TrioSocket(ctx, zmq.PUB, sndhwm=config.hwm)
@@ -180,9 +178,7 @@ class KvEventPublisher:
                 # Make a full reply queue wait for the peer (and an unknown peer an error)
                 # instead of dropping replayed batches silently.
                 self._replay.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
-                self.bound_replay_endpoint = self._replay.bind(
-                    rank_endpoint(config.replay_endpoint, dp_rank)
-                )
+                self.bound_replay_endpoint = self._replay.bind(rank_endpoint(config.replay_endpoint, dp_rank))
         except BaseException:
             self.close()
             raise
@@ -281,9 +277,7 @@ class KvEventPublisher:
         if self._replay is not None:
             self._replay.close()
 
-    def _replay_frames(
-        self, identity: bytes, seq: bytes, payload: bytes, topic: bytes | None = None
-    ) -> list[bytes]:
+    def _replay_frames(self, identity: bytes, seq: bytes, payload: bytes, topic: bytes | None = None) -> list[bytes]:
         if self.config.format == "array":
             return [identity, b"", seq, payload]
         return [identity, b"", self._topic if topic is None else topic, seq, payload]
@@ -310,9 +304,7 @@ class KvEventPublishers:
             publisher.close()
 
 
-def bind_kv_publishers(
-    config: KvEventsConfig, dp_size: int, ctx: zmq.Context | None = None
-) -> KvEventPublishers:
+def bind_kv_publishers(config: KvEventsConfig, dp_size: int, ctx: zmq.Context | None = None) -> KvEventPublishers:
     """Bind every rank; with port 0, pick a free block of consecutive ports.
 
     Consecutive ports keep ``endpoint_port_base + rank`` (what a subscriber dials) true

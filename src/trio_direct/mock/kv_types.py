@@ -27,7 +27,6 @@ __all__ = [
 ]
 
 
-
 _SHA256 = hashlib.sha256
 _PACKERS: dict[int, struct.Struct] = {}
 
@@ -78,9 +77,7 @@ def published_hash(digest: bytes) -> int:
     return int.from_bytes(digest[:8], "big", signed=True)
 
 
-def block_hash_chain(
-    token_ids: Sequence[int], page_size: int, parent_digest: bytes = b""
-) -> tuple[list[int], bytes]:
+def block_hash_chain(token_ids: Sequence[int], page_size: int, parent_digest: bytes = b"") -> tuple[list[int], bytes]:
     """Hash every full page of ``token_ids`` as SGLang's chained SHA-256 does.
 
     The chain starts from ``parent_digest`` (empty at the radix root); the tail shorter than a

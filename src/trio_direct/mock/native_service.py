@@ -167,9 +167,7 @@ class NativeService:
         sp = req.sampling_params
         _check_guided_decoding(sp)
         if req.HasField("max_thinking_tokens"):
-            raise _Internal(
-                "max_thinking_tokens requires the server to be launched with --enable-strict-thinking"
-            )
+            raise _Internal("max_thinking_tokens requires the server to be launched with --enable-strict-thinking")
         max_new_tokens = sp.max_new_tokens if sp.HasField("max_new_tokens") else DEFAULT_MAX_NEW_TOKENS
         min_new_tokens = sp.min_new_tokens if sp.HasField("min_new_tokens") else 0
         n = sp.n if sp.HasField("n") else 1
@@ -479,7 +477,11 @@ class _GenerateCall:
             for i, sample in enumerate(order):
                 last, rank = self._last[sample]
                 full = RequestOutput(
-                    sample, self._ids[sample], last.finish, last.prompt_tokens, last.completion_tokens,
+                    sample,
+                    self._ids[sample],
+                    last.finish,
+                    last.prompt_tokens,
+                    last.completion_tokens,
                     last.cached_tokens,
                 )
                 last_message = i == len(order) - 1

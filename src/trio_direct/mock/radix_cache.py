@@ -145,9 +145,7 @@ class RadixCache:
 
     # -- lookups -------------------------------------------------------------------------
 
-    def match_prefix(
-        self, token_ids: Sequence[int], max_tokens: int | None = None
-    ) -> tuple[int, RadixNode]:
+    def match_prefix(self, token_ids: Sequence[int], max_tokens: int | None = None) -> tuple[int, RadixNode]:
         """Longest cached full-page prefix of ``token_ids[:max_tokens]``: (tokens, handle).
 
         Refreshes the matched pages' LRU position.

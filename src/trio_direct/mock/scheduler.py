@@ -187,9 +187,7 @@ class _Req:
 class Scheduler:
     """Continuous batching over one radix cache; see the module docstring for the policy."""
 
-    def __init__(
-        self, config: SchedulerConfig, decode_text: Callable[[list[int]], str] | None = None
-    ) -> None:
+    def __init__(self, config: SchedulerConfig, decode_text: Callable[[list[int]], str] | None = None) -> None:
         if config.vocab_size < 1 or config.page_size < 1 or config.num_blocks < 1:
             raise ValueError("vocab_size, page_size and num_blocks must be >= 1")
         if config.max_running_requests < 1 or config.max_prefill_tokens < 1:
@@ -202,9 +200,7 @@ class Scheduler:
         self._vocab = config.vocab_size
         self._max_total_tokens = config.num_blocks * config.page_size
         self._eos = frozenset(config.eos_token_ids)
-        self._excluded = frozenset(
-            t for t in config.special_token_ids if t not in self._eos and 0 <= t < self._vocab
-        )
+        self._excluded = frozenset(t for t in config.special_token_ids if t not in self._eos and 0 <= t < self._vocab)
         if len(self._excluded) >= self._vocab:
             raise ValueError("special_token_ids leave no token to sample")
         self._reqs: dict[str, _Req] = {}
@@ -258,9 +254,7 @@ class Scheduler:
         if n == 0:
             raise ValueError("The input_ids should not be empty.")
         if n >= ctx:
-            raise ValueError(
-                f"The input ({n} tokens) is longer than the model's context length ({ctx} tokens)."
-            )
+            raise ValueError(f"The input ({n} tokens) is longer than the model's context length ({ctx} tokens).")
         max_new = req.max_new_tokens
         if max_new is not None:
             if max_new < 0:
@@ -274,10 +268,7 @@ class Scheduler:
                     f"limit."
                 )
         if req.min_new_tokens < 0 or (max_new is not None and req.min_new_tokens > max_new):
-            raise ValueError(
-                f"min_new_tokens must be in [0, max_new_tokens({max_new})], "
-                f"got {req.min_new_tokens}."
-            )
+            raise ValueError(f"min_new_tokens must be in [0, max_new_tokens({max_new})], got {req.min_new_tokens}.")
         if n >= self._max_total_tokens:
             raise ValueError(
                 f"Input length ({n} tokens) exceeds the maximum allowed length "
@@ -363,9 +354,7 @@ class Scheduler:
         del self._reqs[rid]
         del self._held[rid]
         self._release(r)
-        return RequestOutput(
-            rid, [], Finish("length", length=0), r.prompt_len, 0, max(r.cached_tokens, 0)
-        )
+        return RequestOutput(rid, [], Finish("length", length=0), r.prompt_len, 0, max(r.cached_tokens, 0))
 
     def kv_received(self, rid: str) -> None:
         """PD decode leg: its prompt's KV arrived; it decodes once pages and a slot allow.
@@ -422,17 +411,13 @@ class Scheduler:
             "dp_rank": cfg.dp_rank,
             "num_running_reqs": len(self._running),
             "num_waiting_reqs": self.num_waiting,
-            "num_waiting_uncached_tokens": sum(
-                r.prompt_len + len(r.output) for r in self._waiting
-            ),
+            "num_waiting_uncached_tokens": sum(r.prompt_len + len(r.output) for r in self._waiting),
             "num_used_tokens": used,
             "num_total_tokens": cache.used_pages * page,
             "max_total_num_tokens": max_total,
             "max_running_requests": cfg.max_running_requests,
             "token_usage": round(used / max_total, 4),
-            "cache_hit_rate": (
-                round(self._cached_tokens_admitted / admitted, 4) if admitted else 0.0
-            ),
+            "cache_hit_rate": (round(self._cached_tokens_admitted / admitted, 4) if admitted else 0.0),
             "gen_throughput": 0.0,
             "utilization": round(len(self._running) / cfg.max_running_requests, 4),
         }

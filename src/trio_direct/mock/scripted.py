@@ -36,15 +36,17 @@ class ScriptedOutputs:
         if tokenizer is None:
             raise ValueError("--scripted-outputs needs a model directory with a tokenizer.json")
         entries = json.loads(Path(path).read_text())
-        if not isinstance(entries, list) or not all(isinstance(e, dict) and isinstance(e.get("text"), str) for e in entries):
-            raise ValueError(f"{path}: expected a list of {{\"match\": str | null, \"text\": str}}")
+        if not isinstance(entries, list) or not all(
+            isinstance(e, dict) and isinstance(e.get("text"), str) for e in entries
+        ):
+            raise ValueError(f'{path}: expected a list of {{"match": str | null, "text": str}}')
         return cls(entries, tokenizer)
 
     def tokens_for(self, input_ids: list[int]) -> tuple[int, ...] | None:
         prompt = self._tokenizer.decode(input_ids, skip_special_tokens=False)
         for match, tokens, resumable in self._entries:
             if match is None or match in prompt:
-                return tokens[_produced(input_ids, tokens):] if resumable else tokens
+                return tokens[_produced(input_ids, tokens) :] if resumable else tokens
         return None
 
 

@@ -271,7 +271,12 @@ async def run_mock_engine(
             running = RunningMockEngine(config.host, port, bootstrap_port, kv_events, engine, info, bootstrap)
             log.info(
                 "mock engine ready on %s:%d (api=%s, role=%s, dp_size=%d, bootstrap_port=%s)",
-                config.host, port, config.api, config.role, config.dp_size, bootstrap_port,
+                config.host,
+                port,
+                config.api,
+                config.role,
+                config.dp_size,
+                bootstrap_port,
             )
             task_status.started(running)
 
@@ -334,9 +339,7 @@ def _server_args(
     }
 
 
-def _bound_kv_config(
-    raw: str | None, config: KvEventsConfig, publishers: KvEventPublishers | None
-) -> str | None:
+def _bound_kv_config(raw: str | None, config: KvEventsConfig, publishers: KvEventPublishers | None) -> str | None:
     """The raw ``--kv-events-config``, with ephemeral (port 0) endpoints replaced by bound ones."""
     if not raw or publishers is None:
         return raw or None

@@ -63,8 +63,7 @@ _WORDS = {
         "light cache message"
     ).split(),
     "verb": (
-        "jumps runs waits reads writes sends finds keeps opens builds carries watches "
-        "answers follows moves holds"
+        "jumps runs waits reads writes sends finds keeps opens builds carries watches answers follows moves holds"
     ).split(),
     "adv": "slowly quickly quietly often never always soon again together carefully".split(),
     "prep": "over under near behind after before across through with without into".split(),
@@ -144,13 +143,15 @@ def _corpus() -> list[str]:
         return rng.choice(w[kind])
 
     shapes = (
-        lambda: f"{pick('det').capitalize()} {pick('adj')} {pick('noun')} {pick('verb')} "
-        f"{pick('prep')} {pick('det')} {pick('adj')} {pick('noun')}.",
+        lambda: (
+            f"{pick('det').capitalize()} {pick('adj')} {pick('noun')} {pick('verb')} "
+            f"{pick('prep')} {pick('det')} {pick('adj')} {pick('noun')}."
+        ),
         lambda: f"{pick('name')} {pick('verb')} {pick('adv')} {pick('prep')} the {pick('noun')}.",
-        lambda: f"Why does {pick('det')} {pick('noun')} {pick('verb').removesuffix('s')} "
-        f"{pick('adv')}?",
-        lambda: f"{pick('name')} and {pick('name')} saw {rng.randint(2, 99)} {pick('adj')} "
-        f"{pick('noun')}s, {pick('adv')}.",
+        lambda: f"Why does {pick('det')} {pick('noun')} {pick('verb').removesuffix('s')} {pick('adv')}?",
+        lambda: (
+            f"{pick('name')} and {pick('name')} saw {rng.randint(2, 99)} {pick('adj')} {pick('noun')}s, {pick('adv')}."
+        ),
     )
     return list(_FIXED_LINES) + [rng.choice(shapes)() for _ in range(_SENTENCES)]
 
@@ -176,58 +177,70 @@ def _write_model(directory: Path) -> None:
     vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
     eos, pad = SPECIAL_TOKENS[EOS_TOKEN_ID], SPECIAL_TOKENS[PAD_TOKEN_ID]
     (directory / "tokenizer.json").write_text(tokenizer.to_str(pretty=True))
-    _write_json(directory / "tokenizer_config.json", {
-        "added_tokens_decoder": {
-            str(i): {
-                "content": token,
-                "lstrip": False,
-                "normalized": False,
-                "rstrip": False,
-                "single_word": False,
-                "special": True,
-            }
-            for i, token in enumerate(SPECIAL_TOKENS)
+    _write_json(
+        directory / "tokenizer_config.json",
+        {
+            "added_tokens_decoder": {
+                str(i): {
+                    "content": token,
+                    "lstrip": False,
+                    "normalized": False,
+                    "rstrip": False,
+                    "single_word": False,
+                    "special": True,
+                }
+                for i, token in enumerate(SPECIAL_TOKENS)
+            },
+            "additional_special_tokens": list(SPECIAL_TOKENS[1:]),
+            "bos_token": None,
+            "chat_template": CHAT_TEMPLATE,
+            "clean_up_tokenization_spaces": False,
+            "eos_token": eos,
+            "errors": "replace",
+            "model_max_length": MODEL_MAX_LENGTH,
+            "pad_token": pad,
+            "split_special_tokens": False,
+            "tokenizer_class": "PreTrainedTokenizerFast",
         },
-        "additional_special_tokens": list(SPECIAL_TOKENS[1:]),
-        "bos_token": None,
-        "chat_template": CHAT_TEMPLATE,
-        "clean_up_tokenization_spaces": False,
-        "eos_token": eos,
-        "errors": "replace",
-        "model_max_length": MODEL_MAX_LENGTH,
-        "pad_token": pad,
-        "split_special_tokens": False,
-        "tokenizer_class": "PreTrainedTokenizerFast",
-    })
-    _write_json(directory / "config.json", {
-        "architectures": ["Qwen2ForCausalLM"],
-        "model_type": "qwen2",
-        "vocab_size": vocab_size,
-        "hidden_size": 256,
-        "intermediate_size": 512,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 64,
-        "hidden_act": "silu",
-        "max_position_embeddings": MODEL_MAX_LENGTH,
-        "rms_norm_eps": 1e-06,
-        "rope_theta": 1000000.0,
-        "tie_word_embeddings": True,
-        "bos_token_id": PAD_TOKEN_ID,  # as in Qwen2: <|endoftext|>, though the template adds none
-        "eos_token_id": EOS_TOKEN_ID,
-        "torch_dtype": "bfloat16",
-    })
-    _write_json(directory / "generation_config.json", {
-        "bos_token_id": PAD_TOKEN_ID,
-        "eos_token_id": EOS_TOKEN_ID,
-        "pad_token_id": PAD_TOKEN_ID,
-    })
-    _write_json(directory / "special_tokens_map.json", {
-        "additional_special_tokens": list(SPECIAL_TOKENS[1:]),
-        "eos_token": eos,
-        "pad_token": pad,
-    })
+    )
+    _write_json(
+        directory / "config.json",
+        {
+            "architectures": ["Qwen2ForCausalLM"],
+            "model_type": "qwen2",
+            "vocab_size": vocab_size,
+            "hidden_size": 256,
+            "intermediate_size": 512,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 64,
+            "hidden_act": "silu",
+            "max_position_embeddings": MODEL_MAX_LENGTH,
+            "rms_norm_eps": 1e-06,
+            "rope_theta": 1000000.0,
+            "tie_word_embeddings": True,
+            "bos_token_id": PAD_TOKEN_ID,  # as in Qwen2: <|endoftext|>, though the template adds none
+            "eos_token_id": EOS_TOKEN_ID,
+            "torch_dtype": "bfloat16",
+        },
+    )
+    _write_json(
+        directory / "generation_config.json",
+        {
+            "bos_token_id": PAD_TOKEN_ID,
+            "eos_token_id": EOS_TOKEN_ID,
+            "pad_token_id": PAD_TOKEN_ID,
+        },
+    )
+    _write_json(
+        directory / "special_tokens_map.json",
+        {
+            "additional_special_tokens": list(SPECIAL_TOKENS[1:]),
+            "eos_token": eos,
+            "pad_token": pad,
+        },
+    )
     _write_json(directory / _STAMP_NAME, _STAMP)
 
 

@@ -214,7 +214,9 @@ class _Completion(msgspec.Struct, kw_only=True):
 
 def chat_completion(id: str, created: int, model: str, choices: Sequence[ChatChoice], usage: UsageCounts) -> bytes:
     """A non-streaming `chat.completion` body."""
-    return _encoder.encode(_ChatCompletion(id=id, created=created, model=model, choices=choices, usage=usage_body(usage)))
+    return _encoder.encode(
+        _ChatCompletion(id=id, created=created, model=model, choices=choices, usage=usage_body(usage))
+    )
 
 
 def completion(id: str, created: int, model: str, choices: Sequence[CompletionChoice], usage: UsageCounts) -> bytes:

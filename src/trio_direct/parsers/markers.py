@@ -19,7 +19,7 @@ def partial_marker_length(text: str, pos: int, markers: Sequence[str]) -> int:
     """Length of the longest suffix of `text[pos:]` that is a proper prefix of a marker."""
     longest = max(map(len, markers), default=0)
     for size in range(min(len(text) - pos, longest - 1), 0, -1):
-        tail = text[len(text) - size:]
+        tail = text[len(text) - size :]
         if any(len(m) > size and m.startswith(tail) for m in markers):
             return size
     return 0

@@ -189,10 +189,18 @@ class ThinkTagParser(ReasoningParser):
         "_tool_starts",
     )
 
-    def __init__(self, start: str, end: str, *, in_reasoning: bool = False,
-                 tool_start: str | None = None, tool_starts: Sequence[str] = (),
-                 extra_ends: Sequence[str] = (), content_drops: Sequence[str] = (),
-                 requires_special_tokens: bool = False) -> None:
+    def __init__(
+        self,
+        start: str,
+        end: str,
+        *,
+        in_reasoning: bool = False,
+        tool_start: str | None = None,
+        tool_starts: Sequence[str] = (),
+        extra_ends: Sequence[str] = (),
+        content_drops: Sequence[str] = (),
+        requires_special_tokens: bool = False,
+    ) -> None:
         super().__init__(requires_special_tokens=requires_special_tokens)
         self._start = start
         self._ends = (end, *extra_ends)
@@ -367,7 +375,7 @@ def _check_markers(markers: Sequence[str]) -> None:
     for i, marker in enumerate(markers):
         if not marker:
             raise ValueError("empty reasoning marker")
-        for other in markers[i + 1:]:
+        for other in markers[i + 1 :]:
             if other in marker or marker in other:
                 raise ValueError(f"reasoning markers {marker!r} and {other!r} overlap")
 
@@ -391,9 +399,20 @@ _INVOKE_TEXT: Final = "<|content_invoke_tool_text|>"
 _BLOCK_ENDS: Final = ("<|end_message|>", "<|content_model_end_sampling|>")
 # The TML tokenizer's control tokens (all of them are recognised, so none leaks into text).
 INKLING_CONTROL_TOKENS: Final = (
-    "<|endoftext|>", "<|message_user|>", _MESSAGE_MODEL, "<|message_system|>", "<|message_tool|>",
-    _CONTENT_TEXT, "<|content_image|>", _CONTENT_THINKING, "<|content_audio_input|>",
-    "<|content_tool_error|>", "<|content_xml|>", _INVOKE_JSON, _INVOKE_TEXT, *_BLOCK_ENDS,
+    "<|endoftext|>",
+    "<|message_user|>",
+    _MESSAGE_MODEL,
+    "<|message_system|>",
+    "<|message_tool|>",
+    _CONTENT_TEXT,
+    "<|content_image|>",
+    _CONTENT_THINKING,
+    "<|content_audio_input|>",
+    "<|content_tool_error|>",
+    "<|content_xml|>",
+    _INVOKE_JSON,
+    _INVOKE_TEXT,
+    *_BLOCK_ENDS,
     "<|audio_end|>",
 )
 _check_markers(INKLING_CONTROL_TOKENS)
@@ -480,81 +499,99 @@ class ReasoningFormat:
 
 # The think-tag formats by canonical name (`gpt_oss`, `inkling`, `minimax_append_think` and
 # `passthrough` have their own parsers).
-REASONING_FORMATS: Final[Mapping[str, ReasoningFormat]] = MappingProxyType({
-    "basic": ReasoningFormat(_THINK, _END_THINK),
-    "deepseek_r1": ReasoningFormat(_THINK, _END_THINK, starts_in_reasoning=True),
-    "step3": ReasoningFormat(_THINK, _END_THINK, starts_in_reasoning=True),
-    "qwen3": ReasoningFormat(_THINK, _END_THINK, tool_starts=(_TOOL_CALL,)),
-    "qwen3_thinking": ReasoningFormat(_THINK, _END_THINK, starts_in_reasoning=True,
-                                      tool_starts=(_TOOL_CALL,)),
-    "glm45": ReasoningFormat(_THINK, _END_THINK, tool_starts=(_TOOL_CALL,)),
-    "nano_v3": ReasoningFormat(_THINK, _END_THINK, tool_starts=(_TOOL_CALL,)),
-    "deepseek_v31": ReasoningFormat(_THINK, _END_THINK),
-    "deepseek_v4": ReasoningFormat(_THINK, _END_THINK),
-    "kimi": ReasoningFormat("\u25c1think\u25b7", "\u25c1/think\u25b7"),
-    "kimi_k25": ReasoningFormat(_THINK, _END_THINK, tool_starts=(_KIMI_SECTION,)),
-    "kimi_thinking": ReasoningFormat(_THINK, _END_THINK, starts_in_reasoning=True,
-                                     tool_starts=(_KIMI_SECTION,)),
-    "kimi_k3": ReasoningFormat("<|open|>think<|sep|>", "<|close|>think<|sep|>",
-                               tool_starts=("<|open|>tools<|sep|>",), extra_ends=_K3_RESPONSE,
-                               content_drops=_K3_FRAMING, requires_special_tokens=True),
-    "minimax": ReasoningFormat(_THINK, _END_THINK, starts_in_reasoning=True,
-                               tool_starts=("<minimax:tool_call>",)),
-    "cohere_cmd": ReasoningFormat("<|START_THINKING|>", "<|END_THINKING|>",
-                                  tool_starts=("<|START_ACTION|>",), extra_ends=_COHERE_TEXT[::2],
-                                  content_drops=_COHERE_TEXT, requires_special_tokens=True),
-    "cohere_command4": ReasoningFormat("<|START_THINKING|>", "<|END_THINKING|>",
-                                       starts_in_reasoning=True, tool_starts=("<|START_ACTION|>",),
-                                       extra_ends=_COHERE_TEXT[::2], content_drops=_COHERE_TEXT,
-                                       requires_special_tokens=True),
-    "mistral": ReasoningFormat("[THINK]", "[/THINK]", requires_special_tokens=True),
-    "hunyuan": ReasoningFormat(_THINK, _END_THINK, tool_starts=("<tool_calls>",)),
-    "seed_oss": ReasoningFormat("<seed:think>", "</seed:think>", tool_starts=("<seed:tool_call>",),
-                                requires_special_tokens=True),
-})
+REASONING_FORMATS: Final[Mapping[str, ReasoningFormat]] = MappingProxyType(
+    {
+        "basic": ReasoningFormat(_THINK, _END_THINK),
+        "deepseek_r1": ReasoningFormat(_THINK, _END_THINK, starts_in_reasoning=True),
+        "step3": ReasoningFormat(_THINK, _END_THINK, starts_in_reasoning=True),
+        "qwen3": ReasoningFormat(_THINK, _END_THINK, tool_starts=(_TOOL_CALL,)),
+        "qwen3_thinking": ReasoningFormat(_THINK, _END_THINK, starts_in_reasoning=True, tool_starts=(_TOOL_CALL,)),
+        "glm45": ReasoningFormat(_THINK, _END_THINK, tool_starts=(_TOOL_CALL,)),
+        "nano_v3": ReasoningFormat(_THINK, _END_THINK, tool_starts=(_TOOL_CALL,)),
+        "deepseek_v31": ReasoningFormat(_THINK, _END_THINK),
+        "deepseek_v4": ReasoningFormat(_THINK, _END_THINK),
+        "kimi": ReasoningFormat("\u25c1think\u25b7", "\u25c1/think\u25b7"),
+        "kimi_k25": ReasoningFormat(_THINK, _END_THINK, tool_starts=(_KIMI_SECTION,)),
+        "kimi_thinking": ReasoningFormat(_THINK, _END_THINK, starts_in_reasoning=True, tool_starts=(_KIMI_SECTION,)),
+        "kimi_k3": ReasoningFormat(
+            "<|open|>think<|sep|>",
+            "<|close|>think<|sep|>",
+            tool_starts=("<|open|>tools<|sep|>",),
+            extra_ends=_K3_RESPONSE,
+            content_drops=_K3_FRAMING,
+            requires_special_tokens=True,
+        ),
+        "minimax": ReasoningFormat(_THINK, _END_THINK, starts_in_reasoning=True, tool_starts=("<minimax:tool_call>",)),
+        "cohere_cmd": ReasoningFormat(
+            "<|START_THINKING|>",
+            "<|END_THINKING|>",
+            tool_starts=("<|START_ACTION|>",),
+            extra_ends=_COHERE_TEXT[::2],
+            content_drops=_COHERE_TEXT,
+            requires_special_tokens=True,
+        ),
+        "cohere_command4": ReasoningFormat(
+            "<|START_THINKING|>",
+            "<|END_THINKING|>",
+            starts_in_reasoning=True,
+            tool_starts=("<|START_ACTION|>",),
+            extra_ends=_COHERE_TEXT[::2],
+            content_drops=_COHERE_TEXT,
+            requires_special_tokens=True,
+        ),
+        "mistral": ReasoningFormat("[THINK]", "[/THINK]", requires_special_tokens=True),
+        "hunyuan": ReasoningFormat(_THINK, _END_THINK, tool_starts=("<tool_calls>",)),
+        "seed_oss": ReasoningFormat(
+            "<seed:think>", "</seed:think>", tool_starts=("<seed:tool_call>",), requires_special_tokens=True
+        ),
+    }
+)
 
 # Every accepted name (after lower-casing and `-` -> `_`) to its format: the canonical names
 # plus the spellings of SGLang (`--reasoning-parser`), smg, vLLM and Dynamo for the same format.
-KNOWN_REASONING_PARSERS: Final = MappingProxyType({
-    "basic": "basic",  # Dynamo
-    "base": "basic",  # smg
-    "passthrough": "passthrough",  # smg
-    "deepseek_r1": "deepseek_r1",  # everyone; SGLang spells it deepseek-r1
-    "qwen3": "qwen3",
-    "interns1": "qwen3",  # SGLang: same tags
-    "mimo": "qwen3",  # SGLang: same tags
-    "poolside_v1": "qwen3",  # SGLang: same tags
-    "telechat4": "qwen3",  # SGLang: same tags
-    "qwen3_thinking": "qwen3_thinking",  # smg; SGLang qwen3-thinking
-    "glm45": "glm45",
-    "nano_v3": "nano_v3",  # smg
-    "nemotron_3": "nano_v3",  # SGLang
-    "nemotron3": "nano_v3",  # Dynamo
-    "nemotron_nano": "nano_v3",  # Dynamo
-    "step3": "step3",
-    "step3p5": "step3",  # SGLang
-    "kimi": "kimi",
-    "kimi_k25": "kimi_k25",  # smg, Dynamo
-    "kimi_k2": "kimi_k25",  # SGLang: the same tags and section token
-    "kimi_thinking": "kimi_thinking",  # smg
-    "kimi_k3": "kimi_k3",  # smg, SGLang
-    "deepseek_v31": "deepseek_v31",  # smg
-    "deepseek_v3": "deepseek_v31",  # SGLang deepseek-v3
-    "deepseek_v4": "deepseek_v4",  # smg, Dynamo; SGLang deepseek-v4
-    "minimax": "minimax",  # smg, SGLang
-    "minimax_append_think": "minimax_append_think",  # Dynamo; SGLang minimax-append-think
-    "cohere_cmd": "cohere_cmd",  # smg
-    "cohere_command4": "cohere_command4",  # SGLang
-    "inkling": "inkling",  # smg, SGLang
-    "mistral": "mistral",  # SGLang, Dynamo, vLLM
-    "hunyuan": "hunyuan",  # SGLang
-    "seed_oss": "seed_oss",  # vLLM
-    "gpt_oss": "gpt_oss",  # SGLang gpt-oss, Dynamo
-})
+KNOWN_REASONING_PARSERS: Final = MappingProxyType(
+    {
+        "basic": "basic",  # Dynamo
+        "base": "basic",  # smg
+        "passthrough": "passthrough",  # smg
+        "deepseek_r1": "deepseek_r1",  # everyone; SGLang spells it deepseek-r1
+        "qwen3": "qwen3",
+        "interns1": "qwen3",  # SGLang: same tags
+        "mimo": "qwen3",  # SGLang: same tags
+        "poolside_v1": "qwen3",  # SGLang: same tags
+        "telechat4": "qwen3",  # SGLang: same tags
+        "qwen3_thinking": "qwen3_thinking",  # smg; SGLang qwen3-thinking
+        "glm45": "glm45",
+        "nano_v3": "nano_v3",  # smg
+        "nemotron_3": "nano_v3",  # SGLang
+        "nemotron3": "nano_v3",  # Dynamo
+        "nemotron_nano": "nano_v3",  # Dynamo
+        "step3": "step3",
+        "step3p5": "step3",  # SGLang
+        "kimi": "kimi",
+        "kimi_k25": "kimi_k25",  # smg, Dynamo
+        "kimi_k2": "kimi_k25",  # SGLang: the same tags and section token
+        "kimi_thinking": "kimi_thinking",  # smg
+        "kimi_k3": "kimi_k3",  # smg, SGLang
+        "deepseek_v31": "deepseek_v31",  # smg
+        "deepseek_v3": "deepseek_v31",  # SGLang deepseek-v3
+        "deepseek_v4": "deepseek_v4",  # smg, Dynamo; SGLang deepseek-v4
+        "minimax": "minimax",  # smg, SGLang
+        "minimax_append_think": "minimax_append_think",  # Dynamo; SGLang minimax-append-think
+        "cohere_cmd": "cohere_cmd",  # smg
+        "cohere_command4": "cohere_command4",  # SGLang
+        "inkling": "inkling",  # smg, SGLang
+        "mistral": "mistral",  # SGLang, Dynamo, vLLM
+        "hunyuan": "hunyuan",  # SGLang
+        "seed_oss": "seed_oss",  # vLLM
+        "gpt_oss": "gpt_oss",  # SGLang gpt-oss, Dynamo
+    }
+)
 
 
-def reasoning_parser(name: str, *, enable_thinking: bool | None = None,
-                     force_reasoning: bool = False, prompt: str | None = None) -> ReasoningParser:
+def reasoning_parser(
+    name: str, *, enable_thinking: bool | None = None, force_reasoning: bool = False, prompt: str | None = None
+) -> ReasoningParser:
     """A fresh parser for one choice of one request (parsers hold per-stream state).
 
     The output starts in reasoning when the format always does, when `force_reasoning` says the
@@ -581,9 +618,12 @@ def reasoning_parser(name: str, *, enable_thinking: bool | None = None,
         return InklingBlocksParser(in_reasoning=force_reasoning or opened)
     spec = REASONING_FORMATS[kind]
     return ThinkTagParser(
-        spec.start, spec.end,
+        spec.start,
+        spec.end,
         in_reasoning=spec.starts_in_reasoning or force_reasoning or opened,
-        tool_starts=spec.tool_starts, extra_ends=spec.extra_ends, content_drops=spec.content_drops,
+        tool_starts=spec.tool_starts,
+        extra_ends=spec.extra_ends,
+        content_drops=spec.content_drops,
         requires_special_tokens=spec.requires_special_tokens,
     )
 

@@ -34,75 +34,77 @@ __all__ = [
 # smg's tool-parser factory (`crates/tool_parser/src/factory.rs`, `register_default_mappings`),
 # verbatim: pattern -> smg parser name. A pattern matches a model id that equals it, or (with its
 # trailing `*` removed) occurs in it, case-insensitively; the longest matching stem wins.
-TOOL_CALL_MODEL_PATTERNS: Final = MappingProxyType({
-    "gpt-4*": "json",
-    "gpt-3.5*": "json",
-    "gpt-4o*": "json",
-    "claude-*": "json",
-    "mistral-*": "mistral",
-    "mixtral-*": "mistral",
-    "Qwen/Qwen3.5*": "qwen_xml",
-    "Qwen3.5*": "qwen_xml",
-    "qwen3.5*": "qwen_xml",
-    "qwen/qwen3.5*": "qwen_xml",
-    "Qwen/Qwen3-Coder*": "qwen_xml",
-    "Qwen3-Coder*": "qwen_xml",
-    "qwen3-coder*": "qwen_xml",
-    "qwen/qwen3-coder*": "qwen_xml",
-    "qwen*": "qwen",
-    "Qwen*": "qwen",
-    "llama-4*": "pythonic",
-    "meta-llama-4*": "pythonic",
-    "llama-3.2*": "llama",
-    "meta-llama-3.2*": "llama",
-    "llama-*": "json",
-    "meta-llama-*": "json",
-    "deepseek-v3*": "deepseek",
-    "deepseek-ai/DeepSeek-V3*": "deepseek",
-    "deepseek-v3.1*": "deepseek31",
-    "deepseek-ai/DeepSeek-V3.1*": "deepseek31",
-    "deepseek-v3.2-exp*": "deepseek31",
-    "deepseek-ai/DeepSeek-V3.2-Exp*": "deepseek31",
-    "deepseek-v3.2*": "deepseek32",
-    "deepseek-ai/DeepSeek-V3.2*": "deepseek32",
-    "deepseek-v4*": "deepseek_v4",
-    "deepseek-ai/DeepSeek-V4*": "deepseek_v4",
-    "deepseek-*": "pythonic",
-    "glm-4.5*": "glm45_moe",
-    "glm-4.6*": "glm45_moe",
-    "glm-4.7*": "glm47_moe",
-    "glm-5*": "glm47_moe",
-    "glm-*": "json",
-    "sarashina*": "sarashina",
-    "Sarashina*": "sarashina",
-    "step3*": "step3",
-    "Step-3*": "step3",
-    "kimi-k2*": "kimik2",
-    "Kimi-K2*": "kimik2",
-    "moonshot*/Kimi-K2*": "kimik2",
-    "kimi-k3*": "kimi_k3",
-    "Kimi-K3*": "kimi_k3",
-    "moonshot*/Kimi-K3*": "kimi_k3",
-    "kimi_k3*": "kimi_k3",
-    "Kimi_K3*": "kimi_k3",
-    "moonshot*/Kimi_K3*": "kimi_k3",
-    "inkling*": "inkling",
-    "Inkling*": "inkling",
-    "minimax*": "minimax_m2",
-    "MiniMax*": "minimax_m2",
-    "command-r*": "cohere",
-    "command-r-plus*": "cohere",
-    "command-a*": "cohere",
-    "c4ai-command*": "cohere",
-    "cohere*": "cohere",
-    "CohereForAI*": "cohere",
-    "gemini-*": "json",
-    "palm-*": "json",
-    "gemma-*": "json",
-    # Not in smg's factory: smg serves gpt-oss through its harmony pipeline, chosen when the model
-    # id contains "gpt-oss" (`routers/grpc/harmony/detector.rs`).
-    "gpt-oss*": "gpt_oss",
-})
+TOOL_CALL_MODEL_PATTERNS: Final = MappingProxyType(
+    {
+        "gpt-4*": "json",
+        "gpt-3.5*": "json",
+        "gpt-4o*": "json",
+        "claude-*": "json",
+        "mistral-*": "mistral",
+        "mixtral-*": "mistral",
+        "Qwen/Qwen3.5*": "qwen_xml",
+        "Qwen3.5*": "qwen_xml",
+        "qwen3.5*": "qwen_xml",
+        "qwen/qwen3.5*": "qwen_xml",
+        "Qwen/Qwen3-Coder*": "qwen_xml",
+        "Qwen3-Coder*": "qwen_xml",
+        "qwen3-coder*": "qwen_xml",
+        "qwen/qwen3-coder*": "qwen_xml",
+        "qwen*": "qwen",
+        "Qwen*": "qwen",
+        "llama-4*": "pythonic",
+        "meta-llama-4*": "pythonic",
+        "llama-3.2*": "llama",
+        "meta-llama-3.2*": "llama",
+        "llama-*": "json",
+        "meta-llama-*": "json",
+        "deepseek-v3*": "deepseek",
+        "deepseek-ai/DeepSeek-V3*": "deepseek",
+        "deepseek-v3.1*": "deepseek31",
+        "deepseek-ai/DeepSeek-V3.1*": "deepseek31",
+        "deepseek-v3.2-exp*": "deepseek31",
+        "deepseek-ai/DeepSeek-V3.2-Exp*": "deepseek31",
+        "deepseek-v3.2*": "deepseek32",
+        "deepseek-ai/DeepSeek-V3.2*": "deepseek32",
+        "deepseek-v4*": "deepseek_v4",
+        "deepseek-ai/DeepSeek-V4*": "deepseek_v4",
+        "deepseek-*": "pythonic",
+        "glm-4.5*": "glm45_moe",
+        "glm-4.6*": "glm45_moe",
+        "glm-4.7*": "glm47_moe",
+        "glm-5*": "glm47_moe",
+        "glm-*": "json",
+        "sarashina*": "sarashina",
+        "Sarashina*": "sarashina",
+        "step3*": "step3",
+        "Step-3*": "step3",
+        "kimi-k2*": "kimik2",
+        "Kimi-K2*": "kimik2",
+        "moonshot*/Kimi-K2*": "kimik2",
+        "kimi-k3*": "kimi_k3",
+        "Kimi-K3*": "kimi_k3",
+        "moonshot*/Kimi-K3*": "kimi_k3",
+        "kimi_k3*": "kimi_k3",
+        "Kimi_K3*": "kimi_k3",
+        "moonshot*/Kimi_K3*": "kimi_k3",
+        "inkling*": "inkling",
+        "Inkling*": "inkling",
+        "minimax*": "minimax_m2",
+        "MiniMax*": "minimax_m2",
+        "command-r*": "cohere",
+        "command-r-plus*": "cohere",
+        "command-a*": "cohere",
+        "c4ai-command*": "cohere",
+        "cohere*": "cohere",
+        "CohereForAI*": "cohere",
+        "gemini-*": "json",
+        "palm-*": "json",
+        "gemma-*": "json",
+        # Not in smg's factory: smg serves gpt-oss through its harmony pipeline, chosen when the model
+        # id contains "gpt-oss" (`routers/grpc/harmony/detector.rs`).
+        "gpt-oss*": "gpt_oss",
+    }
+)
 
 # smg's reasoning-parser factory (`crates/reasoning_parser/src/factory.rs`), verbatim and in
 # order: the first pattern that occurs in the model id (case-insensitively) wins.
@@ -166,20 +168,43 @@ def select_parsers(
     models = [m for m in (model_path, served_model_name) if m]
 
     tool, tool_source = _choose(
-        "tool-call", tool_call_flag, engine_tool_call_parser, models, KNOWN_TOOL_CALL_PARSERS,
-        UnknownToolCallParser, tool_call_parser_for_model, warnings)
+        "tool-call",
+        tool_call_flag,
+        engine_tool_call_parser,
+        models,
+        KNOWN_TOOL_CALL_PARSERS,
+        UnknownToolCallParser,
+        tool_call_parser_for_model,
+        warnings,
+    )
     reasoning, reasoning_source = _choose(
-        "reasoning", reasoning_flag, engine_reasoning_parser, models, KNOWN_REASONING_PARSERS,
-        UnknownReasoningParser, reasoning_parser_for_model, warnings)
+        "reasoning",
+        reasoning_flag,
+        engine_reasoning_parser,
+        models,
+        KNOWN_REASONING_PARSERS,
+        UnknownReasoningParser,
+        reasoning_parser_for_model,
+        warnings,
+    )
     if tool == "gpt_oss" and reasoning != "gpt_oss":
-        warnings.append("the gpt_oss tool-call parser without the gpt_oss reasoning parser leaves "
-                        "harmony's analysis channel and markers in content")
+        warnings.append(
+            "the gpt_oss tool-call parser without the gpt_oss reasoning parser leaves "
+            "harmony's analysis channel and markers in content"
+        )
     return ParserSelection(tool, reasoning, tool_source, reasoning_source, tuple(warnings))
 
 
-def _choose(kind: str, flag: str | None, engine: str | None, models: Sequence[str],
-            known: MappingProxyType[str, str], unknown: type[ValueError],
-            for_model: _ForModel, warnings: list[str]) -> tuple[str | None, str]:
+def _choose(
+    kind: str,
+    flag: str | None,
+    engine: str | None,
+    models: Sequence[str],
+    known: MappingProxyType[str, str],
+    unknown: type[ValueError],
+    for_model: _ForModel,
+    warnings: list[str],
+) -> tuple[str | None, str]:
     if flag is not None and flag.strip():
         found = known.get(normalize_parser_name(flag))
         if found is None:
@@ -188,8 +213,10 @@ def _choose(kind: str, flag: str | None, engine: str | None, models: Sequence[st
     if engine is not None and engine.strip():
         found = known.get(normalize_parser_name(engine))
         if found is None:
-            warnings.append(f"the engines report {kind} parser {engine!r}, which trio-direct does not "
-                            f"know; no {kind} parser (known: {', '.join(sorted(known))})")
+            warnings.append(
+                f"the engines report {kind} parser {engine!r}, which trio-direct does not "
+                f"know; no {kind} parser (known: {', '.join(sorted(known))})"
+            )
             return None, f"engine-reported {engine!r} (unknown)"
         return found, f"engine-reported {engine!r}"
     for model in models:

@@ -35,9 +35,7 @@ class ApproximateIndex:
 
     __slots__ = ("_block", "_blocks", "_max", "_order", "_ttl")
 
-    def __init__(
-        self, block_size: int, ttl: float, *, max_blocks: int = DEFAULT_MAX_BLOCKS
-    ) -> None:
+    def __init__(self, block_size: int, ttl: float, *, max_blocks: int = DEFAULT_MAX_BLOCKS) -> None:
         if block_size < 1:
             raise ValueError("block_size must be >= 1")
         if ttl <= 0:

@@ -95,15 +95,11 @@ def tokens_from_bytes(data: bytes | memoryview) -> array:
     return packed
 
 
-def local_block_hashes(
-    token_ids: Sequence[int], block_size: int, seed: int = SEED
-) -> list[int]:
+def local_block_hashes(token_ids: Sequence[int], block_size: int, seed: int = SEED) -> list[int]:
     """``xxh3_64`` of each complete block of ``token_ids`` (the tail is ignored)."""
     if block_size < 1:
         raise ValueError("block_size must be >= 1")
-    return list(
-        map(xxh3_64_intdigest, _blocks_of(token_view(token_ids), 4 * block_size), repeat(seed))
-    )
+    return list(map(xxh3_64_intdigest, _blocks_of(token_view(token_ids), 4 * block_size), repeat(seed)))
 
 
 def sequence_hashes(local: Sequence[int], parent: int | None = None) -> list[int]:
@@ -164,9 +160,7 @@ def prefix_hashes_from_bytes(data: bytes | memoryview, block_size: int, parent: 
     return out
 
 
-def prefix_hashes(
-    token_ids: Sequence[int], block_size: int, parent: int | None = None
-) -> list[int]:
+def prefix_hashes(token_ids: Sequence[int], block_size: int, parent: int | None = None) -> list[int]:
     """Sequence hashes of every complete block of a prompt: hash once, match many times."""
     if block_size < 1:
         raise ValueError("block_size must be >= 1")

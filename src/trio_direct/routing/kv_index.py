@@ -99,9 +99,7 @@ class _Run:
         "anchor", "base", "blocks", "children", "floating", "hashes", "id", "lead", "parent", "parent_index", "tokens",
     )  # fmt: skip
 
-    def __init__(
-        self, run_id: int, parent: _Run | None, parent_index: int, base: int | None, lead: array
-    ) -> None:
+    def __init__(self, run_id: int, parent: _Run | None, parent_index: int, base: int | None, lead: array) -> None:
         self.id = run_id
         self.parent = parent
         self.parent_index = parent_index
@@ -230,9 +228,7 @@ class KvIndex:
         if page_size < 1:
             raise ValueError("page_size must be >= 1")
         if self._block % page_size:
-            raise ValueError(
-                f"routing block size {self._block} is not a multiple of page size {page_size}"
-            )
+            raise ValueError(f"routing block size {self._block} is not a multiple of page size {page_size}")
         state = self._workers.get(worker)
         if state is not None:
             if state.page_size != page_size:
@@ -294,8 +290,7 @@ class KvIndex:
             if not state.warned:
                 state.warned = True
                 _log.warning(
-                    "KV events from %r have block_size %s, registered page size %s: "
-                    "dropping them",
+                    "KV events from %r have block_size %s, registered page size %s: dropping them",
                     worker,
                     event.block_size,
                     page_size,
@@ -493,9 +488,7 @@ class KvIndex:
 
     # -- internals -----------------------------------------------------------------------
 
-    def _match(
-        self, hashes: Sequence[int], offset: int, alive: int, result: dict[Worker, int]
-    ) -> int:
+    def _match(self, hashes: Sequence[int], offset: int, alive: int, result: dict[Worker, int]) -> int:
         """Walk one chunk of a prompt's block hashes; returns the workers still matching.
 
         ``offset`` is the chunk's first block in the prompt and ``alive`` the workers holding
@@ -584,14 +577,12 @@ class KvIndex:
             return run.base, run.lead + run.tokens[:through]
         return run.blocks[done - 1], run.tokens[done * block - lead_len : through]
 
-    def _extend(
-        self, state: _WorkerState, run: _Run, hashes: Sequence[int], tokens: array
-    ) -> None:
+    def _extend(self, state: _WorkerState, run: _Run, hashes: Sequence[int], tokens: array) -> None:
         start = len(run.hashes)
         run.tokens.extend(tokens)
         run.hashes.extend(hashes)
         first = run.id << _INDEX_BITS | start
-        state.pages.update(zip(hashes, range(first, first + len(hashes))))
+        state.pages.update(zip(hashes, range(first, first + len(hashes)), strict=True))
         if run.floating:
             return  # hashed once its anchor is located
         block = self._block
@@ -765,8 +756,7 @@ class KvIndex:
             candidates = {
                 prefix: None
                 for prefix in candidates
-                if (value := sglang_prefix_hash(prefix, page_size)) is not None
-                and same_engine_hash(value, anchor.hash)
+                if (value := sglang_prefix_hash(prefix, page_size)) is not None and same_engine_hash(value, anchor.hash)
             }
         if len(candidates) != 1:
             return False

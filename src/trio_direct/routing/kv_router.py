@@ -218,9 +218,7 @@ class KvRouter:
         """
         self._config = config
         if index is not None and index.block_size != config.block_size:
-            raise ValueError(
-                f"index block size {index.block_size} != router block size {config.block_size}"
-            )
+            raise ValueError(f"index block size {index.block_size} != router block size {config.block_size}")
         self._index: KvIndex | None = None
         self._approx: ApproximateIndex | None = None
         if config.selection != "cost":
@@ -285,10 +283,7 @@ class KvRouter:
         candidates: list[Candidate] = []
         for worker in dict.fromkeys(workers):
             overlap = matches.get(worker, 0)
-            prefill = (
-                max(prompt_tokens - credit * overlap * block, 0.0)
-                + active.prefill_tokens(worker)
-            ) / block
+            prefill = (max(prompt_tokens - credit * overlap * block, 0.0) + active.prefill_tokens(worker)) / block
             decode = active.decode_blocks(worker) + n_blocks
             if decode > n_blocks:  # blocks already active there are not added again
                 decode -= active.active_overlap(worker, seq_hashes)
@@ -305,9 +300,8 @@ class KvRouter:
         chosen = candidates[index]
         best = max(candidates, key=lambda c: c.overlap_blocks)
         if best.overlap_blocks > chosen.overlap_blocks:
-            reason += (
-                f"; longest prefix ({best.overlap_blocks} blocks on {worker_label(best.worker)})"
-                + (" elsewhere" if reason == "session affinity" else " passed over for load")
+            reason += f"; longest prefix ({best.overlap_blocks} blocks on {worker_label(best.worker)})" + (
+                " elsewhere" if reason == "session affinity" else " passed over for load"
             )
         return Decision(
             worker=chosen.worker,

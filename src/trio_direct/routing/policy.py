@@ -118,7 +118,9 @@ class RoutingPolicy:
             self.affinity.remember(session_key, candidates.key(route.decode))
         return route
 
-    def _pinned(self, session_key: str | None, workers: Sequence[W], key: Callable[[W], RoutingKey]) -> RoutingKey | None:
+    def _pinned(
+        self, session_key: str | None, workers: Sequence[W], key: Callable[[W], RoutingKey]
+    ) -> RoutingKey | None:
         """The engine the session sticks to, if it is offered and not busy."""
         if session_key is None or self.affinity is None:
             return None

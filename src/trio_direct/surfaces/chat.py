@@ -286,7 +286,9 @@ class ChatRenderer:
             rows = event.logprobs
             logprobs = chat_logprobs(rows, self._token_text) if rows else None
             if event.reasoning:
-                out.append(responses.chat_chunk(cid, created, model, event.index, {"reasoning_content": event.reasoning}))
+                out.append(
+                    responses.chat_chunk(cid, created, model, event.index, {"reasoning_content": event.reasoning})
+                )
             if event.text or logprobs:
                 content = {"content": event.text}
                 out.append(responses.chat_chunk(cid, created, model, event.index, content, logprobs=logprobs))

@@ -90,7 +90,9 @@ def is_listed(request: EmbeddingRequest) -> bool:
 
 def _prompts(pool: ModelPool, items: list[str | list[int]]) -> list[Prompt]:
     return [
-        Prompt(pool.tokenizer.encode(item, add_special_tokens=True), item) if isinstance(item, str) else Prompt(item, "")
+        Prompt(pool.tokenizer.encode(item, add_special_tokens=True), item)
+        if isinstance(item, str)
+        else Prompt(item, "")
         for item in items
     ]
 

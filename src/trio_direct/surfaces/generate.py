@@ -83,7 +83,9 @@ async def plan_generate(pool: ModelPool, request: GenerateRequest, *, session_ke
             prompts.append(Prompt(list(item), ""))
     images = image_list(request)
     if images:
-        params = ["image_data" if isinstance(request.image_data, str) else f"image_data[{i}]" for i in range(len(images))]
+        params = [
+            "image_data" if isinstance(request.image_data, str) else f"image_data[{i}]" for i in range(len(images))
+        ]
         for url, where in zip(images, params, strict=True):
             check_image_url(url, where)
         prompts[0].image_data = await image_data_for(pool, images, params)

@@ -221,8 +221,9 @@ def _check_sampling(sp: GenerateSamplingParams) -> None:
         )
     for name in given:
         if not getattr(sp, name):
-            raise invalid_request(f"Invalid value for 'sampling_params.{name}': it must not be empty.",
-                                  param=f"sampling_params.{name}")
+            raise invalid_request(
+                f"Invalid value for 'sampling_params.{name}': it must not be empty.", param=f"sampling_params.{name}"
+            )
 
 
 def _check_logprobs(request: GenerateRequest) -> None:
@@ -247,4 +248,3 @@ def image_list(request: GenerateRequest) -> list[str]:
     if images is None:
         return []
     return [images] if isinstance(images, str) else list(images)
-

@@ -20,7 +20,13 @@ from trio_direct.openai import errors
 if TYPE_CHECKING:
     from trio_direct.frontend.runtime import ModelPool
 
-__all__ = ["THREAD_THRESHOLD_CHARS", "content_chars", "in_thread_if_long", "refuse_if_counted_over", "refuse_if_too_long"]
+__all__ = [
+    "THREAD_THRESHOLD_CHARS",
+    "content_chars",
+    "in_thread_if_long",
+    "refuse_if_counted_over",
+    "refuse_if_too_long",
+]
 
 #: Prompts longer than this (characters) are rendered and tokenized on a worker thread, so that one
 #: long prompt does not stall every other stream on the event loop.

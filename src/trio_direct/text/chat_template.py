@@ -75,9 +75,7 @@ class ChatTemplate:
         if clash := _RESERVED & kwargs.keys():
             raise ChatTemplateError(f"chat_template_kwargs may not set {sorted(clash)}")
         if continue_final_message and add_generation_prompt:
-            raise ChatTemplateError(
-                "continue_final_message and add_generation_prompt are mutually exclusive"
-            )
+            raise ChatTemplateError("continue_final_message and add_generation_prompt are mutually exclusive")
         variables = {
             **(special_tokens or {}),
             **kwargs,
@@ -130,9 +128,7 @@ def select_chat_template(
         return templates["default"]
     if not templates:
         raise ChatTemplateError("the model has no chat template; start with --chat-template")
-    raise ChatTemplateError(
-        f"the model has several chat templates ({', '.join(sorted(templates))}) and no default"
-    )
+    raise ChatTemplateError(f"the model has several chat templates ({', '.join(sorted(templates))}) and no default")
 
 
 def load_chat_template(path: str | Path) -> str:
@@ -152,9 +148,7 @@ def load_chat_template(path: str | Path) -> str:
         except (ValueError, AttributeError) as exc:
             raise ChatTemplateError(f"{file} is not HF chat_template.json") from exc
         if isinstance(value, list):
-            value = {
-                item.get("name"): item.get("template") for item in value if isinstance(item, dict)
-            }.get("default")
+            value = {item.get("name"): item.get("template") for item in value if isinstance(item, dict)}.get("default")
         if not isinstance(value, str):
             raise ChatTemplateError(f"{file} has no (default) chat_template string")
         source = value
@@ -163,7 +157,7 @@ def load_chat_template(path: str | Path) -> str:
 
 
 def detect_content_format(source: str) -> ContentFormat:
-    """"openai" when the template loops over a message's `content`, else "string".
+    """ "openai" when the template loops over a message's `content`, else "string".
 
     This is SGLang's (and vLLM's) rule, read from the template's syntax tree rather than by
     guessing from its text: a template that iterates `message['content']` (or `m.content`,
@@ -180,9 +174,7 @@ def detect_content_format(source: str) -> ContentFormat:
     return "string"
 
 
-def prepare_messages(
-    messages: Sequence[Mapping[str, Any]], content_format: ContentFormat
-) -> list[dict[str, Any]]:
+def prepare_messages(messages: Sequence[Mapping[str, Any]], content_format: ContentFormat) -> list[dict[str, Any]]:
     """Turn OpenAI request messages into what templates expect, as SGLang does.
 
     * fields set to `None` are dropped (templates test `is defined`);
@@ -224,9 +216,7 @@ def render_chat(
 
     `chat_template` (the `--chat-template` override) replaces the model's own templates.
     """
-    source = chat_template or select_chat_template(
-        tokenizer.chat_templates, tools=tools, name=template_name
-    )
+    source = chat_template or select_chat_template(tokenizer.chat_templates, tools=tools, name=template_name)
     compiled = compile_chat_template(source)
     return compiled.render(
         prepare_messages(messages, compiled.content_format),
@@ -257,9 +247,7 @@ def _tojson(
     sort_keys: bool = False,
 ) -> str:
     # Unlike Jinja's own `tojson`, no HTML escaping and key order kept: what transformers does.
-    return json.dumps(
-        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
-    )
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
 class _GenerationTag(jinja2.ext.Extension):
@@ -269,7 +257,7 @@ class _GenerationTag(jinja2.ext.Extension):
     needs the body, but templates that use the tag must still compile.
     """
 
-    tags = {"generation"}
+    tags = {"generation"}  # noqa: RUF012 - jinja2.ext.Extension declares it so
 
     def parse(self, parser: Any) -> jinja2.nodes.Node:
         lineno = next(parser.stream).lineno
@@ -297,9 +285,9 @@ _ENV = _environment()
 def _reads_content(node: jinja2.nodes.Node) -> bool:
     """Whether `node` is `<name>['content']` / `<name>.content`, possibly filtered or sliced."""
     while True:
-        if isinstance(node, (jinja2.nodes.Filter, jinja2.nodes.Test)) and node.node is not None:
-            node = node.node
-        elif isinstance(node, jinja2.nodes.Getitem) and isinstance(node.arg, jinja2.nodes.Slice):
+        if (isinstance(node, (jinja2.nodes.Filter, jinja2.nodes.Test)) and node.node is not None) or (
+            isinstance(node, jinja2.nodes.Getitem) and isinstance(node.arg, jinja2.nodes.Slice)
+        ):
             node = node.node
         else:
             break
@@ -336,9 +324,7 @@ def _cut_after_final_message(rendered: str, messages: Sequence[Mapping[str, Any]
             raise ChatTemplateError("continue_final_message: the final message has no text")
         final = texts[-1]
     if not isinstance(final, str) or final.strip() not in rendered:
-        raise ChatTemplateError(
-            "continue_final_message: the final message does not appear in the rendered prompt"
-        )
+        raise ChatTemplateError("continue_final_message: the final message does not appear in the rendered prompt")
     at = rendered.rindex(final.strip())
     if rendered[at : at + len(final.lstrip())] == final:  # verbatim, as transformers checks
         return rendered[: at + len(final.lstrip())]

@@ -92,7 +92,7 @@ class IncrementalDetokenizer:
             pending.append(token_id)
             try:
                 piece = step(tokenizer, token_id)
-            except Exception:  # DecodeStream's "invalid prefix": see the module docstring
+            except Exception:  # noqa: BLE001 - DecodeStream's "invalid prefix": see the module docstring
                 self._pending = pending[:-1]
                 self._stream = None
                 self._prefix = self._decode(self._chunk)

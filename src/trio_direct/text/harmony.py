@@ -56,8 +56,13 @@ __all__ = [
 VOCABULARY: Final = "o200k_base.tiktoken"
 VOCABULARY_SHA256: Final = "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"
 _ENV: Final = "TIKTOKEN_ENCODINGS_BASE"
-_EFFORTS: Final = {"low": ReasoningEffort.LOW, "minimal": ReasoningEffort.LOW, "none": ReasoningEffort.LOW,
-                   "medium": ReasoningEffort.MEDIUM, "high": ReasoningEffort.HIGH}
+_EFFORTS: Final = {
+    "low": ReasoningEffort.LOW,
+    "minimal": ReasoningEffort.LOW,
+    "none": ReasoningEffort.LOW,
+    "medium": ReasoningEffort.MEDIUM,
+    "high": ReasoningEffort.HIGH,
+}
 _lock = threading.Lock()
 
 
@@ -74,8 +79,13 @@ class HarmonyPrompt:
     stop_token_ids: list[int]
 
 
-def is_harmony_model(model_path: str | None, served_model_name: str | None = None, *,
-                     architectures: Sequence[str] = (), model_type: str | None = None) -> bool:
+def is_harmony_model(
+    model_path: str | None,
+    served_model_name: str | None = None,
+    *,
+    architectures: Sequence[str] = (),
+    model_type: str | None = None,
+) -> bool:
     """A gpt-oss model, detected as smg does: its architecture, its HF `model_type`, or
     "gpt-oss" in its path or served name (case-insensitively)."""
     if "GptOssForCausalLM" in architectures or model_type == "gpt_oss":
@@ -199,8 +209,11 @@ def _turn(message: Mapping[str, Any], index: int, call_names: dict[str, str]) ->
         if name is None:
             raise HarmonyRenderError(f"messages[{index}]: no earlier tool call has this tool_call_id")
         author = Author.new(Role.TOOL, f"functions.{name}")
-        return [Message.from_author_and_content(author, _text(message, index))
-                .with_channel("commentary").with_recipient("assistant")]
+        return [
+            Message.from_author_and_content(author, _text(message, index))
+            .with_channel("commentary")
+            .with_recipient("assistant")
+        ]
     raise HarmonyRenderError(f"messages[{index}]: role {role!r} has no harmony equivalent")
 
 
@@ -223,9 +236,12 @@ def _assistant(message: Mapping[str, Any], index: int, call_names: dict[str, str
             arguments = json.dumps(arguments if arguments is not None else {}, ensure_ascii=False)
         if isinstance(call.get("id"), str):
             call_names[call["id"]] = function["name"]
-        out.append(Message.from_role_and_content(Role.ASSISTANT, arguments)
-                   .with_channel("commentary").with_recipient(f"functions.{function['name']}")
-                   .with_content_type("<|constrain|>json"))
+        out.append(
+            Message.from_role_and_content(Role.ASSISTANT, arguments)
+            .with_channel("commentary")
+            .with_recipient(f"functions.{function['name']}")
+            .with_content_type("<|constrain|>json")
+        )
     if not out:  # an empty assistant turn is still a turn
         out.append(Message.from_role_and_content(Role.ASSISTANT, "").with_channel("final"))
     return out
@@ -252,5 +268,8 @@ def _tool(tool: Mapping[str, Any], index: int) -> ToolDescription:
     if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
         raise HarmonyRenderError(f"tools[{index}]: a function tool needs a name")
     parameters = function.get("parameters")
-    return ToolDescription.new(function["name"], str(function.get("description") or ""),
-                               dict(parameters) if isinstance(parameters, Mapping) else None)
+    return ToolDescription.new(
+        function["name"],
+        str(function.get("description") or ""),
+        dict(parameters) if isinstance(parameters, Mapping) else None,
+    )

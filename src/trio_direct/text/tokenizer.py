@@ -8,7 +8,6 @@ share between requests and worker threads.
 
 from __future__ import annotations
 
-
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -90,8 +89,7 @@ class ModelTokenizer:
 
         tokens = {key: _token_content(config.get(key)) for key in _SPECIAL_TOKEN_KEYS}
         additional = tuple(
-            t for t in (_token_content(x) for x in config.get("additional_special_tokens") or ())
-            if t is not None
+            t for t in (_token_content(x) for x in config.get("additional_special_tokens") or ()) if t is not None
         )
 
         def token_id(token: str | None) -> int | None:
@@ -101,9 +99,7 @@ class ModelTokenizer:
         if (eos_id := token_id(tokens["eos_token"])) is not None:
             eos_ids.add(eos_id)
 
-        special_ids = {
-            i for i, added in tokenizer.get_added_tokens_decoder().items() if added.special
-        }
+        special_ids = {i for i, added in tokenizer.get_added_tokens_decoder().items() if added.special}
         for key, entry in (config.get("added_tokens_decoder") or {}).items():
             # Only trust entries that agree with tokenizer.json; the ids there are authoritative.
             if isinstance(entry, Mapping) and entry.get("special") and token_id(entry.get("content")) == _as_int(key):
@@ -269,7 +265,7 @@ _CHUNK_CHARS = 64 * 1024
 _CHUNKS_PER_CALL = 8
 
 
-def _chunk_groups(text: str):  # noqa: ANN202 - yields lists of chunk strings
+def _chunk_groups(text: str):
     """`text` cut near every `_CHUNK_CHARS` characters at whitespace, in groups for one encoding call."""
     group: list[str] = []
     start, end = 0, len(text)
@@ -372,8 +368,6 @@ def _named_templates(value: object) -> dict[str, str]:
         return {
             item["name"]: item["template"]
             for item in value
-            if isinstance(item, Mapping)
-            and isinstance(item.get("name"), str)
-            and isinstance(item.get("template"), str)
+            if isinstance(item, Mapping) and isinstance(item.get("name"), str) and isinstance(item.get("template"), str)
         }
     return {}

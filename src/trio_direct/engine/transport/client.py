@@ -470,9 +470,7 @@ class EngineChannel:
         try:
             attempt.result()
         except TimeoutError:
-            raise EngineUnavailable(
-                f"connect timed out after {self.connect_timeout:g}s", engine=self.name
-            ) from None
+            raise EngineUnavailable(f"connect timed out after {self.connect_timeout:g}s", engine=self.name) from None
         except OSError as error:
             raise EngineUnavailable(f"cannot connect: {error.strerror or error}", engine=self.name) from None
         return connection
@@ -631,4 +629,3 @@ class ChannelPool:
         for channel in self._channels.values():
             channel.close()
         self._channels.clear()
-

@@ -21,7 +21,7 @@ __all__ = ["aio", "current_loop", "open_asyncio_loop", "settled"]
 # trio-asyncio replaces asyncio.current_task on import (3.12's C one cannot see its loop), but grpclib
 # keeps the one that was current when grpclib.utils was imported: in a program that imported grpclib
 # first, every call would fail with "no running event loop". Point grpclib at the replacement.
-grpclib.utils._current_task = asyncio.current_task  # noqa: SLF001
+grpclib.utils._current_task = asyncio.current_task
 
 #: The loop opened by `open_asyncio_loop`, for tasks that do not inherit its contextvar: hypercorn's
 #: own CLI starts request tasks outside the context where an app opened the loop.
@@ -69,5 +69,3 @@ async def settled(call: asyncio.Task, timeout: float) -> None:
     call.add_done_callback(lambda _: finished.set())
     with trio.move_on_after(timeout, shield=True):
         await finished.wait()
-
-

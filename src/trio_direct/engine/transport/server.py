@@ -25,7 +25,6 @@ from trio_direct.engine.transport.loop import aio
 __all__ = ["RpcMethod", "ServerCall", "serve_grpc"]
 
 
-
 @dataclass(frozen=True, slots=True)
 class RpcMethod:
     """One served RPC: its path, whether it streams replies, message types and a sync handler."""
@@ -142,7 +141,7 @@ class _Server(Server):
         super().__init__(*args, **kwargs)
         self._protocols: weakref.WeakSet = weakref.WeakSet()
 
-    def _protocol_factory(self):  # noqa: ANN202 - grpclib's H2Protocol
+    def _protocol_factory(self):
         protocol = super()._protocol_factory()
         self._protocols.add(protocol)
         return protocol
@@ -166,7 +165,7 @@ async def serve_grpc(
     server = _Server([_Service(methods)], config=HTTP2_CONFIG)
     await aio(server.start)(host, port)
     try:
-        bound = server._server.sockets[0].getsockname()[1]  # noqa: SLF001 - grpclib exposes no accessor
+        bound = server._server.sockets[0].getsockname()[1]
         task_status.started(bound)
         await trio.sleep_forever()
     finally:

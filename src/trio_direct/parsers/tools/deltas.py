@@ -66,6 +66,5 @@ def assemble(deltas: Iterable[ToolDelta]) -> tuple[str, list[ToolCall]]:
             if call.name is not None:
                 names[call.index] = call.name
             arguments.setdefault(call.index, []).append(call.arguments)
-    calls = [ToolCall(ids.get(i, ""), names.get(i, ""), "".join(arguments[i]))
-             for i in sorted(arguments)]
+    calls = [ToolCall(ids.get(i, ""), names.get(i, ""), "".join(arguments[i])) for i in sorted(arguments)]
     return "".join(content), calls

@@ -66,7 +66,9 @@ class RequiredToolCallsParser:
         except ValueError:
             self.anomalies.append("required: output is not JSON; kept as content")
             return ToolDelta(text)  # not what the constraint promised: give it back as content
-        if not isinstance(calls, list) or not all(isinstance(c, dict) and isinstance(c.get("name"), str) for c in calls):
+        if not isinstance(calls, list) or not all(
+            isinstance(c, dict) and isinstance(c.get("name"), str) for c in calls
+        ):
             self.anomalies.append("required: output is not an array of calls; kept as content")
             return ToolDelta(text)
         deltas = [

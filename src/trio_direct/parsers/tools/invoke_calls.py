@@ -93,7 +93,7 @@ class InvokeCalls(XmlArgumentCalls):
         self._state = state
         return True
 
-    def _attributes(self) -> dict[str, str] | None | Malformed:
+    def _attributes(self) -> dict[str, str] | Malformed | None:
         """Read a tag's attributes through its `>`; `None` while the `>` has not arrived."""
         buf, pos = self._buf, self._pos
         found = _ATTRIBUTES.match(buf, pos)
@@ -172,7 +172,7 @@ class InvokeCalls(XmlArgumentCalls):
         if hit is None:
             return self._starved()
         at, terminator = hit
-        self._end_value(self._buf[self._pos:at])
+        self._end_value(self._buf[self._pos : at])
         self._pos = at + (len(terminator) if terminator == self.PARAMETER_CLOSE else 0)
         self._state = self._body
         return True
@@ -212,8 +212,14 @@ class MinimaxM2Parser(InvokeCalls):
     PARAMETER_OPEN = "<parameter"
     PARAMETER_CLOSE = "</parameter>"
     _ENTITIES: Final = {"&lt;": "<", "&gt;": ">", "&amp;": "&", "&quot;": '"', "&apos;": "'"}
-    _LITERALS: Final[dict[str, Any]] = {"true": True, "True": True, "false": False, "False": False,
-                                        "null": None, "None": None}
+    _LITERALS: Final[dict[str, Any]] = {
+        "true": True,
+        "True": True,
+        "false": False,
+        "False": False,
+        "null": None,
+        "None": None,
+    }
 
     def _decode(self, text: str) -> str:
         return re.sub(r"&(?:lt|gt|amp|quot|apos);", lambda m: self._ENTITIES[m.group()], text)

@@ -190,7 +190,7 @@ class JsonObjectCalls(ToolCallParser):
             self._capture.append(buf[start:])
             self._pos = len(buf)
             return self._starved()
-        if end == BROKEN or end == start:
+        if end in (BROKEN, start):
             return self._fail()
         self._capture.append(buf[start:end])
         self._pos = end
@@ -605,7 +605,7 @@ class InklingParser(JsonObjectCalls):
                 self._pos = len(self._buf) - partial_marker_length(self._buf, self._pos, self.MARKERS)
                 return False
             if self._pos < len(self._buf):
-                self._anomaly(f"unfinished message header dropped: {self._buf[self._pos:]!r}")
+                self._anomaly(f"unfinished message header dropped: {self._buf[self._pos :]!r}")
             self._pos = len(self._buf)
             self._state = self._content
             return True

@@ -24,8 +24,7 @@ _PYTHON_END: Final = "<|python_end|>"
 # A call whose name and first argument are known: `name(` then `)` or `keyword=`.
 _CALL_HEAD: Final = re.compile(r"([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)\s*\(\s*(?=\)|[A-Za-z_]\w*\s*=)")
 # What `_CALL_HEAD` can still grow into.
-_CALL_HEAD_PREFIX: Final = re.compile(
-    r"[A-Za-z_][\w.]*(?:\s*(?:\(\s*(?:[A-Za-z_]\w*\s*)?)?)?")
+_CALL_HEAD_PREFIX: Final = re.compile(r"[A-Za-z_][\w.]*(?:\s*(?:\(\s*(?:[A-Za-z_]\w*\s*)?)?)?")
 _KEYWORD: Final = re.compile(r"([A-Za-z_]\w*)\s*=")
 _KEYWORD_PREFIX: Final = re.compile(r"[A-Za-z_]\w*\s*")
 

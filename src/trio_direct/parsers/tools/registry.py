@@ -36,69 +36,93 @@ __all__ = [
     "tool_call_parser",
 ]
 
-TOOL_CALL_FORMATS: Final[Mapping[str, type[ToolCallParser]]] = MappingProxyType({
-    parser.format: parser
-    for parser in (ToolCallParser, JsonParser, HermesParser, Qwen3CoderParser, SeedOssParser,
-                   Llama3JsonParser, MistralParser, PythonicParser, DeepSeekV3Parser,
-                   DeepSeekV31Parser, DeepSeekV32Parser, DeepSeekV4Parser, KimiK2Parser,
-                   KimiK3Parser, Glm45Parser, Step3Parser, SarashinaParser, InklingParser,
-                   MinimaxM2Parser, CohereParser, GptOssParser, HunyuanParser, GraniteParser)
-})
+TOOL_CALL_FORMATS: Final[Mapping[str, type[ToolCallParser]]] = MappingProxyType(
+    {
+        parser.format: parser
+        for parser in (
+            ToolCallParser,
+            JsonParser,
+            HermesParser,
+            Qwen3CoderParser,
+            SeedOssParser,
+            Llama3JsonParser,
+            MistralParser,
+            PythonicParser,
+            DeepSeekV3Parser,
+            DeepSeekV31Parser,
+            DeepSeekV32Parser,
+            DeepSeekV4Parser,
+            KimiK2Parser,
+            KimiK3Parser,
+            Glm45Parser,
+            Step3Parser,
+            SarashinaParser,
+            InklingParser,
+            MinimaxM2Parser,
+            CohereParser,
+            GptOssParser,
+            HunyuanParser,
+            GraniteParser,
+        )
+    }
+)
 
 # Every accepted name (after `normalize_parser_name`) to its format.
-KNOWN_TOOL_CALL_PARSERS: Final = MappingProxyType({
-    "passthrough": "passthrough",  # smg: no tool calls, all text is content
-    "json": "json",  # smg: bare JSON call objects
-    "hermes": "hermes",  # SGLang, Dynamo, vLLM: Qwen2.5 / Qwen3 / Hermes
-    "qwen": "hermes",  # SGLang, smg
-    "qwen25": "hermes",  # SGLang
-    "qwen3_coder": "qwen3_coder",  # SGLang, Dynamo, vLLM
-    "qwen_xml": "qwen3_coder",  # smg
-    "qwen_coder": "qwen3_coder",  # smg
-    "qwen3_xml": "qwen3_coder",  # vLLM
-    "nemotron": "qwen3_coder",  # smg (Nemotron-3 writes the same XML)
-    "step3p5": "qwen3_coder",  # SGLang
-    "seed_oss": "seed_oss",  # vLLM
-    "llama3_json": "llama3_json",  # Dynamo, vLLM
-    "llama3": "llama3_json",  # SGLang
-    "llama": "llama3_json",  # smg
-    "mistral": "mistral",  # everyone; v11+ tokenizers' `[TOOL_CALLS]name[ARGS]{...}` included
-    "pythonic": "pythonic",  # everyone: Llama 3.2 / 4
-    "llama4_pythonic": "pythonic",  # vLLM
-    "deepseek_v3": "deepseek_v3",  # Dynamo
-    "deepseekv3": "deepseek_v3",  # SGLang
-    "deepseek": "deepseek_v3",  # smg
-    "deepseek_v31": "deepseek_v31",  # vLLM
-    "deepseekv31": "deepseek_v31",  # SGLang
-    "deepseek31": "deepseek_v31",  # smg
-    "deepseek_v3_1": "deepseek_v31",  # Dynamo
-    "deepseek_v32": "deepseek_v32",
-    "deepseekv32": "deepseek_v32",  # SGLang
-    "deepseek32": "deepseek_v32",  # smg
-    "deepseek_v3_2": "deepseek_v32",  # Dynamo
-    "deepseek_v4": "deepseek_v4",  # smg, Dynamo
-    "deepseekv4": "deepseek_v4",  # SGLang
-    "kimi_k2": "kimi_k2",  # SGLang, Dynamo, vLLM
-    "kimik2": "kimi_k2",  # smg
-    "kimi_k3": "kimi_k3",  # SGLang, smg
-    "glm45": "glm45",  # SGLang, vLLM
-    "glm": "glm45",  # SGLang
-    "glm45_moe": "glm45",  # smg
-    "glm4_moe": "glm45",
-    "glm47": "glm45",  # SGLang, Dynamo: GLM-4.7 drops the newlines, which glm45 accepts
-    "glm47_moe": "glm45",  # smg
-    "step3": "step3",  # SGLang, smg, vLLM
-    "sarashina": "sarashina",  # smg
-    "inkling": "inkling",  # SGLang, smg
-    "minimax_m2": "minimax_m2",  # smg, Dynamo, vLLM; SGLang spells it minimax-m2
-    "cohere": "cohere",  # smg
-    "cohere_command4": "cohere",  # SGLang
-    "gpt_oss": "gpt_oss",  # SGLang spells it gpt-oss
-    "harmony": "gpt_oss",  # Dynamo
-    "openai": "gpt_oss",  # vLLM
-    "hunyuan": "hunyuan",  # SGLang
-    "granite": "granite",  # vLLM
-})
+KNOWN_TOOL_CALL_PARSERS: Final = MappingProxyType(
+    {
+        "passthrough": "passthrough",  # smg: no tool calls, all text is content
+        "json": "json",  # smg: bare JSON call objects
+        "hermes": "hermes",  # SGLang, Dynamo, vLLM: Qwen2.5 / Qwen3 / Hermes
+        "qwen": "hermes",  # SGLang, smg
+        "qwen25": "hermes",  # SGLang
+        "qwen3_coder": "qwen3_coder",  # SGLang, Dynamo, vLLM
+        "qwen_xml": "qwen3_coder",  # smg
+        "qwen_coder": "qwen3_coder",  # smg
+        "qwen3_xml": "qwen3_coder",  # vLLM
+        "nemotron": "qwen3_coder",  # smg (Nemotron-3 writes the same XML)
+        "step3p5": "qwen3_coder",  # SGLang
+        "seed_oss": "seed_oss",  # vLLM
+        "llama3_json": "llama3_json",  # Dynamo, vLLM
+        "llama3": "llama3_json",  # SGLang
+        "llama": "llama3_json",  # smg
+        "mistral": "mistral",  # everyone; v11+ tokenizers' `[TOOL_CALLS]name[ARGS]{...}` included
+        "pythonic": "pythonic",  # everyone: Llama 3.2 / 4
+        "llama4_pythonic": "pythonic",  # vLLM
+        "deepseek_v3": "deepseek_v3",  # Dynamo
+        "deepseekv3": "deepseek_v3",  # SGLang
+        "deepseek": "deepseek_v3",  # smg
+        "deepseek_v31": "deepseek_v31",  # vLLM
+        "deepseekv31": "deepseek_v31",  # SGLang
+        "deepseek31": "deepseek_v31",  # smg
+        "deepseek_v3_1": "deepseek_v31",  # Dynamo
+        "deepseek_v32": "deepseek_v32",
+        "deepseekv32": "deepseek_v32",  # SGLang
+        "deepseek32": "deepseek_v32",  # smg
+        "deepseek_v3_2": "deepseek_v32",  # Dynamo
+        "deepseek_v4": "deepseek_v4",  # smg, Dynamo
+        "deepseekv4": "deepseek_v4",  # SGLang
+        "kimi_k2": "kimi_k2",  # SGLang, Dynamo, vLLM
+        "kimik2": "kimi_k2",  # smg
+        "kimi_k3": "kimi_k3",  # SGLang, smg
+        "glm45": "glm45",  # SGLang, vLLM
+        "glm": "glm45",  # SGLang
+        "glm45_moe": "glm45",  # smg
+        "glm4_moe": "glm45",
+        "glm47": "glm45",  # SGLang, Dynamo: GLM-4.7 drops the newlines, which glm45 accepts
+        "glm47_moe": "glm45",  # smg
+        "step3": "step3",  # SGLang, smg, vLLM
+        "sarashina": "sarashina",  # smg
+        "inkling": "inkling",  # SGLang, smg
+        "minimax_m2": "minimax_m2",  # smg, Dynamo, vLLM; SGLang spells it minimax-m2
+        "cohere": "cohere",  # smg
+        "cohere_command4": "cohere",  # SGLang
+        "gpt_oss": "gpt_oss",  # SGLang spells it gpt-oss
+        "harmony": "gpt_oss",  # Dynamo
+        "openai": "gpt_oss",  # vLLM
+        "hunyuan": "hunyuan",  # SGLang
+        "granite": "granite",  # vLLM
+    }
+)
 
 
 class UnknownToolCallParser(ValueError):
@@ -110,8 +134,9 @@ def normalize_parser_name(name: str) -> str:
     return name.strip().lower().replace("-", "_")
 
 
-def tool_call_parser(name: str, tools: Sequence[Mapping[str, Any]] | None = None, *,
-                     rng: random.Random | None = None) -> ToolCallParser:
+def tool_call_parser(
+    name: str, tools: Sequence[Mapping[str, Any]] | None = None, *, rng: random.Random | None = None
+) -> ToolCallParser:
     """A fresh parser for one choice of one request (parsers hold per-stream state).
 
     `tools` is the request's OpenAI `tools`; `rng` makes call ids reproducible (tests).

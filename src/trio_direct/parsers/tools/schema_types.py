@@ -31,8 +31,7 @@ class ToolSchemas:
                 continue
             parameters = function.get("parameters")
             properties = parameters.get("properties") if isinstance(parameters, Mapping) else None
-            self._properties[function["name"]] = (
-                properties if isinstance(properties, Mapping) else {})
+            self._properties[function["name"]] = properties if isinstance(properties, Mapping) else {}
 
     def types_of(self, function: str, parameter: str) -> tuple[str, ...]:
         """The JSON types the schema allows for a parameter; `()` when it does not say."""

@@ -101,7 +101,7 @@ class SectionCalls(ToolCallParser):
         self._state = self._between
         return True
 
-    def _read_until(self, chars: re.Pattern[str], literal: str) -> str | None | Malformed:
+    def _read_until(self, chars: re.Pattern[str], literal: str) -> str | Malformed | None:
         """Read `chars`, optional spaces, then `literal`; return the characters read."""
         buf, pos = self._buf, self._pos
         end = chars.match(buf, pos).end()  # type: ignore[union-attr]

@@ -83,8 +83,7 @@ class ToolCallParser:
                     # The earliest complete marker would then depend on the chunking.
                     raise TypeError(f"{cls.__name__}: marker {marker!r} contains {other!r}")
 
-    def __init__(self, tools: Sequence[Mapping[str, Any]] | None = None, *,
-                 rng: random.Random | None = None) -> None:
+    def __init__(self, tools: Sequence[Mapping[str, Any]] | None = None, *, rng: random.Random | None = None) -> None:
         self.anomalies: list[str] = []  # malformed or cut-off markup seen, for the logs
         self._schemas = ToolSchemas(tools)
         self._rng = rng if rng is not None else random.SystemRandom()
@@ -126,7 +125,7 @@ class ToolCallParser:
             self.anomalies.append(f"{self.format}: parser stopped early; rest kept as content")
             if self._open is not None:
                 self._close_call()
-            self._emit_content(self._buf[self._pos:])
+            self._emit_content(self._buf[self._pos :])
             self._pos = len(self._buf)
         if self._held_ws:
             self._content_out.append(self._held_ws)
@@ -213,7 +212,7 @@ class ToolCallParser:
             self._rollback()
         else:  # between calls: what is left is a cut-off marker, dropped with the markup
             if self._pos < len(self._buf):
-                self._anomaly(f"cut-off markup dropped: {self._buf[self._pos:]!r}")
+                self._anomaly(f"cut-off markup dropped: {self._buf[self._pos :]!r}")
             self._pos = len(self._buf)
             self._state = self._content
         return True
@@ -259,7 +258,7 @@ class ToolCallParser:
             self._strip_leading = False
         text = self._held_ws + text
         body = text.rstrip()
-        self._held_ws = text[len(body):]  # released by later text, dropped by a call
+        self._held_ws = text[len(body) :]  # released by later text, dropped by a call
         if body:
             self._content_out.append(body)
 
@@ -317,7 +316,7 @@ class ToolCallParser:
             self._pos = len(buf)
             return self._starved()
         if end == BROKEN:
-            self._emit_arguments(buf[start:self._scanner.broken_at])
+            self._emit_arguments(buf[start : self._scanner.broken_at])
             self._pos = self._scanner.broken_at
             return self._fail()
         self._emit_arguments(buf[start:end])
@@ -347,12 +346,12 @@ class ToolCallParser:
             if buf.startswith(literal, pos):
                 self._pos = pos + len(literal)
                 return literal
-            rest = buf[pos:pos + len(literal)]
+            rest = buf[pos : pos + len(literal)]
             if not self._final and literal.startswith(rest):
                 return None
         return ""
 
-    def _json_string(self) -> str | None | Malformed:
+    def _json_string(self) -> str | Malformed | None:
         """Read a complete JSON string at the cursor; `None` while its end has not arrived."""
         buf, pos = self._buf, self._pos
         if not buf.startswith('"', pos):
@@ -370,5 +369,3 @@ class ToolCallParser:
     @staticmethod
     def _valid_name(name: str) -> bool:
         return _NAME.fullmatch(name) is not None
-
-

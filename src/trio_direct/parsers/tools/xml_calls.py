@@ -81,8 +81,9 @@ class XmlArgumentCalls(ToolCallParser):
             self._emit_arguments('"')
         else:
             raw = self._decode(raw)
-            value: Any = (coerce_value(raw, self._types, infer=self._INFER_UNTYPED) if self._types
-                          else self._untyped_value(raw))
+            value: Any = (
+                coerce_value(raw, self._types, infer=self._INFER_UNTYPED) if self._types else self._untyped_value(raw)
+            )
             self._emit_arguments(json.dumps(value, ensure_ascii=False))
 
     # Format hooks for values.
@@ -103,7 +104,7 @@ class XmlArgumentCalls(ToolCallParser):
         if self._final and self._open is not None and self._in_value:
             # Cut off inside a value: close it so the arguments stay valid JSON. A held tail
             # of a streamed string is a cut-off closing tag or its framing newline.
-            self._end_value("" if self._streaming_string else self._buf[self._pos:])
+            self._end_value("" if self._streaming_string else self._buf[self._pos :])
         return super()._starved()
 
     def _end_call(self) -> None:
@@ -118,8 +119,7 @@ class XmlArgumentCalls(ToolCallParser):
             self._object_open = False
         super()._close_call()
 
-    def _stream_value(self, terminators: tuple[str, ...],
-                      strip_newline: bool) -> tuple[int, str] | None:
+    def _stream_value(self, terminators: tuple[str, ...], strip_newline: bool) -> tuple[int, str] | None:
         """Advance through a value up to its earliest terminator: `(index, terminator)` once
         seen (cursor still at the value's unwritten rest), else `None` (streamed what is safe).
         """
@@ -145,7 +145,7 @@ class XmlArgumentCalls(ToolCallParser):
         """Skip text that is not an argument tag, up to the next `<`."""
         buf, pos = self._buf, self._pos
         at = buf.find("<", pos + 1)
-        self._anomaly(f"skipped junk between arguments: {buf[pos:at if at >= 0 else None]!r}")
+        self._anomaly(f"skipped junk between arguments: {buf[pos : at if at >= 0 else None]!r}")
         self._pos = at if at >= 0 else len(buf)
 
 
@@ -240,7 +240,7 @@ class Qwen3CoderParser(XmlArgumentCalls):
         if hit is None:
             return self._starved()
         at, terminator = hit
-        raw = self._buf[self._pos:at]
+        raw = self._buf[self._pos : at]
         self._end_value(raw.removesuffix("\n"))
         self._pos = at + (len(terminator) if terminator == "</parameter>" else 0)
         self._state = self._body
@@ -329,7 +329,7 @@ class Glm45Parser(XmlArgumentCalls):
         at = self._buf.find("</arg_key>", self._pos)
         if at < 0:
             return self._starved()
-        self._key = self._buf[self._pos:at].strip()
+        self._key = self._buf[self._pos : at].strip()
         self._pos = at + len("</arg_key>")
         self._state = self._value_open
         return True
@@ -358,7 +358,7 @@ class Glm45Parser(XmlArgumentCalls):
         if hit is None:
             return self._starved()
         at, terminator = hit
-        self._end_value(self._buf[self._pos:at])
+        self._end_value(self._buf[self._pos : at])
         self._pos = at + len(terminator)
         self._state = self._body
         return True
@@ -396,11 +396,12 @@ class HunyuanParser(XmlArgumentCalls):
             if grows is not None and grows.end() == len(buf):
                 return self._starved()
             return self._fail()  # `<tool_callsXYZ`: not this markup
-        suffix = buf[pos:found.end() - 1]
+        suffix = buf[pos : found.end() - 1]
         self._pos = found.end()
         self._tags = {name: f"<{name}{suffix}>" for name in ("tool_call", "tool_sep", "arg_key", "arg_value")}
-        self._tags.update({f"/{name}": f"</{name}{suffix}>"
-                           for name in ("tool_calls", "tool_call", "arg_key", "arg_value")})
+        self._tags.update(
+            {f"/{name}": f"</{name}{suffix}>" for name in ("tool_calls", "tool_call", "arg_key", "arg_value")}
+        )
         self._state = self._between
         return True
 
@@ -431,7 +432,7 @@ class HunyuanParser(XmlArgumentCalls):
             return self._fail()
         if end == len(buf):
             return self._starved()
-        rest = buf[end:end + len(sep)]
+        rest = buf[end : end + len(sep)]
         if not buf.startswith(sep, end):
             if not self._final and sep.startswith(rest) and len(rest) < len(sep):
                 return self._starved()
@@ -463,7 +464,7 @@ class HunyuanParser(XmlArgumentCalls):
         at = self._buf.find(end_tag, self._pos)
         if at < 0:
             return self._starved()
-        self._key = self._buf[self._pos:at].strip()
+        self._key = self._buf[self._pos : at].strip()
         self._pos = at + len(end_tag)
         self._state = self._value_open
         return True
@@ -493,7 +494,7 @@ class HunyuanParser(XmlArgumentCalls):
         if hit is None:
             return self._starved()
         at, _ = hit
-        self._end_value(self._buf[self._pos:at])
+        self._end_value(self._buf[self._pos : at])
         self._pos = at + len(end_tag)
         self._state = self._body
         return True

@@ -53,7 +53,7 @@ class KimiK3Parser(XmlArgumentCalls):
         self._begin_attempt(at, self._pos, markup=False)
         self._state = self._channel_open if marker == _OPEN else self._channel_close
 
-    def _tag(self) -> tuple[str, dict[str, str]] | None | Malformed:
+    def _tag(self) -> tuple[str, dict[str, str]] | Malformed | None:
         """Read `NAME ATTRS<|sep|>` after an open or close token; `None` until it is complete."""
         buf, pos = self._buf, self._pos
         sep = buf.find(_SEP, pos)
@@ -167,7 +167,7 @@ class KimiK3Parser(XmlArgumentCalls):
         if hit is None:
             return self._starved()
         at, terminator = hit
-        self._end_value(self._buf[self._pos:at])
+        self._end_value(self._buf[self._pos : at])
         self._pos = at + len(terminator)
         self._state = self._body
         return True
