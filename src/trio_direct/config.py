@@ -105,8 +105,8 @@ _HELP = {
     "discovery_grace": "seconds an engine must be missing from successful answers before it leaves (default: one "
     "--discovery-interval)",
     "discovery_nameserver": "HOST[:PORT] of the DNS server to ask instead of the system resolver",
-    "drain_timeout": "seconds a leaving engine's in-flight requests may take to finish; then they end with an error "
-    "and an Abort",
+    "drain_timeout": "seconds a leaving engine's in-flight requests may take to finish; then each gets its Abort there "
+    "and moves to another engine (within --migration-limit; else it ends with an error)",
     "enforce_disagg": "with prefill engines configured, answer 503 while none is healthy instead of serving aggregated",
     "decode_abort_deadline": "seconds a cancelled decode leg may wait for its first message (the KV transfer) before its Abort",
     "engine_api": "engine gRPC API: auto (native, then SMG), native or smg",

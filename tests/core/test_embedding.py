@@ -55,13 +55,15 @@ class EmbeddingEngine:
         return True
 
 
-def pool_of(*clients: EmbeddingEngine, embedding: bool = True, max_retries: int = 1) -> ModelPool:
+def pool_of(
+    *clients: EmbeddingEngine, embedding: bool = True, max_retries: int = 1, idle_timeout: float = 120.0
+) -> ModelPool:
     engines = [
         Engine(f"e{i}", SimpleNamespace(role="aggregated", dp_size=1, url=f"grpc://e{i}:1"), client)  # type: ignore[arg-type]
         for i, client in enumerate(clients)
     ]
     model = SimpleNamespace(served_model_name="m", context_length=100, is_embedding=embedding)
-    config = ServeConfig(max_retries=max_retries, abort_timeout=1.0)
+    config = ServeConfig(max_retries=max_retries, abort_timeout=1.0, stream_idle_timeout=idle_timeout)
     return ModelPool(config, Fleet(engines, model), RoutingPolicy(), tokenizer=None, chat_template_override=None)
 
 
@@ -111,6 +113,26 @@ async def test_an_unreachable_engine_is_left_for_another():
     outputs = await run_embeddings(pool, plan)
     assert outputs[0].embedding == [7.0, 3.0]
     assert down.asked == up.asked == [plan.inputs[0].rid]
+
+
+async def test_an_engine_that_does_not_answer_within_the_idle_timeout_is_aborted_and_left(autojump_clock):
+    hung = EmbeddingEngine("hung", hang={7})
+    up = EmbeddingEngine("up")
+    pool = pool_of(hung, up, idle_timeout=30.0)
+    plan = plan_embeddings(pool, prompts(7))
+    before = trio.current_time()
+    outputs = await run_embeddings(pool, plan)
+    assert outputs[0].embedding == [7.0, 3.0]
+    assert 30.0 <= trio.current_time() - before < 31.0
+    assert hung.aborted == [plan.inputs[0].rid] and hung.open_calls == 0
+    assert up.asked == [plan.inputs[0].rid]
+
+
+async def test_with_the_idle_timeout_off_an_embed_call_may_take_as_long_as_it_takes(autojump_clock):
+    slow = EmbeddingEngine("slow", delay=600.0)
+    pool = pool_of(slow, idle_timeout=0.0)
+    outputs = await run_embeddings(pool, plan_embeddings(pool, prompts(3)))
+    assert outputs[0].embedding == [3.0, 3.0] and slow.aborted == []
 
 
 async def test_a_batch_keeps_a_bounded_number_of_calls_open():

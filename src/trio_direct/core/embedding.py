@@ -13,6 +13,7 @@ rule as for generation (`core.engine_call`): SGLang's server aborts a cancelled 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -26,6 +27,7 @@ from trio_direct.core.pool import ServingPool
 from trio_direct.engine.errors import (
     EngineDeadlineExceeded,
     EngineError,
+    EngineStalled,
     EngineUnavailable,
 )
 from trio_direct.engine.types import EmbedInput, EmbedOutput, EngineClient
@@ -112,8 +114,11 @@ async def run_embeddings(pool: ServingPool, plan: EmbeddingPlan) -> list[EmbedOu
 
 async def _routed_embed(pool: ServingPool, plan: EmbeddingPlan, request: EmbedInput) -> EmbedOutput:
     """One input on the engine routing picks; an unreachable engine is taken out of routing and the
-    input retried on another (`--max-retries`)."""
+    input retried on another (`--max-retries`). An `Embed` is one forward pass with no progress to
+    watch, so an engine that has not answered it within `--stream-idle-timeout` counts as hung, as
+    a silent stream does: the call is aborted, the engine marked down and the input retried."""
     retries = pool.config.max_retries
+    deadline = pool.config.stream_idle_timeout or math.inf
     while True:
         try:
             route = pool.choose_route((), request.rid, plan.session_key)
@@ -131,14 +136,16 @@ async def _routed_embed(pool: ServingPool, plan: EmbeddingPlan, request: EmbedIn
             request.routed_dp_rank = worker.dp_rank
             metrics.ROUTED.labels(worker.engine.id, worker.engine.card.role).inc()
             try:
-                return await embed_on_engine(client, request, abort_timeout=pool.config.abort_timeout)
-            except EngineUnavailable as error:
+                with trio.move_on_after(deadline):
+                    return await embed_on_engine(client, request, abort_timeout=pool.config.abort_timeout)
+                raise EngineStalled(f"no answer to Embed within --stream-idle-timeout {deadline:g}s", engine=client.name)
+            except (EngineUnavailable, EngineStalled) as error:
                 pool.engine_unreachable(client, error)
                 if retries <= 0:
                     raise client_error(error) from None
                 retries -= 1
                 metrics.RETRIES.inc()
-                log.info("embedding %s: engine unreachable, retrying", request.rid)
+                log.info("embedding %s: %s; retrying on another engine", request.rid, error)
             except EngineError as error:
                 raise client_error(error) from None
         finally:

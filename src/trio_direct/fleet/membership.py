@@ -11,8 +11,8 @@ that several name is one engine (by host and port), kept while any of them wants
 - **Leaving.** When no source wants it any more (or the admin API removes it) it is *drained*: out
   of routing at once; its in-flight requests finish, or past ``--drain-timeout`` their streams are
   failed at the transport (`EngineChannel.fail_streams`: each request then ends as one whose engine
-  went away: retried elsewhere before its first token, else an error event, and an `Abort` either
-  way); then its channel is retired (connections closed, no call reconnects) and the pool forgets
+  went away: retried elsewhere before its first token, migrated after it within
+  ``--migration-limit``, else an error event; an `Abort` either way); then its channel is retired (connections closed, no call reconnects) and the pool forgets
   it (KV index entries, load, metric series; a pool whose last engine left closes).
 - An engine that only DNS names, while every DNS answer since it was last confirmed failed or came
   back empty (the sources are *holding* it), leaves when its health checks fail: a Service scaled
