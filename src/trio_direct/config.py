@@ -12,6 +12,10 @@ import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from trio_direct.fleet.probe import ApiChoice
 
 ENV_PREFIX = "TRIO_DIRECT_"
 
@@ -32,7 +36,7 @@ class ServeConfig:
     drain_timeout: float = 30.0
     enforce_disagg: bool = False
     decode_abort_deadline: float = 30.0
-    engine_api: str = "auto"
+    engine_api: ApiChoice = "auto"  # argparse checks the choices (_CHOICES)
     engine_wait_timeout: float = 120.0
     engine_join_grace: float = 5.0
     connect_timeout: float = 5.0

@@ -149,15 +149,15 @@ def cache_hit_series(records: Sequence[RequestRecord], *, bins: int = 60) -> lis
 
     Bins are at least a second wide; bins with no prompt tokens are left out.
     """
-    sent = [r for r in records if r.ok and r.sent_at_s is not None and r.prompt_tokens]
+    sent = [(r.sent_at_s, r) for r in records if r.ok and r.sent_at_s is not None and r.prompt_tokens]
     if not sent:
         return []
-    end = max(r.sent_at_s for r in sent)  # type: ignore[type-var]
+    end = max(sent_at for sent_at, _ in sent)
     width = max(1.0, end / bins)
     cached: dict[int, int] = {}
     prompt: dict[int, int] = {}
-    for r in sent:
-        slot = int(r.sent_at_s // width)  # type: ignore[operator]
+    for sent_at, r in sent:
+        slot = int(sent_at // width)
         cached[slot] = cached.get(slot, 0) + (r.cached_tokens or 0)
         prompt[slot] = prompt.get(slot, 0) + (r.prompt_tokens or 0)
     return [(slot * width, cached[slot] / prompt[slot]) for slot in sorted(prompt)]

@@ -22,6 +22,7 @@ from trio_direct.engine.transport import EngineChannel
 from trio_direct.engine.types import (
     EmbedInput,
     EmbedOutput,
+    EngineApi,
     GenerateChunk,
     GenerateInput,
     SamplingOptions,
@@ -195,7 +196,8 @@ def _apply_finish(chunk: GenerateChunk, finish: Any) -> None:
     kind = finish.get("type")
     if kind == "stop":
         chunk.finish_reason = "stop"
-        matched = finish.get("matched")
+        # JSON from the engine: a token id (SGLang may wrap it in a list) or a stop string; not checked
+        matched: Any = finish.get("matched")
         chunk.matched_stop = matched[0] if isinstance(matched, list) and matched else matched
     elif kind == "length":
         chunk.finish_reason = "length"
@@ -213,7 +215,7 @@ class NativeEngineClient:
     once, because it costs O(n²) bytes over a long stream.
     """
 
-    api = "native"
+    api: EngineApi = "native"
 
     def __init__(self, channel: EngineChannel, *, incremental: bool | None = None) -> None:
         self.channel = channel

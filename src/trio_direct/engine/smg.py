@@ -24,6 +24,8 @@ from trio_direct.engine.transport import EngineChannel
 from trio_direct.engine.types import (
     EmbedInput,
     EmbedOutput,
+    EngineApi,
+    FinishReason,
     GenerateChunk,
     GenerateInput,
     SamplingOptions,
@@ -42,6 +44,8 @@ GET_LOADS = _SERVICE + "GetLoads"
 #: The SMG room field is int32 (the native one is int64).
 MAX_ROOM = 2**31 - 1
 _LEGACY_ERROR_FIELD = 4
+#: The finish reasons a GenerateComplete may name; any other counts as "stop".
+_FINISH_REASONS: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
 
 
 def sampling_params(options: SamplingOptions) -> pb.SamplingParams:
@@ -155,7 +159,7 @@ class _ChunkDecoder:
         matched = complete.WhichOneof("matched_stop")
         chunk = GenerateChunk(
             token_ids=ids,
-            finish_reason=complete.finish_reason if complete.finish_reason in ("stop", "length", "abort") else "stop",
+            finish_reason=_FINISH_REASONS.get(complete.finish_reason, "stop"),
             matched_stop=getattr(complete, matched) if matched else None,
             prompt_tokens=complete.prompt_tokens,
             completion_tokens=complete.completion_tokens,
@@ -200,7 +204,7 @@ def _plain(struct_dict: dict[str, Any]) -> dict[str, Any]:
 class SmgEngineClient:
     """An engine reached over the SMG API."""
 
-    api = "smg"
+    api: EngineApi = "smg"
 
     def __init__(self, channel: EngineChannel) -> None:
         self.channel = channel

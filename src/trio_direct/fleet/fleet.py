@@ -303,7 +303,7 @@ async def probe_fleet(
 
 
 def _expand(engines: Iterable[Engine]) -> list[Worker]:
-    workers = []
+    workers: list[Worker] = []
     for engine in engines:
         if engine.card.dp_size > 1:
             workers.extend(Worker(engine, rank) for rank in range(engine.card.dp_size))

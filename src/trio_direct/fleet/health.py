@@ -26,7 +26,7 @@ from trio_direct.engine.errors import EngineDeadlineExceeded, EngineError, Engin
 from trio_direct.engine.transport import ChannelPool
 from trio_direct.fleet.card import CardError, EngineCard
 from trio_direct.fleet.fleet import Engine, Fleet, FleetError, PendingEngine
-from trio_direct.fleet.probe import probe_engine
+from trio_direct.fleet.probe import ApiChoice, probe_engine
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ class EngineHealth:
         interval: float = 5.0,
         timeout: float = 2.0,
         failures_to_down: int = 2,
-        api: str = "auto",
+        api: ApiChoice = "auto",
         on_down: Callable[[Engine], None] | None = None,
         check_join: Callable[[Engine], None] | None = None,
         on_join: Callable[[Engine], None] | None = None,

@@ -805,7 +805,7 @@ async def run_frontend(
                 pools,
                 channels,
                 ids=EngineIds(len(static)),
-                api=config.engine_api,  # type: ignore[arg-type]
+                api=config.engine_api,
                 probe_interval=config.health_interval if config.health_interval > 0 else config.discovery_interval,
                 probe_timeout=max(config.health_timeout * 5, 1.0),
                 drain_timeout=config.drain_timeout,
@@ -846,15 +846,15 @@ async def _start_static_engines(
     probed, pending = await probe_fleet(
         [url for _, url in static],
         channels,
-        api=config.engine_api,  # type: ignore[arg-type]
+        api=config.engine_api,
         wait_timeout=config.engine_wait_timeout,
         join_grace=config.engine_join_grace,
     )
     source_of = {url: source for source, url in static}
     groups: dict[str, list[Engine]] = {}
-    for engine_id, engine in probed:
-        name = pools.pool_name(EngineSpec(engine.card.url), engine.card)
-        groups.setdefault(name, []).append(Engine(engine_id, engine.card, engine.client))
+    for engine_id, found in probed:
+        name = pools.pool_name(EngineSpec(found.card.url), found.card)
+        groups.setdefault(name, []).append(Engine(engine_id, found.card, found.client))
     for name, engines in groups.items():
         await pools.open_pool(name, engines)
         for engine in engines:

@@ -297,6 +297,7 @@ class Supervisor:
                     await process.wait()
             slot.process, slot.control, slot.ready = None, None, False
             parent_end.close()
+        assert process.returncode is not None  # process.wait() returned in the nursery above
         return process.returncode
 
     async def _wait_ready(self, slot: _Slot, control: trio.socket.SocketType) -> None:

@@ -67,7 +67,7 @@ class MessageBuffer:
     def __init__(self) -> None:
         self._buf = bytearray()
 
-    def feed(self, data: bytes) -> None:
+    def feed(self, data: bytes | bytearray) -> None:
         self._buf += data
         if b"\n" not in self._buf and len(self._buf) > _MAX_LINE:
             raise ValueError("bootstrap message too long")

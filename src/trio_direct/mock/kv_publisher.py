@@ -439,6 +439,7 @@ def _event_as_array(event: KvEvent) -> list[Any]:
 
 
 def _decode_event(item: Any) -> KvEvent | None:
+    fields: tuple[Any, ...]
     try:
         if isinstance(item, dict):
             tag = item["type"]
@@ -463,7 +464,9 @@ def _decode_event(item: Any) -> KvEvent | None:
                 return None
             if not isinstance(token_ids, list) or not _is_int(block_size) or block_size < 1:
                 return None
-            tokens = tuple(tuple(t) if isinstance(t, list) else t for t in token_ids)
+            # Ids pass through unchecked, and EAGLE bigram [token, next] pairs as tuples: not the
+            # tuple[int, ...] that BlockStored declares, so the checker is told Any.
+            tokens: tuple[Any, ...] = tuple(tuple(t) if isinstance(t, list) else t for t in token_ids)
             return BlockStored(
                 block_hashes=tuple(hashes), parent_block_hash=parent, token_ids=tokens, block_size=block_size
             )
@@ -501,10 +504,9 @@ def _tcp_port(endpoint: str) -> int | None:
 
 def _resolve_ports(config: KvEventsConfig, rank0: KvEventPublisher) -> KvEventsConfig:
     """``config`` with port 0 replaced by the ports rank 0 actually got."""
-    changes: dict[str, str] = {}
     if _tcp_port(config.endpoint) == 0:
-        changes["endpoint"] = f"tcp://{_split_tcp(config.endpoint)[0]}:{rank0.bound_port}"
+        config = dataclasses.replace(config, endpoint=f"tcp://{_split_tcp(config.endpoint)[0]}:{rank0.bound_port}")
     if config.replay_endpoint and _tcp_port(config.replay_endpoint) == 0:
         host = _split_tcp(config.replay_endpoint)[0]
-        changes["replay_endpoint"] = f"tcp://{host}:{rank0.bound_replay_port}"
-    return dataclasses.replace(config, **changes) if changes else config
+        config = dataclasses.replace(config, replay_endpoint=f"tcp://{host}:{rank0.bound_replay_port}")
+    return config

@@ -446,19 +446,19 @@ class _GenerateCall:
             self._finishes[rid] = finish
         all_done = len(self._finishes) == len(self._ids)
         if self._stream:
-            if self._incremental and (tail := call.unsent_tail()) is not None and tail is self._unsent.get(rid):
+            if self._incremental and (tail := call.unsent_tail()) is self._unsent.get(rid) and tail is not None:
                 # Like SGLang's incremental streaming: deltas that queued behind a slow reader go
                 # out coalesced into one message.
                 tail.output_ids.extend(out.new_token_ids)
                 tail.meta_info.update(self._meta(out, dp_rank))
                 tail.finished = all_done
-                if rows is not None:
+                if rows is not None and self._logprobs is not None:  # rows is None exactly when logprobs are off
                     self._unsent_rows[rid].extend(rows)
                     tail.meta_info.update(_logprob_meta(self._unsent_rows[rid], self._logprobs.top_n))
             else:
                 ids = out.new_token_ids if self._incremental else self._ids[rid]
                 message = pb.GenerateResponse(output_ids=ids, meta_info=self._meta(out, dp_rank), finished=all_done)
-                if rows is not None:
+                if rows is not None and self._logprobs is not None:
                     sent_rows = list(rows) if self._incremental else list(self._rows[rid])
                     self._unsent_rows[rid] = sent_rows
                     message.meta_info.update(_logprob_meta(sent_rows, self._logprobs.top_n))

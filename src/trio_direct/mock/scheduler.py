@@ -591,10 +591,9 @@ class Scheduler:
         output = r.output
         pos = len(output)
         if pos >= r.max_new:  # only a PD decode leg asking for 0 tokens gets here
-            finish = Finish("length", length=pos)
-            return RequestOutput(r.rid, [], finish, r.prompt_len, pos, r.cached_tokens)
+            return RequestOutput(r.rid, [], Finish("length", length=pos), r.prompt_len, pos, r.cached_tokens)
         if r.script is not None:
-            return self._scripted_token(r, pos)
+            return self._scripted_token(r, r.script, pos)
         vocab = self._vocab
         excluded = self._excluded
         mask = r.mask if pos < r.min_new else ()
@@ -606,7 +605,7 @@ class Scheduler:
             tok = stop if stop in r.stop_ids else _draw(r.sample_key + step, vocab, excluded, r.stop_ids)
         output.append(tok)
         n = pos + 1
-        finish = None
+        finish: Finish | None = None
         if tok in r.stop_ids:
             finish = Finish("stop", matched=tok)
         elif r.stop_strs and self._decode_text is not None:
@@ -619,9 +618,8 @@ class Scheduler:
             finish = Finish("length", length=n)
         return RequestOutput(r.rid, [tok], finish, r.prompt_len, n, r.cached_tokens)
 
-    def _scripted_token(self, r: _Req, pos: int) -> RequestOutput:
-        """The script's next token; after the script, EOS (stop), or the length limit."""
-        script = r.script
+    def _scripted_token(self, r: _Req, script: tuple[int, ...], pos: int) -> RequestOutput:
+        """The script's next token (``script`` is ``r.script``); after the script, EOS (stop), or the length limit."""
         n = pos + 1
         if pos < len(script):
             tok = script[pos]

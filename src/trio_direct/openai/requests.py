@@ -479,12 +479,13 @@ def _check_prompt(prompt: str | list[str | int | list[int]]) -> None:
         if type(item) is not kind:
             message = f"Invalid type for 'prompt[{i}]': the prompt must be {_PROMPT_SHAPES}."
             raise invalid_request(message, f"prompt[{i}]")
-        if kind is int:
-            _check_token_id(item, f"prompt[{i}]")  # type: ignore[arg-type]
+        # type(item) is kind here; testing type(item) rather than kind lets the checker narrow item
+        if type(item) is int:
+            _check_token_id(item, f"prompt[{i}]")
         elif not item:
             raise invalid_request(f"Invalid value for 'prompt[{i}]': the prompt must not be empty.", f"prompt[{i}]")
-        elif kind is list:
-            for j, token_id in enumerate(item):  # type: ignore[arg-type]
+        elif type(item) is list:
+            for j, token_id in enumerate(item):
                 _check_token_id(token_id, f"prompt[{i}][{j}]")
 
 

@@ -285,9 +285,10 @@ _ENV = _environment()
 def _reads_content(node: jinja2.nodes.Node) -> bool:
     """Whether `node` is `<name>['content']` / `<name>.content`, possibly filtered or sliced."""
     while True:
-        if (isinstance(node, (jinja2.nodes.Filter, jinja2.nodes.Test)) and node.node is not None) or (
-            isinstance(node, jinja2.nodes.Getitem) and isinstance(node.arg, jinja2.nodes.Slice)
-        ):
+        if (
+            isinstance(node, (jinja2.nodes.Filter, jinja2.nodes.Test))
+            or (isinstance(node, jinja2.nodes.Getitem) and isinstance(node.arg, jinja2.nodes.Slice))
+        ) and node.node is not None:  # a Getitem always has a node; a Filter in a filter block has none
             node = node.node
         else:
             break

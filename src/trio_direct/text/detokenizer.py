@@ -87,7 +87,7 @@ class IncrementalDetokenizer:
         step = self._stream.step
         tokenizer = self._tokenizer
         pending = self._pending
-        out = []
+        out: list[str] = []
         for index, token_id in enumerate(token_ids):
             pending.append(token_id)
             try:

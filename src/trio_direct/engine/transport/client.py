@@ -183,7 +183,8 @@ class _ClientProtocol(H2Protocol):
         # grows the heap by ~8 MB per connection before it levels off. The recent ones are enough.
         h2_connection._closed_streams = SizeLimitDict(size_limit=_CLOSED_STREAMS_REMEMBERED)
         processors = self.processor.processors
-        process = processors[RemoteSettingsChanged]
+        # grpclib infers its processors as dict[type, function], which the checker cannot call
+        process: Callable[[RemoteSettingsChanged], None] = processors[RemoteSettingsChanged]  # type: ignore[assignment]
         peer_settings = h2_connection.remote_settings
 
         def settings_changed(event: RemoteSettingsChanged) -> None:

@@ -51,7 +51,7 @@ async def open_asyncio_loop() -> AsyncIterator[trio_asyncio.TrioEventLoop]:
 def current_loop() -> trio_asyncio.TrioEventLoop:
     """This task's trio-asyncio loop, else the process's."""
     loop = trio_asyncio.current_loop.get()
-    return loop if loop is not None else _process_loop  # type: ignore[return-value]
+    return loop if loop is not None else _process_loop
 
 
 def aio(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -165,7 +165,10 @@ async def serve_grpc(
     server = _Server([_Service(methods)], config=HTTP2_CONFIG)
     await aio(server.start)(host, port)
     try:
-        bound = server._server.sockets[0].getsockname()[1]
+        # grpclib types this AbstractServer | None; start() set it to the Server that create_server returns
+        listener = server._server
+        assert isinstance(listener, asyncio.Server)
+        bound = listener.sockets[0].getsockname()[1]
         task_status.started(bound)
         await trio.sleep_forever()
     finally:

@@ -18,7 +18,7 @@ markers included (the text is never lost).
 from __future__ import annotations
 
 import re
-from typing import Final
+from typing import Any, Final
 
 from trio_direct.parsers.markers import first_marker
 from trio_direct.parsers.tools.stream import ToolCallParser
@@ -45,7 +45,7 @@ class GptOssParser(ToolCallParser):
     requires_special_tokens = True
     MARKERS = (_START, _CHANNEL)
 
-    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._name = ""
 

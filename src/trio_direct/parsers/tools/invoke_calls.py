@@ -36,7 +36,7 @@ class InvokeCalls(XmlArgumentCalls):
     PARAMETER_CLOSE: ClassVar[str]
     _RAW_JSON_BODY: ClassVar[bool] = False  # an invoke may hold a JSON object instead of parameters
 
-    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._step = 0  # position in CALL_OPEN / CALL_CLOSE
 

@@ -16,7 +16,7 @@ import json
 import re
 import string
 from collections.abc import Callable
-from typing import ClassVar, Final
+from typing import Any, ClassVar, Final
 
 from trio_direct.parsers.tools.stream import (
     MALFORMED,
@@ -54,7 +54,7 @@ class JsonObjectCalls(ToolCallParser):
     _ARGUMENT_KEYS: tuple[str, ...] = ("arguments", "parameters")
     _EXTRA_KEYS: frozenset[str] = frozenset({"type", "id"})  # may come before the name
 
-    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._object_done: Callable[[], None] = self._no_op
         self._key = ""
@@ -403,7 +403,7 @@ class MistralParser(JsonObjectCalls):
     format = "mistral"
     MARKERS = ("[TOOL_CALLS]",)
 
-    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._compact_name = ""
         self._compact_id: str | None = None

@@ -40,7 +40,7 @@ class PythonicParser(ToolCallParser):
     requires_special_tokens = True
     MARKERS = (_PYTHON_START,)
 
-    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._count = 0
         self._object_open = False
@@ -209,7 +209,7 @@ class SarashinaParser(ToolCallParser):
     requires_special_tokens = True
     MARKERS = ("<|tool_calls|>",)
 
-    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._dict_scanner = PythonValueScanner()
         self._source: list[str] = []

@@ -35,7 +35,7 @@ class XmlArgumentCalls(ToolCallParser):
     # formats whose body may be a raw JSON object instead wait for the first argument.
     _EAGER_OBJECT: bool = True
 
-    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._function = ""
         self._count = 0  # arguments written so far in this call
@@ -380,7 +380,7 @@ class HunyuanParser(XmlArgumentCalls):
     _SUFFIX: Final = re.compile(r"(?::[^<>\s]*)?>")
     _SUFFIX_PREFIX: Final = re.compile(r"(?::[^<>\s]*)?")
 
-    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._tags: dict[str, str] = {}
 
