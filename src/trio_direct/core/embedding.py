@@ -138,7 +138,9 @@ async def _routed_embed(pool: ServingPool, plan: EmbeddingPlan, request: EmbedIn
             try:
                 with trio.move_on_after(deadline):
                     return await embed_on_engine(client, request, abort_timeout=pool.config.abort_timeout)
-                raise EngineStalled(f"no answer to Embed within --stream-idle-timeout {deadline:g}s", engine=client.name)
+                raise EngineStalled(
+                    f"no answer to Embed within --stream-idle-timeout {deadline:g}s", engine=client.name
+                )
             except (EngineUnavailable, EngineStalled) as error:
                 pool.engine_unreachable(client, error)
                 if retries <= 0:
