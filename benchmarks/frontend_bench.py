@@ -123,7 +123,7 @@ def main() -> None:
 
     with Children() as children:
         print("== latency added by the frontend (c=1, mock --speedup 1, 32 tokens) ==")
-        realtime = [children.mock_engine("--incremental-streaming-output") for _ in range(2)]
+        realtime = [children.mock_engine("--incremental-streaming-output", "--served-model-name", MODEL_NAME) for _ in range(2)]
         frontends = {"trio-direct": start_frontend(children, realtime)[0]}
         if args.baseline:
             frontends["baseline"] = start_frontend(children, realtime, args.baseline)[0]
@@ -151,7 +151,7 @@ def main() -> None:
             return
 
         print("\n== streamed tokens/s (mock --speedup inf, 2 engines, 64 tokens per request) ==")
-        fast = [children.mock_engine("--speedup", "inf", "--incremental-streaming-output") for _ in range(2)]
+        fast = [children.mock_engine("--speedup", "inf", "--incremental-streaming-output", "--served-model-name", MODEL_NAME) for _ in range(2)]
         targets = {"trio-direct": start_frontend(children, fast)}
         if args.baseline:
             targets["baseline"] = start_frontend(children, fast, args.baseline)

@@ -18,7 +18,7 @@ import sys
 import trio
 
 from loadgen import Children, free_port, run_load, summary_ms, wait_http
-from trio_direct.mock.tiny_model import default_tiny_model_dir, ensure_tiny_model
+from trio_direct.mock import MOCK_MODEL_NAME
 
 
 def frontend(children: Children, *urls: str) -> int:
@@ -49,7 +49,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=48)
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
-    model = str(ensure_tiny_model(default_tiny_model_dir()))
+    model = MOCK_MODEL_NAME  # what a mock engine serves unless told otherwise
     with Children() as children:
         bootstrap = str(free_port())
         prefill = children.mock_engine("--role", "prefill", "--disaggregation-bootstrap-port", bootstrap, "--incremental-streaming-output")
