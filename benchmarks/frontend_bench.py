@@ -118,7 +118,7 @@ def main() -> None:
     model_dir = ensure_tiny_model(default_tiny_model_dir())
     tokenizer = ModelTokenizer.from_directory(model_dir)
     prompt_ids = tokenizer.encode(render_chat(tokenizer, PROMPT), add_special_tokens=False)
-    model = str(model_dir)
+    model = MODEL_NAME  # the name the mocks serve (--served-model-name)
     smg = find_smg(args.smg)
 
     with Children() as children:

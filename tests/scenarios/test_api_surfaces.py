@@ -483,3 +483,37 @@ async def test_anthropic_and_responses_image_inputs_reach_the_engine(aio_loop, n
 
     messages_tokens, responses_tokens = await trio.to_thread.run_sync(use_sdks)
     assert messages_tokens == responses_tokens == text_tokens + 2 * IMAGE_TOKENS
+
+
+async def test_an_embedding_model_and_a_generation_model_behind_one_frontend(aio_loop, nursery):
+    """Each kind serves its own routes; the other kind's routes get a 400 in their own envelope."""
+    embedder = await start_mock_engine(nursery, "--is-embedding", "--served-model-name", "embedder", *FAST)
+    writer = await start_mock_engine(nursery, "--served-model-name", "writer", *FAST)
+    base = await start_frontend(nursery, *engine_flags([embedder, writer]))
+    client = sdk(base)
+    assert sorted(model.id for model in (await client.models.list()).data) == ["embedder", "writer"]
+    vector = (await client.embeddings.create(model="embedder", input="a fox", encoding_format="float")).data[0]
+    assert len(vector.embedding) == 256
+    reply = await client.chat.completions.create(
+        model="writer", messages=[{"role": "user", "content": "Hi"}], max_tokens=4
+    )
+    assert reply.choices[0].finish_reason == "length"
+    with pytest.raises(openai.BadRequestError) as caught:
+        await client.chat.completions.create(model="embedder", messages=[{"role": "user", "content": "Hi"}])
+    assert caught.value.body["code"] == "model_not_supported"
+    with pytest.raises(openai.BadRequestError) as caught:
+        await client.responses.create(model="embedder", input="Hi")
+    assert caught.value.body["code"] == "model_not_supported"
+    with pytest.raises(openai.BadRequestError) as caught:
+        await client.embeddings.create(model="writer", input="a fox")
+    assert caught.value.status_code == 400
+    await client.close()
+    async with httpx.AsyncClient(base_url=base, timeout=30) as http:
+        refused = await http.post(
+            "/v1/messages",
+            json={"model": "embedder", "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]},
+        )
+    assert refused.status_code == 400
+    assert refused.json()["type"] == "error" and refused.json()["error"]["type"] == "invalid_request_error"
+    for account in await settle([embedder, writer]):
+        assert account["started"] == account["finished"]
