@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 from core.test_render import Digits, ScriptedEngine, Writer, events
 
+from trio_direct import metrics
 from trio_direct.config import ServeConfig
 from trio_direct.core.migration import continuation_request, migration_refusal
 from trio_direct.core.output import ChoiceOutput
@@ -124,6 +125,22 @@ async def test_no_migration_past_the_limit_or_when_disabled():
     pool, plan, (_, healthy) = fleet_of(first, [GenerateChunk([4], finish_reason="length")], migrations=0)
     chunks, body = await read(pool, plan)
     assert text_of(chunks) == "3" and "error" in body[-2] and healthy.requests == []
+
+
+async def test_a_second_failure_past_a_limit_of_one_ends_the_stream_with_an_error():
+    """K=1: the stream moves once; when its second engine fails too, the client gets the text so far
+    and an error event, the third engine is never asked, and the metric says the limit was reached."""
+    exhausted = metrics.MIGRATIONS.labels("exhausted")
+    before = exhausted._value.get()
+    first = [GenerateChunk([3]), EngineUnavailable("connection lost")]
+    second = [GenerateChunk([4]), EngineUnavailable("connection lost again")]
+    pool, plan, (one, two, three) = fleet_of(first, second, [GenerateChunk([5], finish_reason="length")])
+    chunks, body = await read(pool, plan)
+    assert text_of(chunks) == "34" and finishes(chunks) == []
+    assert "error" in body[-2] and body[-1] == "[DONE]"
+    assert len(two.requests) == 1 and three.requests == []
+    assert one.aborted == [RID] and two.aborted == [two.requests[0].rid]
+    assert exhausted._value.get() == before + 1
 
 
 async def test_guided_decoding_and_request_faults_are_not_migrated():
