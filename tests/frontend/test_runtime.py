@@ -9,6 +9,7 @@ import pytest
 from trio_direct.config import ServeConfig
 from trio_direct.fleet.fleet import Engine, Fleet, FleetError
 from trio_direct.frontend.runtime import ModelPool, check_roles
+from trio_direct.routing.busy import BusyThreshold, EngineLoads
 from trio_direct.routing.policy import RoutingPolicy
 from trio_direct.routing.simple import NoWorkerAvailable
 
@@ -252,3 +253,16 @@ async def test_an_engine_that_left_leaves_the_kv_index_the_routers_and_its_subsc
     await wait_until(lambda: not subscription._ranks)  # its subscription ended: the socket is closed
     front.release("r1")  # a request that was routed there ends later: nothing left to release
     assert 'trio_direct_routing_decisions_total{engine="e0"' not in metrics.exposition().decode()
+
+
+def test_a_busy_decode_engine_is_not_paired_and_no_prefill_starts_while_every_decode_engine_is_busy():
+    front = frontend([engine("p0", "prefill"), engine("d0", "decode"), engine("d1", "decode")])
+    front.busy = EngineLoads(BusyThreshold.parse("2"))  # as serve sets it for --engine-busy-threshold 2
+    by_id = {e.id: e for e in front.fleet.engines}
+    front.apply_load(by_id["d0"], [{"num_running_reqs": 2, "num_waiting_reqs": 0}])
+    assert front.headroom() == 2  # d1 takes two more; the prefill engine is idle
+    assert {front.choose_route().decode.engine.id for _ in range(3)} == {"d1"}  # d0 is not paired
+    front.apply_load(by_id["d1"], [{"num_running_reqs": 1, "num_waiting_reqs": 1}])
+    assert front.headroom() == 0  # admission holds new requests: no prefill starts for a busy decode engine
+    front.apply_load(by_id["d0"], [{"num_running_reqs": 0, "num_waiting_reqs": 0}])
+    assert front.headroom() == 2
