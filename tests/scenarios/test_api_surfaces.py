@@ -176,6 +176,15 @@ async def test_tokenize_and_detokenize_round_trip_and_count_what_a_chat_sends(ai
             await http.post("/v1/tokenize", json={"model": model, "prompt": "Hi", "return_token_strs": True})
         ).json()
         assert len(strs["token_strs"]) == strs["count"]
+        # a text past the context is still counted (by how much to cut it?) while that is cheap ...
+        limit = plain["max_model_len"]
+        over = (await http.post("/v1/tokenize", json={"model": model, "prompt": "x " * limit})).json()
+        assert over["count"] > limit and over["max_model_len"] == limit
+        # ... but one that provably cannot fit (counted in chunks, stopped at the limit) is refused
+        refused = await http.post("/tokenize", json={"model": model, "prompt": "x " * (8 * limit)})
+        assert refused.status_code == 400, refused.text
+        assert refused.json()["error"]["code"] == "context_length_exceeded"
+        assert refused.json()["error"]["param"] == "prompt"
 
 
 # ---- /generate -----------------------------------------------------------------------------------

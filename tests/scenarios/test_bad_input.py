@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import re
 
 import httpx
 import pytest
 import trio
 from support import start_frontend, start_mock_engine
+
+from trio_direct.anthropic.errors import anthropic_error_body
+from trio_direct.http.routes import ROUTES
 
 pytestmark = pytest.mark.slow
 
@@ -94,5 +98,58 @@ async def test_bad_requests_get_openai_errors(aio_loop, nursery):
                 failures.append(f"{name}: {failure!r} / {response.status_code} {response.text[:200]}")
         assert not failures, "\n".join(failures)
         # and the server still serves well-formed requests afterwards
+        ok = await client.post(CHAT, json={"model": model, "messages": HELLO, "max_tokens": 2})
+        assert ok.status_code == 200
+
+
+#: Bodies that are not valid UTF-8 (msgspec raises UnicodeDecodeError, not a DecodeError, for most):
+#: in a value, in a key, a truncated sequence, an encoded surrogate, and raw bytes before any JSON.
+NOT_UTF8 = [
+    b'{"model": "\xff", "messages": [], "prompt": "\xff", "input": "\xff", "text": "\xff", "url": "\xff"}',
+    b'{"\xff": 1}',
+    b'{"model": "m", "prompt": "ab\xe2\x82"}',
+    b'{"model": "m", "input": "\xed\xa0\x80"}',
+    b"\xff\xfe{}",
+]
+#: and other bodies no route can read: nested past the decoder's depth, not an object
+MALFORMED = [b'{"model": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", b"[1]", b"{"]
+ADMIN_KEY = "admin-secret"
+
+
+def error_of(route, response: httpx.Response) -> dict:
+    """The error object of `response`, in the envelope of `route`'s API (fails on any other shape)."""
+    body = response.json()
+    if route.error_body is anthropic_error_body:
+        assert set(body) == {"type", "error"} and body["type"] == "error", body
+        assert set(body["error"]) == {"type", "message"}, body
+    else:
+        assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}, body
+    assert body["error"]["message"], body
+    return body["error"]
+
+
+async def test_a_body_not_utf8_or_malformed_gets_a_400_in_its_routes_envelope_on_every_route(aio_loop, nursery):
+    """Every route of the route table that reads a body, so a route added later is covered too."""
+    engine = await start_mock_engine(nursery, "--speedup", "inf", "--incremental-streaming-output")
+    base = await start_frontend(nursery, "--engine-url", engine.url, "--admin-api-key", ADMIN_KEY)
+    routes = [route for route in ROUTES.routes if route.method in ("POST", "PUT", "PATCH")]
+    assert {"/v1/chat/completions", "/v1/messages", "/admin/engines", "/generate"} <= {r.path for r in routes}
+    failures = []
+    async with httpx.AsyncClient(base_url=base, timeout=30) as client:
+        for route in routes:
+            path = re.sub(r"\{[^}]*\}", "x", route.path)
+            headers = {"content-type": "application/json"}
+            if route.admin:
+                headers["authorization"] = f"Bearer {ADMIN_KEY}"
+            for body in NOT_UTF8 + MALFORMED:
+                with trio.fail_after(10):
+                    response = await client.request(route.method, path, content=body, headers=headers)
+                try:
+                    assert response.status_code == 400, response.status_code
+                    error_of(route, response)
+                except (AssertionError, ValueError, KeyError) as failure:
+                    failures.append(f"{route.method} {path} {body[:24]!r}: {failure!r} / {response.text[:200]}")
+        assert not failures, "\n".join(failures)
+        model = (await client.get("/v1/models")).json()["data"][0]["id"]
         ok = await client.post(CHAT, json={"model": model, "messages": HELLO, "max_tokens": 2})
         assert ok.status_code == 200

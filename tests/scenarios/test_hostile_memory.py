@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 import trio
+from support import start_mock_engine
 
 pytestmark = pytest.mark.slow
 
@@ -43,10 +44,14 @@ def reset_peak(pid: int) -> None:
     Path(f"/proc/{pid}/clear_refs").write_text("5")  # VmHWM starts again from the current size
 
 
-async def serve(nursery: trio.Nursery) -> tuple[trio.Process, str]:
+async def serve(nursery: trio.Nursery, *, embedding: bool = False) -> tuple[trio.Process, str]:
+    """`trio-direct serve` over its built-in mock engines, or over one embedding mock engine."""
     port = free_port()
     command = [sys.executable, "-m", "trio_direct", "serve", "--port", str(port), "--mock-speedup", "inf",
                "--log-level", "warning"]  # fmt: skip
+    if embedding:
+        engine = await start_mock_engine(nursery, "--is-embedding", "--speedup", "inf")
+        command += ["--engine-url", engine.url]
     process = await nursery.start(partial(trio.run_process, command, check=False, stderr=subprocess.DEVNULL))
     base = f"http://127.0.0.1:{port}"
     async with httpx.AsyncClient(base_url=base, timeout=30) as client:
@@ -59,61 +64,92 @@ async def serve(nursery: trio.Nursery) -> tuple[trio.Process, str]:
                     pass
                 await trio.sleep(0.2)
         for _ in range(3):  # warm: the first requests load what every later one uses
-            body = {"model": MOCK, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 2}
-            assert (await client.post("/v1/chat/completions", json=body)).status_code == 200
+            assert (await served(client, embedding)).status_code == 200
     return process, base
+
+
+async def served(client: httpx.AsyncClient, embedding: bool) -> httpx.Response:
+    """A small request the server must answer (the warm-up, and proof that it serves on)."""
+    if embedding:
+        return await client.post("/v1/embeddings", json={"model": MOCK, "input": "Hello"})
+    body = {"model": MOCK, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 2}
+    return await client.post("/v1/chat/completions", json=body)
 
 
 def chat_with(content: str) -> bytes:
     return json.dumps({"model": MOCK, "messages": [{"role": "user", "content": content}], "max_tokens": 4}).encode()
 
 
-BODIES = {
-    # 20 MB in one prompt string, under the 32 MiB body limit
-    "a 20 MB chat message": lambda: chat_with("lorem ipsum " * (20 * MB // 12)),
-    "a 20 MB completion prompt": lambda: json.dumps({"model": MOCK, "prompt": "dolor sit " * (2 * MB)}).encode(),
+def body(**fields: object) -> bytes:
+    return json.dumps({"model": MOCK, **fields}).encode()
+
+
+TWENTY_MB = "lorem ipsum " * (20 * MB // 12)  # 20 MB in one prompt string, under the 32 MiB body limit
+#: one-character words, a token each: too short for the length bound to decide (the tiny model's
+#: longest token bounds it at ~31k of its 32k context), so the chunked count must
+ONE_CHAR_WORDS = "x " * 400_000
+
+#: name -> (route, body, served by an embedding model)
+CASES = {
+    "a 20 MB chat message": ("/v1/chat/completions", lambda: chat_with(TWENTY_MB), False),
+    "a 20 MB completion prompt": ("/v1/completions", lambda: body(prompt="dolor sit " * (2 * MB)), False),
     # a million-ish messages, each tiny
-    "900,000 messages": lambda: json.dumps(
-        {
-            "model": MOCK,
-            "messages": [{"role": "user", "content": ""}] * 900_000,
-            "max_tokens": 4,
-        }
-    ).encode(),
-    # one-character words, a token each: too short for the length bound to decide (the tiny
-    # model's longest token bounds it at ~31k of its 32k context), so the chunked count must
-    "800,000 characters of one-character words": lambda: chat_with("x " * 400_000),
+    "900,000 messages": (
+        "/v1/chat/completions",
+        lambda: body(messages=[{"role": "user", "content": ""}] * 900_000, max_tokens=4),
+        False,
+    ),
+    "800,000 characters of one-character words": ("/v1/chat/completions", lambda: chat_with(ONE_CHAR_WORDS), False),
+    "a 20 MB /generate text": ("/generate", lambda: body(text=TWENTY_MB), False),
+    "a /generate batch holding a 20 MB text": ("/generate", lambda: body(text=["Hi", TWENTY_MB]), False),
+    "/generate: 800,000 characters of one-character words": ("/generate", lambda: body(text=ONE_CHAR_WORDS), False),
+    "a 20 MB /tokenize prompt": ("/tokenize", lambda: body(prompt=TWENTY_MB), False),
+    "/tokenize: 800,000 characters of one-character words": (
+        "/v1/tokenize",
+        lambda: body(prompt=ONE_CHAR_WORDS),
+        False,
+    ),
+    "a 20 MB /tokenize chat message": (
+        "/v1/tokenize",
+        lambda: body(messages=[{"role": "user", "content": TWENTY_MB}]),
+        False,
+    ),
+    "a 20 MB embeddings input": ("/v1/embeddings", lambda: body(input=TWENTY_MB), True),
+    "embeddings: 800,000 characters of one-character words": (
+        "/v1/embeddings",
+        lambda: body(input=["Hi", ONE_CHAR_WORDS]),
+        True,
+    ),
 }
 
 
-@pytest.mark.parametrize("kind", list(BODIES))
+@pytest.mark.parametrize("kind", list(CASES))
 async def test_a_prompt_far_over_the_context_is_refused_at_a_small_cost(nursery, kind):
-    process, base = await serve(nursery)
-    body = BODIES[kind]()
-    path = "/v1/completions" if b'"prompt"' in body[:200] else "/v1/chat/completions"
+    path, make_body, embedding = CASES[kind]
+    process, base = await serve(nursery, embedding=embedding)
+    content = make_body()
     async with httpx.AsyncClient(base_url=base, timeout=60) as client:
         before = status(process.pid, "VmRSS")
         reset_peak(process.pid)
         started = time.monotonic()
-        reply = await client.post(path, content=body, headers={"content-type": "application/json"})
+        reply = await client.post(path, content=content, headers={"content-type": "application/json"})
         elapsed = time.monotonic() - started
-        print(f"{kind}: refused in {elapsed:.2f}s")
         peak = status(process.pid, "VmHWM")
+        grew = peak - before
+        print(f"{kind} ({path}): refused in {elapsed:.2f}s, peak grew {grew / MB:.0f} MB")
         assert reply.status_code == 400, reply.text
         error = reply.json()["error"]
         assert error["code"] == "context_length_exceeded" and "maximum context length" in error["message"]
         # Proportional to the body: the JSON decoded once (a big string, or one small object per
         # message); rendering and encoding the whole prompt would cost gigabytes (it did: 4.3 GB for
-        # 20 MB in 26 s, 4.4 GB for a million messages in 19 s).
-        grew = peak - before
-        assert grew < 16 * len(body) + 64 * MB, f"peak grew {grew / MB:.0f} MB for a {len(body) / MB:.0f} MB body"
+        # a 20 MB chat message in 26 s, 3.6 GB for a 20 MB /generate text in 15 s, 4.4 GB for a
+        # million messages in 19 s).
+        assert grew < 16 * len(content) + 64 * MB, f"peak grew {grew / MB:.0f} MB for a {len(content) / MB:.0f} MB body"
         if "messages" not in kind:  # one long string: well under 200 MB
             assert grew < 200 * MB, f"peak grew {grew / MB:.0f} MB"
         assert elapsed < 5, f"{elapsed:.1f}s to refuse"  # well under a second on the development VM
         await trio.sleep(0.5)
         after = status(process.pid, "VmRSS")
         assert after - before < 64 * MB, f"{(after - before) / MB:.0f} MB still held"
-        # and the server serves on
-        ok = {"model": MOCK, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
-        assert (await client.post("/v1/chat/completions", json=ok)).status_code == 200
+        assert (await served(client, embedding)).status_code == 200  # and the server serves on
     process.terminate()

@@ -22,13 +22,21 @@ def tokenizer(tiny_model: Path) -> ModelTokenizer:
 
 @pytest.fixture
 def make_pool(tokenizer):
-    """`make_pool(images=True, embedding=False, template=None, **config)`: a `ModelPool` to plan with."""
+    """`make_pool(images=True, embedding=False, template=None, context_length=4096, **config)`: a
+    `ModelPool` to plan with."""
 
-    def make(*, images: bool = False, embedding: bool = False, template: str | None = None, **config) -> ModelPool:
+    def make(
+        *,
+        images: bool = False,
+        embedding: bool = False,
+        template: str | None = None,
+        context_length: int | None = 4096,
+        **config,
+    ) -> ModelPool:
         card = SimpleNamespace(role="aggregated", dp_size=1, url="grpc://e0:1")
         engine = Engine("e0", card, client=SimpleNamespace(api="native", name="e0"))  # type: ignore[arg-type]
         model = FleetModel(
-            served_model_name="m", model_path="m", tokenizer_path="m", block_size=None, context_length=4096,
+            served_model_name="m", model_path="m", tokenizer_path="m", block_size=None, context_length=context_length,
             tool_call_parser=None, reasoning_parser=None, is_embedding=embedding, supports_images=images,
         )  # fmt: skip
         settings = replace(ServeConfig(), **config)

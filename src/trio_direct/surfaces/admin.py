@@ -46,10 +46,12 @@ async def add_engine(exchange: Exchange) -> None:
     membership = _membership(exchange)
     try:
         fields = msgspec.json.decode(exchange.body)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):  # RecursionError: nested too deeply
         raise errors.invalid_request(
             'The body must be JSON: {"url": "grpc://HOST:PORT", "model"?: ..., "role"?: ...}.'
         ) from None
+    except UnicodeDecodeError:  # msgspec decodes strings as UTF-8 and lets this through
+        raise errors.invalid_request("The request body is not valid UTF-8.") from None
     if not isinstance(fields, dict):
         raise errors.invalid_request('The body must be a JSON object: {"url": "grpc://HOST:PORT"}.')
     try:

@@ -26,7 +26,7 @@ from trio_direct.openai.embeddings import (
     embeddings_body,
     truncate_normalized,
 )
-from trio_direct.surfaces.prompting import in_thread_if_long
+from trio_direct.surfaces.prompting import in_thread_if_long, refuse_if_counted_over, refuse_if_too_long
 
 if TYPE_CHECKING:
     from trio_direct.frontend.runtime import ModelPool
@@ -72,14 +72,18 @@ async def handle(exchange: Exchange) -> None:
 
 async def embedding_prompts(pool: ModelPool, request: EmbeddingRequest) -> list[Prompt]:
     """One prompt per input: text tokenized with the model's special tokens (on a worker thread
-    when long), token ids checked against the vocabulary."""
+    when long), token ids checked against the vocabulary; a text that cannot fit the context is
+    refused before it is encoded whole (`surfaces.prompting`)."""
     items = embedding_inputs(request)
     listed = is_listed(request)
     for index, item in enumerate(items):
-        if not isinstance(item, str):
-            check_vocab(pool, item, param=f"input[{index}]" if listed else "input")
+        where = f"input[{index}]" if listed else "input"
+        if isinstance(item, str):
+            refuse_if_too_long(pool, len(item), param=where)
+        else:
+            check_vocab(pool, item, param=where)
     size = sum(len(item) for item in items if isinstance(item, str))
-    return await in_thread_if_long(size, _prompts, pool, items)
+    return await in_thread_if_long(size, _prompts, pool, items, listed)
 
 
 def is_listed(request: EmbeddingRequest) -> bool:
@@ -88,13 +92,15 @@ def is_listed(request: EmbeddingRequest) -> bool:
     return not isinstance(given, str) and not isinstance(given[0], int)
 
 
-def _prompts(pool: ModelPool, items: list[str | list[int]]) -> list[Prompt]:
-    return [
-        Prompt(pool.tokenizer.encode(item, add_special_tokens=True), item)
-        if isinstance(item, str)
-        else Prompt(item, "")
-        for item in items
-    ]
+def _prompts(pool: ModelPool, items: list[str | list[int]], listed: bool) -> list[Prompt]:
+    prompts = []
+    for index, item in enumerate(items):
+        if isinstance(item, str):
+            refuse_if_counted_over(pool, item, param=f"input[{index}]" if listed else "input")
+            prompts.append(Prompt(pool.tokenizer.encode(item, add_special_tokens=True), item))
+        else:
+            prompts.append(Prompt(item, ""))
+    return prompts
 
 
 def output_dimensions(model_config: Mapping[str, Any], dimensions: int | None, model: str) -> int | None:

@@ -41,7 +41,7 @@ from trio_direct.surfaces.generate_request import (
     stop_strings,
 )
 from trio_direct.surfaces.images import check_image_url, image_data_for
-from trio_direct.surfaces.prompting import in_thread_if_long
+from trio_direct.surfaces.prompting import in_thread_if_long, refuse_if_counted_over, refuse_if_too_long
 
 if TYPE_CHECKING:
     from trio_direct.frontend.runtime import Frontend, ModelPool
@@ -76,10 +76,12 @@ async def plan_generate(pool: ModelPool, request: GenerateRequest, *, session_ke
     prompts = []
     items = generate_prompts(request)
     for index, item in enumerate(items):
+        where = f"{param}[{index}]" if is_batch(request) else param
         if isinstance(item, str):
-            prompts.append(await in_thread_if_long(len(item), _tokenize, pool, item))
+            refuse_if_too_long(pool, len(item), param=where)
+            prompts.append(await in_thread_if_long(len(item), _tokenize, pool, item, where))
         else:
-            check_vocab(pool, item, param=f"{param}[{index}]" if is_batch(request) else param)
+            check_vocab(pool, item, param=where)
             prompts.append(Prompt(list(item), ""))
     images = image_list(request)
     if images:
@@ -136,7 +138,8 @@ async def plan_generate(pool: ModelPool, request: GenerateRequest, *, session_ke
     )
 
 
-def _tokenize(pool: ModelPool, text: str) -> Prompt:
+def _tokenize(pool: ModelPool, text: str, param: str) -> Prompt:
+    refuse_if_counted_over(pool, text, param=param)
     return Prompt(pool.tokenizer.encode(text, add_special_tokens=True), text)
 
 

@@ -4,6 +4,12 @@ tokenizer and chat template, run in the frontend; no engine is asked.
 A chat-form tokenize renders the template exactly as `/v1/chat/completions` would for the same
 messages (`surfaces.chat.chat_prompt`, image parts as their placeholders), so its count is the
 prompt a chat request would send. `max_model_len` is the longest prompt the engines accept.
+
+A text is counted exactly even past the context, so a client can learn by how much to cut it, as
+long as that costs little: one the cheap checks of `surfaces.prompting` prove over the context
+(from its length alone, or by a chunked count of a text over 8 characters per token of it) is
+refused as a generation route refuses it (400, `context_length_exceeded`). Without a known context
+length only the request body limit bounds a text; long ones are encoded on a worker thread.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from trio_direct.openai.tokenization import (
 )
 from trio_direct.surfaces.chat import chat_prompt
 from trio_direct.surfaces.images import take_images
-from trio_direct.surfaces.prompting import in_thread_if_long
+from trio_direct.surfaces.prompting import in_thread_if_long, refuse_if_counted_over, refuse_if_too_long
 
 if TYPE_CHECKING:
     from trio_direct.frontend.runtime import ModelPool
@@ -46,12 +52,14 @@ async def tokenize(exchange: Exchange) -> None:
         )
         tokens = prompt.token_ids
         if request.add_special_tokens:
-            tokens = pool.tokenizer.encode(prompt.text, add_special_tokens=True)
+            tokens = await in_thread_if_long(len(prompt.text), pool.tokenizer.encode, prompt.text, True)
         encoded, single = [tokens], True
     else:
         add_special = request.add_special_tokens is not False
         single = isinstance(request.prompt, str)
         prompts = [request.prompt] if isinstance(request.prompt, str) else list(request.prompt or ())
+        for text in prompts:
+            refuse_if_too_long(pool, len(text), param="prompt")
         size = sum(len(text) for text in prompts)
         encoded = await in_thread_if_long(size, _encode_all, pool, prompts, add_special)
     strs: list[Any] | None = None
@@ -65,7 +73,11 @@ async def tokenize(exchange: Exchange) -> None:
 
 
 def _encode_all(pool: ModelPool, prompts: list[str], add_special_tokens: bool) -> list[list[int]]:
-    return [pool.tokenizer.encode(text, add_special_tokens=add_special_tokens) for text in prompts]
+    encoded = []
+    for text in prompts:
+        refuse_if_counted_over(pool, text, param="prompt")
+        encoded.append(pool.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+    return encoded
 
 
 async def detokenize(exchange: Exchange) -> None:
