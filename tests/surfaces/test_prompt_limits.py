@@ -10,8 +10,11 @@ from types import SimpleNamespace
 
 import pytest
 
+from trio_direct.core.plan import MAX_CHOICES
 from trio_direct.openai.embeddings import decode_embedding_request
 from trio_direct.openai.errors import OpenAIError
+from trio_direct.openai.requests import decode_completion_request
+from trio_direct.surfaces.completions import plan_completion
 from trio_direct.surfaces.embeddings import embedding_prompts
 from trio_direct.surfaces.generate import plan_generate
 from trio_direct.surfaces.generate_request import decode_generate_request
@@ -112,3 +115,18 @@ async def test_without_a_context_length_long_texts_are_encoded_on_a_worker_threa
     long_encodes = [on_loop for chars, on_loop in encodes if chars >= len(long)]
     assert len(long_encodes) == 4 and not any(long_encodes), encodes
     assert (len(short), True) in encodes  # a short text is encoded in place: a thread costs more
+
+
+async def test_a_batch_of_more_prompts_than_one_request_may_start_is_refused_before_any_is_encoded(make_pool, encodes):
+    """A million one-word prompts would be a million engine calls: refused from the count alone."""
+    many = ["Hi"] * (MAX_CHOICES + 1)
+    with pytest.raises(OpenAIError) as error:
+        await plan_generate(make_pool(), decode_generate_request(json.dumps({"text": many}).encode()))
+    assert error.value.status == 400 and error.value.param == "text" and str(MAX_CHOICES + 1) in error.value.message
+    body = {"model": "m", "prompt": ["Hi"] * (MAX_CHOICES // 2 + 1), "n": 2, "max_tokens": 1}
+    with pytest.raises(OpenAIError) as error:
+        await plan_completion(make_pool(), decode_completion_request(json.dumps(body).encode()))
+    assert error.value.status == 400 and error.value.param == "prompt" and "n=2" in error.value.message
+    assert encodes == []
+    plan = await plan_generate(make_pool(), decode_generate_request(json.dumps({"text": ["Hi"] * 8}).encode()))
+    assert len(plan.choices) == 8  # a batch within the bound plans as before

@@ -26,6 +26,7 @@ from trio_direct.text.detokenizer import IncrementalDetokenizer
 from trio_direct.text.stop_strings import StopStringMatcher
 
 __all__ = [
+    "MAX_CHOICES",
     "ChoicePlan",
     "OutputOptions",
     "Prompt",
@@ -34,6 +35,7 @@ __all__ = [
     "check_vocab",
     "new_request_key",
     "plan_request",
+    "refuse_too_many_choices",
 ]
 
 
@@ -124,6 +126,24 @@ class OutputOptions:
     tool_parser: Callable[[], ToolParser | None] | None = None
 
 
+#: Engine requests one client request may start (prompts × n): each is an engine call, a task and
+#: its share of the engine's queue, so a body of a million one-word prompts is refused, not run.
+#: OpenAI's own batch limit for embeddings inputs is the same number.
+MAX_CHOICES = 2048
+
+
+def refuse_too_many_choices(prompts: int, n: int = 1, *, param: str = "prompt") -> None:
+    """`OpenAIError` 400 when `prompts` × `n` is over `MAX_CHOICES`; cheap, so surfaces call it with
+    the prompt count before they tokenize anything."""
+    if prompts * n > MAX_CHOICES:
+        asked = f"{prompts} prompts" + (f" × n={n}" if n > 1 else "")
+        raise errors.invalid_request(
+            f"Invalid value for '{param}': one request may ask for at most {MAX_CHOICES} completions "
+            f"(prompts × n); this one asks for {asked}.",
+            param=param,
+        )
+
+
 def plan_request(
     pool: ServingPool,
     prompts: list[Prompt],
@@ -145,6 +165,7 @@ def plan_request(
         raise errors.embedding_model_cannot_generate(pool.name)
     if n > pool.config.max_n:
         raise errors.invalid_request(f"n must be at most {pool.config.max_n}.", param="n")
+    refuse_too_many_choices(len(prompts), n, param=prompt_param)
     limit = pool.context_length
     for prompt in prompts:
         if not prompt.token_ids:

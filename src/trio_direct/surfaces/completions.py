@@ -6,7 +6,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from trio_direct.core.output import ChoiceEvent, ChoiceResult, merge_events
-from trio_direct.core.plan import OutputOptions, Prompt, RequestPlan, Usage, check_vocab, plan_request
+from trio_direct.core.plan import (
+    OutputOptions,
+    Prompt,
+    RequestPlan,
+    Usage,
+    check_vocab,
+    plan_request,
+    refuse_too_many_choices,
+)
 from trio_direct.openai import errors, responses
 from trio_direct.openai.errors import OpenAIError
 from trio_direct.openai.logprobs import TokenText, completion_logprobs
@@ -35,8 +43,10 @@ async def plan_completion(
 ) -> RequestPlan:
     if request.suffix:
         raise errors.invalid_request("'suffix' is not supported.", param="suffix", code="unsupported_parameter")
+    batch = prompt_batch(request)
+    refuse_too_many_choices(len(batch), request.n)  # before anything is tokenized
     prompts = []
-    for item in prompt_batch(request):
+    for item in batch:
         if isinstance(item, str):
             refuse_if_too_long(pool, len(item), param="prompt")
             prompts.append(await in_thread_if_long(len(item), _tokenize, pool, item))

@@ -27,6 +27,7 @@ from trio_direct.core.plan import (
     Usage,
     check_vocab,
     plan_request,
+    refuse_too_many_choices,
 )
 from trio_direct.engine.types import SamplingOptions, TokenLogprob
 from trio_direct.openai import errors, responses
@@ -75,6 +76,7 @@ async def plan_generate(pool: ModelPool, request: GenerateRequest, *, session_ke
     param = "text" if request.text is not None else "input_ids"
     prompts = []
     items = generate_prompts(request)
+    refuse_too_many_choices(len(items), request.sampling_params.n, param=param)  # before anything is tokenized
     for index, item in enumerate(items):
         where = f"{param}[{index}]" if is_batch(request) else param
         if isinstance(item, str):
