@@ -97,6 +97,30 @@ async def engine_accounting(url: str) -> dict:
         channel.close()
 
 
+def aborts_caught_up(account: dict) -> bool:
+    """Every request the engine saw cut short has its Abort recorded. The frontend resets a call's
+    stream first and sends the Abort after it (`core.engine_call.open_engine_call`), so an engine can
+    count a request cancelled, and hold nothing live, a moment before that Abort arrives."""
+    aborts = sum(1 for rid, _ in account["abort_rpcs"] if not rid.startswith("HEALTH_CHECK"))
+    return account["cancelled"] + account["aborted"] <= aborts
+
+
+async def settled_accounts(urls: list[str], timeout: float = 20.0, abort_grace: float = 5.0) -> list[dict]:
+    """The engines' accounts once none holds a live request and (for at most `abort_grace` seconds
+    more) the Aborts still owed for requests they saw cut short have arrived."""
+    with trio.fail_after(timeout):
+        while True:
+            accounts = [await engine_accounting(url) for url in urls]
+            if all(not account["live"] for account in accounts):
+                break
+            await trio.sleep(0.05)
+    with trio.move_on_after(abort_grace):
+        while not all(aborts_caught_up(account) for account in accounts):
+            await trio.sleep(0.05)
+            accounts = [await engine_accounting(url) for url in urls]
+    return accounts
+
+
 async def start_frontend(nursery: trio.Nursery, *argv: str) -> str:
     """An in-process `trio-direct serve` on an ephemeral loopback port; returns its base URL."""
     from trio_direct.config import parse_serve_args

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 import trio
-from support import MockEngineProcess, engine_accounting, start_frontend, start_mock_engine
+from support import MockEngineProcess, settled_accounts, start_frontend, start_mock_engine
 
 MODES = ("aggregated", "disaggregated")
 
@@ -77,13 +77,9 @@ async def start_fleet(
 
 
 async def settle(fleet: Fleet, timeout: float = 20.0) -> list[dict]:
-    """Every engine's accounts once none holds a live request (bounded)."""
-    with trio.fail_after(timeout):
-        while True:
-            accounts = [await engine_accounting(url) for url in fleet.urls]
-            if all(not account["live"] for account in accounts):
-                return accounts
-            await trio.sleep(0.05)
+    """Every engine's accounts once none holds a live request and the Aborts owed have arrived
+    (bounded: `support.settled_accounts`)."""
+    return await settled_accounts(fleet.urls, timeout)
 
 
 def generations(account: dict) -> set[str]:

@@ -16,7 +16,7 @@ import httpx
 import openai
 import pytest
 import trio
-from support import RawSseClient, engine_accounting, start_frontend, start_mock_engine
+from support import RawSseClient, settled_accounts, start_frontend, start_mock_engine
 
 pytestmark = pytest.mark.slow
 
@@ -48,13 +48,8 @@ async def model_of(base: str) -> str:
 
 
 async def settle(engines, timeout: float = 20.0) -> list[dict]:
-    """Every engine's accounts once none holds a live request."""
-    with trio.fail_after(timeout):
-        while True:
-            accounts = [await engine_accounting(engine.url) for engine in engines]
-            if all(not account["live"] for account in accounts):
-                return accounts
-            await trio.sleep(0.05)
+    """Every engine's accounts once none holds a live request and the Aborts owed have arrived."""
+    return await settled_accounts([engine.url for engine in engines], timeout)
 
 
 def sdk(base: str) -> openai.AsyncOpenAI:

@@ -10,7 +10,7 @@ from contextlib import aclosing
 import httpx
 import pytest
 import trio
-from support import RawSseClient, engine_accounting, start_frontend, start_mock_engine
+from support import RawSseClient, engine_accounting, settled_accounts, start_frontend, start_mock_engine
 
 pytestmark = pytest.mark.slow
 
@@ -46,13 +46,8 @@ def assert_no_early_decode_abort(decode_account: dict) -> None:
 
 
 async def settle(*engines) -> list[dict]:
-    """Accounts once no engine holds a live request (bounded)."""
-    with trio.fail_after(20):
-        while True:
-            accounts = [await engine_accounting(e.url) for e in engines]
-            if all(not a["live"] for a in accounts):
-                return accounts
-            await trio.sleep(0.05)
+    """Accounts once no engine holds a live request and the Aborts owed arrived (bounded)."""
+    return await settled_accounts([e.url for e in engines])
 
 
 async def model_of(base: str) -> str:

@@ -19,7 +19,7 @@ import httpx
 import msgspec
 import pytest
 import trio
-from support import RawSseClient, engine_accounting, start_frontend, start_mock_engine, wait_until
+from support import RawSseClient, engine_accounting, settled_accounts, start_frontend, start_mock_engine, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -66,13 +66,8 @@ def assert_no_early_decode_abort(decode_account: dict) -> None:
 
 
 async def settle(urls: list[str], timeout: float = 20.0) -> list[dict]:
-    """Every engine's accounts once none holds a live request (bounded)."""
-    with trio.fail_after(timeout):
-        while True:
-            accounts = [await engine_accounting(url) for url in urls]
-            if all(not a["live"] for a in accounts):
-                return accounts
-            await trio.sleep(0.05)
+    """Every engine's accounts once none holds a live request and the Aborts owed arrived (bounded)."""
+    return await settled_accounts(urls, timeout)
 
 
 async def eventually(check, timeout: float, what: str) -> None:

@@ -14,7 +14,7 @@ from functools import partial
 import httpx
 import pytest
 import trio
-from support import RawSseClient, engine_accounting, start_frontend, start_mock_engine
+from support import RawSseClient, engine_accounting, settled_accounts, start_frontend, start_mock_engine
 
 pytestmark = pytest.mark.slow
 
@@ -244,15 +244,7 @@ async def test_two_hundred_random_disconnects_leave_nothing_running(aio_loop, nu
         for _ in range(200):
             requests.start_soon(one, client, model)
 
-    accounts = []
-
-    async def settled() -> bool:
-        accounts[:] = [await engine_accounting(e.url) for e in engines]
-        return all(not a["live"] for a in accounts)
-
-    with trio.fail_after(15):
-        while not await settled():
-            await trio.sleep(0.1)
+    accounts = await settled_accounts([e.url for e in engines], timeout=15)
     abort_rids = [rid for a in accounts for rid, _ in a["abort_rpcs"]]
     assert len(abort_rids) == len(set(abort_rids)), "one Abort per request, never two"
     outcomes = {rid: outcome for a in accounts for rid, outcome in a["outcomes"].items()}

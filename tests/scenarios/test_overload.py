@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 import trio
-from support import engine_accounting, start_frontend, start_mock_engine, wait_until
+from support import engine_accounting, settled_accounts, start_frontend, start_mock_engine, wait_until
 from tokenizers import Tokenizer
 
 from trio_direct.mock.tiny_model import default_tiny_model_dir, ensure_tiny_model
@@ -116,12 +116,7 @@ async def until(check, timeout: float = 10.0, interval: float = 0.02) -> None:
 
 
 async def settle(urls: list[str], timeout: float = 20.0) -> list[dict]:
-    with trio.fail_after(timeout):
-        while True:
-            accounts = [await engine_accounting(url) for url in urls]
-            if all(not a["live"] for a in accounts):
-                return accounts
-            await trio.sleep(0.05)
+    return await settled_accounts(urls, timeout)
 
 
 def ended(account: dict) -> int:
