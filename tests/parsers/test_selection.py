@@ -74,9 +74,9 @@ def test_engine_reported_names_map_onto_ours(engine_tool, engine_reasoning, tool
 
 
 def test_an_unknown_engine_name_is_a_warning_and_no_parser() -> None:
-    chosen = choose(engine_tool_call_parser="lfm2", engine_reasoning_parser="gemma4", model_path="Qwen/Qwen3-8B")
+    chosen = choose(engine_tool_call_parser="lfm2", engine_reasoning_parser="ernie45", model_path="Qwen/Qwen3-8B")
     assert (chosen.tool_call_parser, chosen.reasoning_parser) == (None, None)  # not the model's patterns
-    assert len(chosen.warnings) == 2 and "'lfm2'" in chosen.warnings[0] and "'gemma4'" in chosen.warnings[1]
+    assert len(chosen.warnings) == 2 and "'lfm2'" in chosen.warnings[0] and "'ernie45'" in chosen.warnings[1]
 
 
 def test_without_flag_or_engine_report_the_model_decides() -> None:
