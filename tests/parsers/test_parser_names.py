@@ -63,6 +63,37 @@ SMG_REASONING_NAMES = (
     "kimi_thinking",
     "kimi_k3",
 )
+# Every name smg 1.13's CLI accepts (`smg launch --help`: the choices of `--tool-call-parser` and
+# `--reasoning-parser`, from `smg_rs.get_available_tool_call_parsers()` /
+# `get_available_reasoning_parsers()`): its legacy parsers' names and its Symphony tables' names.
+SMG_113_CLI_TOOL_CALL_NAMES = (
+    "cohere", "deepseek", "deepseek31", "deepseek32", "deepseek_v4", "deepseek_v4.1", "deepseek_v41", "dots3",
+    "function_gemma", "gemma4", "glm", "glm4", "glm45_moe", "glm47_moe", "hf", "hy4", "hy_v4", "inkling",
+    "iquest", "json", "k2_horizon", "kimi_k3", "kimik2", "lfm2.5", "ling", "llama", "llama_nemotron", "minicpm5",
+    "minimax_m2", "minimax_m3", "mistral", "mistral_v13", "nemotron", "olmo3", "passthrough", "plain", "pythonic",
+    "qwen", "qwen2.5", "qwen3", "qwen3_tagged", "qwen3_tagged_direct", "qwen_coder", "qwen_xml", "sarashina",
+    "seed_oss", "step3", "xlam",
+)  # fmt: skip
+SMG_113_CLI_REASONING_NAMES = (
+    "base", "cohere_cmd", "deepseek_r1", "deepseek_v31", "deepseek_v4", "deepseek_v4.1", "deepseek_v41", "dots3",
+    "function_gemma", "gemma4", "glm", "glm4", "glm45", "hf", "hy4", "hy_v4", "inkling", "iquest", "json",
+    "k2_horizon", "kimi", "kimi_k25", "kimi_k3", "kimi_thinking", "lfm2.5", "ling", "llama_nemotron", "minicpm5",
+    "minimax", "minimax_m2", "minimax_m3", "mistral_v13", "nano_v3", "olmo3", "passthrough", "plain", "qwen2.5",
+    "qwen3", "qwen3_tagged", "qwen3_tagged_direct", "qwen3_thinking", "seed_oss", "step3", "xlam",
+)  # fmt: skip
+# smg 1.13 names trio-direct does not accept, and why (docs/tools-and-reasoning.md says the same).
+NOT_ACCEPTED = {
+    "hf": "not a format: smg reads the output with the model's own Hugging Face response template",
+    "dots3": "smg's table is not published; its call markup is unknown",
+    "minicpm5": "smg's table is not published; its call markup is unknown",
+    "k2_horizon": "smg's table is not published; its call markup is unknown",
+}
+NOT_ACCEPTED_TOOL_CALL = {
+    **NOT_ACCEPTED,
+    "gemma4": "Gemma 4's `call:NAME{...}` call syntax is not implemented yet",
+    "function_gemma": "FunctionGemma's `call:NAME{...}` call syntax is not implemented yet",
+    "minimax_m3": "MiniMax M3's XML-tree arguments are not implemented yet",
+}
 # SGLang's `FunctionCallParser.ToolCallParserEnum` keys for the formats trio-direct parses.
 SGLANG_TOOL_CALL_NAMES = (
     "cohere_command4",
@@ -168,7 +199,19 @@ ONE_CALL = {
     "hunyuan": "Sure.<tool_calls>\n<tool_call>get_weather<tool_sep>\n<arg_key>city</arg_key>\n<arg_value>Paris"
     "</arg_value>\n</tool_call>\n</tool_calls>",
     "granite": '<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Paris"}}]',
+    "iquest": "Sure.<iquest_tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value>"
+    "</iquest_tool_call>",
+    "deepseek_v41": 'Sure.<\uff5cDSML\uff5c calls>\n<\uff5cDSML\uff5c invoke name="get_weather">\n<\uff5cDSML\uff5c parameter '
+    'name="city" string="true">Paris</\uff5cDSML\uff5c parameter>\n</\uff5cDSML\uff5c invoke>\n</\uff5cDSML\uff5c calls>',
+    "lfm2_5": "Sure.<|tool_call_start|>[get_weather(city='Paris')]<|tool_call_end|>",
+    "olmo3": 'Sure.<function_calls>\nget_weather(city="Paris")\n</function_calls>',
+    "llama_nemotron": 'Sure.<TOOLCALL>[{"name": "get_weather", "arguments": {"city": "Paris"}}]</TOOLCALL>',
 }
+# Hy4 (smg's `hy4` / `hy_v4`) writes Hunyuan's markup without `<tool_sep>`.
+HY4_CALL = (
+    "Sure.<tool_calls:opensource><tool_call:opensource>get_weather<arg_key:opensource>city</arg_key:opensource>"
+    "<arg_value:opensource>Paris</arg_value:opensource></tool_call:opensource></tool_calls:opensource>"
+)
 TOOLS = [
     {
         "type": "function",
@@ -189,7 +232,7 @@ def test_every_format_has_a_sample() -> None:
 )
 def test_every_tool_call_name_parses_its_format(name: str) -> None:
     parser = tool_call_parser(name, TOOLS, rng=random.Random(0))
-    text = ONE_CALL[parser.format]
+    text = HY4_CALL if name in ("hy4", "hy_v4") else ONE_CALL[parser.format]
     if text is None:  # passthrough: everything is content
         assert parser.parse_complete("Sure.<tool_call>x") == ("Sure.<tool_call>x", [])
         return
@@ -224,6 +267,10 @@ ONE_THOUGHT = {
     "<|end_message|><|content_model_end_sampling|>",
     "minimax_append_think": None,
     "passthrough": None,
+    "hy4": "<think:opensource>R</think:opensource>C",
+    "deepseek_v41": "<think>R</think>C",
+    "minimax_m3": "<mm:think>R</mm:think>]<]minimax[>[C",
+    "gemma4": "<|channel>thought\nR<channel|>C",
 }
 
 
@@ -266,6 +313,7 @@ def test_forced_parsers_have_the_whole_protocol() -> None:
 
 def test_reasoning_parsers_whose_markers_are_special_tokens_say_so() -> None:
     special = {"gpt_oss", "inkling", "kimi_k3", "cohere_cmd", "cohere_command4", "mistral", "seed_oss"}
+    special |= {"hy4", "minimax_m3", "gemma4"}
     for name in set(KNOWN_REASONING_PARSERS.values()):
         parser = reasoning_parser(name)
         assert isinstance(parser, ReasoningParser)
@@ -305,3 +353,62 @@ def test_the_docs_list_every_format_with_all_its_names_and_the_counts() -> None:
     assert f"| tool-call names accepted | {len(KNOWN_TOOL_CALL_PARSERS)} |" in doc
     assert f"| reasoning formats | {len(set(KNOWN_REASONING_PARSERS.values()))} |" in doc
     assert f"| reasoning names accepted | {len(KNOWN_REASONING_PARSERS)} |" in doc
+
+
+def test_every_name_smg_113_accepts_is_accepted_here_or_documented_as_not() -> None:
+    from trio_direct.parsers.tools import normalize_parser_name
+
+    for name in SMG_113_CLI_TOOL_CALL_NAMES:
+        known = normalize_parser_name(name) in KNOWN_TOOL_CALL_PARSERS
+        assert known is (name not in NOT_ACCEPTED_TOOL_CALL), name
+    for name in SMG_113_CLI_REASONING_NAMES:
+        known = normalize_parser_name(name) in KNOWN_REASONING_PARSERS
+        assert known is (name not in NOT_ACCEPTED), name
+    assert len(SMG_113_CLI_TOOL_CALL_NAMES) == 48 and len(SMG_113_CLI_REASONING_NAMES) == 44
+
+
+@pytest.mark.parametrize("name", sorted(set(SMG_113_CLI_TOOL_CALL_NAMES) - set(NOT_ACCEPTED_TOOL_CALL)))
+def test_smg_113_tool_call_names_pass_the_flag_and_parse_their_format(name: str) -> None:
+    from trio_direct.parsers.selection import select_parsers
+
+    chosen = select_parsers(
+        tool_call_flag=name,
+        reasoning_flag=None,
+        engine_tool_call_parser=None,
+        engine_reasoning_parser=None,
+        model_path=None,
+        served_model_name=None,
+    )
+    assert chosen.tool_call_parser == KNOWN_TOOL_CALL_PARSERS[name.lower().replace("-", "_")]
+    test_every_tool_call_name_parses_its_format(name)
+
+
+@pytest.mark.parametrize("name", sorted(set(SMG_113_CLI_REASONING_NAMES) - set(NOT_ACCEPTED)))
+def test_smg_113_reasoning_names_pass_the_flag_and_parse_their_format(name: str) -> None:
+    from trio_direct.parsers.selection import select_parsers
+
+    chosen = select_parsers(
+        tool_call_flag=None,
+        reasoning_flag=name,
+        engine_tool_call_parser=None,
+        engine_reasoning_parser=None,
+        model_path=None,
+        served_model_name=None,
+    )
+    assert chosen.reasoning_parser == KNOWN_REASONING_PARSERS[name.lower().replace("-", "_")]
+    test_every_reasoning_name_parses_its_format(name)
+
+
+@pytest.mark.parametrize("name", sorted(NOT_ACCEPTED_TOOL_CALL))
+def test_smg_names_we_do_not_parse_are_a_clear_start_up_error(name: str) -> None:
+    from trio_direct.parsers.selection import select_parsers
+
+    with pytest.raises(ValueError, match="unknown tool-call parser"):
+        select_parsers(
+            tool_call_flag=name,
+            reasoning_flag=None,
+            engine_tool_call_parser=None,
+            engine_reasoning_parser=None,
+            model_path=None,
+            served_model_name=None,
+        )

@@ -36,13 +36,18 @@ TAGS: dict[str, tuple[str, ...]] = {
         name: tuple(dict.fromkeys((f.start, f.end, *f.extra_ends, *f.tool_starts, *f.content_drops)))
         for name, f in REASONING_FORMATS.items()
     },
+    "gemma4": (REASONING_FORMATS["gemma4"].start, REASONING_FORMATS["gemma4"].end, "thought\n"),
     "gpt_oss": HARMONY,
     "inkling": INKLING,
     "minimax_append_think": (),
     "passthrough": (),
 }
 # Formats a start tag, an end tag and tool starts describe (the independent reading below).
-SIMPLE_TAG_FORMATS = [name for name, f in REASONING_FORMATS.items() if not f.extra_ends and not f.content_drops]
+SIMPLE_TAG_FORMATS = [
+    name
+    for name, f in REASONING_FORMATS.items()
+    if not f.extra_ends and not f.content_drops and name != "gemma4"  # gemma4 also strips a label
+]
 Config = tuple[str, dict[str, Any]]
 CONFIGS: list[Config] = [
     *((name, {}) for name in TAGS),
@@ -89,6 +94,35 @@ GPT_OSS_PREAMBLE_CALL = (
 )
 
 GOLDEN: list[tuple[Config, str, str, str]] = [
+    # smg 1.13: its gemma4 parser's tests, and its Symphony tables' recorded outputs.
+    (("gemma4", {}), "<|channel>thought\nlet me think<channel|>The answer is 4", "let me think", "The answer is 4"),
+    (("gemma4", {}), "<|channel>no label here<channel|>done", "no label here", "done"),
+    (("gemma4", {}), "<|channel>thou<channel|>answer", "thou", "answer"),
+    (("gemma4", {}), "The answer is 4", "", "The answer is 4"),
+    (("minimax_m3", {}), "<mm:think>A plan.</mm:think>Hello.", "A plan.", "Hello."),
+    (("minimax_m3", {}), "</mm:think>Hello!", "", "Hello!"),
+    (
+        ("minimax_m3", {}),
+        '</mm:think>]<]minimax[>[<tool_call>\n]<]minimax[>[<invoke name="f">',
+        "",
+        '<tool_call>\n<invoke name="f">',  # the separator is dropped wherever it stands
+    ),
+    (("hy4", {"force_reasoning": True}), "The user asks.</think:opensource>Sure.", "The user asks.", "Sure."),
+    (
+        ("hy4", {}),
+        "<think:opensource>Call.<tool_calls:opensource><tool_call:opensource>f",
+        "Call.",
+        "<tool_calls:opensource><tool_call:opensource>f",
+    ),
+    (
+        ("deepseek_v41", {"force_reasoning": True}),
+        "Let me call.<\uff5cDSML\uff5c calls>\n",
+        "Let me call.",
+        "<\uff5cDSML\uff5c calls>\n",
+    ),
+    (("glm", {"force_reasoning": True}), "Step 1: read.</think>Here it is.", "Step 1: read.", "Here it is."),
+    (("qwen2.5", {}), "<think>\nplan\n</think>\n\nHi", "", "<think>\nplan\n</think>\n\nHi"),
+    (("mistral_v13", {}), "[THINK]plan[/THINK]answer", "plan", "answer"),
     # DeepSeek-R1 omits <think>, R1-0528 emits it; both end at </think>.
     (
         ("deepseek_r1", {}),
@@ -352,6 +386,9 @@ FRAGMENTS = [
     "[THINK",
     "<seed:",
     "<|START_",
+    "thought\n",
+    "thou",
+    "]<]minimax[>[",
 ]
 texts = st.lists(st.sampled_from(FRAGMENTS), max_size=25).map("".join)
 

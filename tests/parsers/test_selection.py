@@ -74,9 +74,9 @@ def test_engine_reported_names_map_onto_ours(engine_tool, engine_reasoning, tool
 
 
 def test_an_unknown_engine_name_is_a_warning_and_no_parser() -> None:
-    chosen = choose(engine_tool_call_parser="lfm2", engine_reasoning_parser="gemma4", model_path="Qwen/Qwen3-8B")
+    chosen = choose(engine_tool_call_parser="lfm2", engine_reasoning_parser="ernie45", model_path="Qwen/Qwen3-8B")
     assert (chosen.tool_call_parser, chosen.reasoning_parser) == (None, None)  # not the model's patterns
-    assert len(chosen.warnings) == 2 and "'lfm2'" in chosen.warnings[0] and "'gemma4'" in chosen.warnings[1]
+    assert len(chosen.warnings) == 2 and "'lfm2'" in chosen.warnings[0] and "'ernie45'" in chosen.warnings[1]
 
 
 def test_without_flag_or_engine_report_the_model_decides() -> None:
@@ -157,6 +157,11 @@ def test_gpt_oss_gets_harmony_for_both() -> None:
         ("command-a-03-2025", "cohere"),
         ("gemma-3-27b", "json"),
         ("openai/gpt-oss-20b", "gpt_oss"),
+        # smg 1.13's additions; an M3 id gets no parser rather than M2's.
+        ("Qwen/Qwen3.6-27B", "qwen3_coder"),
+        ("nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16", "qwen3_coder"),
+        ("deepseek-ai/DeepSeek-V4.1-Flash", "deepseek_v41"),
+        ("MiniMaxAI/MiniMax-M3", None),
         ("unknown-model", None),
     ],
 )
@@ -196,6 +201,8 @@ def test_tool_call_patterns_resolve_as_smgs_factory_does(model: str, expected: s
         ("moonshotai/Kimi-K2.5", "kimi_k25"),
         ("deepseek-v3.1-terminus", "deepseek_v31"),
         ("openai/gpt-oss-120b", "gpt_oss"),
+        ("MiniMaxAI/MiniMax-M3", "minimax_m3"),
+        ("deepseek-ai/DeepSeek-V4.1-Flash", "deepseek_v41"),
         ("unknown-model", None),
     ],
 )
@@ -205,7 +212,9 @@ def test_reasoning_patterns_resolve_as_smgs_factory_does(model: str, expected: s
 
 
 def test_the_pattern_tables_name_only_parsers_we_have() -> None:
-    assert set(TOOL_CALL_MODEL_PATTERNS.values()) <= set(KNOWN_TOOL_CALL_PARSERS)
+    # MiniMax M3's tool-call format is the one pattern target not parsed here (no parser for it).
+    assert set(TOOL_CALL_MODEL_PATTERNS.values()) - set(KNOWN_TOOL_CALL_PARSERS) == {"minimax_m3"}
     assert {name for _, name in REASONING_MODEL_PATTERNS} <= set(KNOWN_REASONING_PARSERS)
-    # smg's tables, copied whole: 64 tool patterns (+ gpt-oss), 27 reasoning patterns (+ gpt-oss).
-    assert (len(TOOL_CALL_MODEL_PATTERNS), len(REASONING_MODEL_PATTERNS)) == (65, 28)
+    # smg's tables, copied whole: 64 tool patterns (+ gpt-oss, + 14 of 1.13), 27 reasoning
+    # patterns (+ gpt-oss, + 2 of 1.13).
+    assert (len(TOOL_CALL_MODEL_PATTERNS), len(REASONING_MODEL_PATTERNS)) == (79, 30)

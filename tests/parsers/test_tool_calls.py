@@ -412,6 +412,97 @@ CASES = [
         "",
         (("get_weather", {"city": "Paris"}),),
     ),
+    # smg 1.13's Symphony tables: their recorded outputs (`crates/symphony/src/formats/*.rs`).
+    Case(
+        "iquest",
+        "iquest",
+        "<iquest_tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value><arg_key>days</arg_key>"
+        "<arg_value>3</arg_value></iquest_tool_call><iquest_tool_call>get_weather</iquest_tool_call>",
+        "",
+        (("get_weather", {"city": "Paris", "days": 3}), ("get_weather", {})),
+        WEATHER_TOOLS,
+    ),
+    Case(
+        "hy4",
+        "hy4",
+        "<tool_calls:opensource><tool_call:opensource>get_weather<arg_key:opensource>city</arg_key:opensource>"
+        "<arg_value:opensource>Paris</arg_value:opensource><arg_key:opensource>days</arg_key:opensource>"
+        "<arg_value:opensource>3</arg_value:opensource></tool_call:opensource>"
+        "<tool_call:opensource>get_weather</tool_call:opensource></tool_calls:opensource>",
+        "",
+        (("get_weather", {"city": "Paris", "days": 3}), ("get_weather", {})),
+        WEATHER_TOOLS,
+    ),
+    Case(
+        "deepseek-v4.1",
+        "deepseek_v4.1",
+        'Sure.<\uff5cDSML\uff5c calls>\n<\uff5cDSML\uff5c invoke name="ChaDri_change_drink">\n'
+        '<\uff5cDSML\uff5c parameter name="drink_id" string="true">latte</\uff5cDSML\uff5c parameter>\n'
+        '<\uff5cDSML\uff5c parameter name="new_preferences" string="false">'
+        '{"size": "large", "temperature": "hot"}</\uff5cDSML\uff5c parameter>\n</\uff5cDSML\uff5c invoke>\n'
+        '<\uff5cDSML\uff5c invoke name="get_stock_price">\n\n</\uff5cDSML\uff5c invoke>\n</\uff5cDSML\uff5c calls>',
+        "Sure.",
+        (
+            ("ChaDri_change_drink", {"drink_id": "latte", "new_preferences": {"size": "large", "temperature": "hot"}}),
+            ("get_stock_price", {}),
+        ),
+    ),
+    Case(
+        "ling",
+        "ling",
+        "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value><arg_key>days</arg_key>\n"
+        "<arg_value>3</arg_value>\n</tool_call>\n<tool_call>get_weather\n</tool_call>",
+        "",
+        (("get_weather", {"city": "Paris", "days": 3}), ("get_weather", {})),
+        WEATHER_TOOLS,
+    ),
+    Case(
+        "glm-table",
+        "glm",
+        "Two drinks.<tool_call>ChaDri_change_drink<arg_key>drink_id</arg_key><arg_value>123</arg_value>"
+        "</tool_call><tool_call>ChaDri_change_drink<arg_key>drink_id</arg_key><arg_value>tea</arg_value>"
+        "</tool_call>",
+        "Two drinks.",
+        (("ChaDri_change_drink", {"drink_id": "123"}), ("ChaDri_change_drink", {"drink_id": "tea"})),
+        [_tool("ChaDri_change_drink", drink_id="string")],
+    ),
+    Case(
+        "qwen2.5-table",
+        "qwen2.5",
+        '<think>\nplan\n</think>\n\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
+        "<think>\nplan\n</think>",  # `<think>` is text; the blank line before the call is dropped
+        (("get_weather", {"city": "Paris"}),),
+    ),
+    Case(
+        "xlam",
+        "xlam",
+        '[{"name": "get_weather", "arguments": {"city": "Paris"}}]',
+        "",
+        (("get_weather", {"city": "Paris"}),),
+    ),
+    Case(
+        "lfm2.5",
+        "lfm2.5",
+        "<|tool_call_start|>[get_weather(city='Paris'), get_weather(city='Oslo', days=2)]<|tool_call_end|>Checking.",
+        "Checking.",
+        (("get_weather", {"city": "Paris"}), ("get_weather", {"city": "Oslo", "days": 2})),
+    ),
+    Case(
+        "olmo3",
+        "olmo3",
+        'Let me look.<function_calls>\nget_weather(city="Paris")\nget_weather(city="Oslo", days=2)\n</function_calls>',
+        "Let me look.",
+        (("get_weather", {"city": "Paris"}), ("get_weather", {"city": "Oslo", "days": 2})),
+    ),
+    # Llama-Nemotron's `<TOOLCALL>` tokens (smg's `llama_nemotron` table) around a JSON array.
+    Case(
+        "llama-nemotron",
+        "llama_nemotron",
+        '<TOOLCALL>[{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "get_weather", '
+        '"arguments": {"city": "Oslo"}}]</TOOLCALL>',
+        "",
+        (("get_weather", {"city": "Paris"}), ("get_weather", {"city": "Oslo"})),
+    ),
     Case(
         "qwen-xml-alias",
         "qwen_xml",

@@ -195,8 +195,8 @@ def _step3(cs):
     )
 
 
-def _dsml(cs, block="function_calls"):
-    d = "\uff5cDSML\uff5c"
+def _dsml(cs, block="function_calls", space=""):
+    d = "\uff5cDSML\uff5c" + space
     return (
         f"<{d}{block}>\n"
         + "".join(
@@ -258,6 +258,46 @@ def _kimi_k3(cs):
     )
 
 
+def _iquest(cs):
+    return "".join(
+        f"<iquest_tool_call>{n}"
+        + "".join(f"<arg_key>{k}</arg_key><arg_value>{_bare(v)}</arg_value>" for k, v in a.items())
+        + "</iquest_tool_call>"
+        for n, a in cs
+    )
+
+
+def _hy4(cs):
+    o = ":opensource"
+    return (
+        f"<tool_calls{o}>"
+        + "".join(
+            f"<tool_call{o}>{n}"
+            + "".join(f"<arg_key{o}>{k}</arg_key{o}><arg_value{o}>{_bare(v)}</arg_value{o}>" for k, v in a.items())
+            + f"</tool_call{o}>"
+            for n, a in cs
+        )
+        + f"</tool_calls{o}>"
+    )
+
+
+def _dsml_v41(cs):
+    return _dsml(cs, "calls", space=" ")
+
+
+def _lfm2_5(cs):
+    return f"<|tool_call_start|>{_pythonic_bare(cs)}<|tool_call_end|>"
+
+
+def _olmo3(cs):
+    lines = "".join(f"{n}({', '.join(f'{k}={v!r}' for k, v in a.items())})\n" for n, a in cs)
+    return f"<function_calls>\n{lines}</function_calls>"
+
+
+def _llama_nemotron(cs):
+    return "<TOOLCALL>" + _json([{"name": n, "arguments": a} for n, a in cs]) + "</TOOLCALL>"
+
+
 def _gpt_oss(cs):
     return "".join(
         f"<|start|>assistant<|channel|>commentary to=functions.{n} <|constrain|>json<|message|>{_json(a)}<|call|>"
@@ -289,6 +329,12 @@ RENDERERS: dict[str, tuple[str, Callable[[Any], str]]] = {
     "seed_oss": ("seed_oss", _seed_oss),
     "kimi_k3": ("kimi_k3", _kimi_k3),
     "gpt_oss": ("gpt_oss", _gpt_oss),
+    "iquest": ("iquest", _iquest),
+    "hy4": ("hy4", _hy4),
+    "deepseek_v41": ("deepseek_v41", _dsml_v41),
+    "lfm2_5": ("lfm2_5", _lfm2_5),
+    "olmo3": ("olmo3", _olmo3),
+    "llama_nemotron": ("llama_nemotron", _llama_nemotron),
     # Calls that must open the output: no prose before them.
     "pythonic-bare": ("pythonic", _pythonic_bare),
     "llama3_json-bare": ("llama3_json", _llama_bare),
@@ -308,6 +354,9 @@ XML_FORMATS = (
     "hunyuan",
     "seed_oss",
     "kimi_k3",
+    "iquest",
+    "hy4",
+    "deepseek_v41",
 )
 XML_TERMINATORS = (
     "</parameter>",
@@ -323,9 +372,14 @@ XML_TERMINATORS = (
     "</\uff5cDSML\uff5cinvoke>",
     "<|close|>argument<|sep|>",
     "</seed:tool_call>",
+    "</iquest_tool_call>",
+    "</arg_value:opensource>",
+    "</tool_call:opensource>",
+    "</\uff5cDSML\uff5c parameter>",
+    "</\uff5cDSML\uff5c invoke>",
 )
 # Formats that write arguments themselves (not the model's JSON verbatim).
-CONVERTED = (*XML_FORMATS, "pythonic", "sarashina")
+CONVERTED = (*XML_FORMATS, "pythonic", "sarashina", "lfm2_5", "olmo3")
 
 
 def _schema(value: Any) -> dict:
@@ -492,6 +546,26 @@ MARKUP = [
     "<|message|>",
     "<|call|>",
     "<|end|>",
+    "<iquest_tool_call>",
+    "</iquest_tool_call>",
+    "<tool_calls:opensource>",
+    "<tool_call:opensource>",
+    "<arg_key:opensource>",
+    "</arg_key:opensource>",
+    "<arg_value:opensource>",
+    "</arg_value:opensource>",
+    "</tool_call:opensource>",
+    "<\uff5cDSML\uff5c calls>",
+    '<\uff5cDSML\uff5c invoke name="f">',
+    '<\uff5cDSML\uff5c parameter name="a" string="true">',
+    "</\uff5cDSML\uff5c parameter>",
+    "</\uff5cDSML\uff5c invoke>",
+    "<|tool_call_start|>",
+    "<function_calls>",
+    "</function_calls>",
+    "f(a=1)\n",
+    "<TOOLCALL>",
+    "</TOOLCALL>",
 ]
 garbage = st.lists(st.sampled_from(MARKUP), max_size=14).map("".join)
 

@@ -51,6 +51,14 @@ NOT_A_CALL = [
     ("kimi_k3", "<|open|>think<|sep|>a channel that is not framing<|close|>think<|sep|>"),
     ("gpt_oss", "<|channel|>commentary to=python<|message|>print('hi')<|call|>"),  # not JSON
     ("gpt_oss", "<|channel|>final<|message|>Just an answer.<|return|>"),  # no recipient
+    ("iquest", "<iquest_tool_call>two words</iquest_tool_call>"),
+    ("hy4", "<tool_calls:opensource><tool_call:opensource>get_weather and more</tool_calls:opensource>"),
+    ("deepseek_v41", "<\uff5cDSML\uff5c calls>prose</\uff5cDSML\uff5c calls>"),
+    ("lfm2_5", "<|tool_call_start|>not python<|tool_call_end|>"),
+    ("olmo3", "<function_calls>\nI would call a function here.\n</function_calls>"),
+    ("olmo3", "get_weather(city='Paris') outside the block is prose"),
+    ("llama_nemotron", "<TOOLCALL>no calls here</TOOLCALL>"),
+    ("llama_nemotron", '[{"name": "get_weather", "arguments": {}}] without the tag'),
 ]
 
 
@@ -127,6 +135,9 @@ CUT_OFF = [
         True,
     ),
     ("hunyuan", "<tool_calls><tool_call>write<tool_sep><arg_key>t</arg_key><arg_value>ha", '{"t": "ha"}', True),
+    ("iquest", "<iquest_tool_call>write<arg_key>t</arg_key><arg_value>ha", '{"t": "ha"}', True),
+    ("olmo3", "<function_calls>\nwrite(a=1, t='ha", '{"a": 1}', True),
+    ("llama_nemotron", '<TOOLCALL>[{"name": "write", "arguments": {"t": "ab', '{"t": "ab', False),
 ]
 
 

@@ -50,6 +50,7 @@ __all__ = [
     "INKLING_CONTROL_TOKENS",
     "KNOWN_REASONING_PARSERS",
     "REASONING_FORMATS",
+    "Gemma4ThoughtParser",
     "HarmonyParser",
     "InklingBlocksParser",
     "PassthroughParser",
@@ -230,6 +231,52 @@ class ThinkTagParser(ReasoningParser):
         else:  # a tool start, only active in reasoning
             self._in_reasoning = False
             self._emit_content(marker)
+
+
+class Gemma4ThoughtParser(ThinkTagParser):
+    """Gemma 4: reasoning between `<|channel>` and `<channel|>`, opened by a `thought\\n` role
+    label that is not reasoning (smg's `gemma4` parser strips it too).
+
+    The label is held while the reasoning so far could still be it, so every chunking agrees;
+    reasoning that is not the label is released as soon as it diverges, or when the block ends.
+    """
+
+    __slots__ = ("_label", "_label_done")
+
+    def __init__(self, *, in_reasoning: bool = False) -> None:
+        super().__init__(_GEMMA4_START, _GEMMA4_END, in_reasoning=in_reasoning, requires_special_tokens=True)
+        self._label = ""
+        self._label_done = False
+
+    def _text(self, text: str) -> None:
+        if not self._in_reasoning or self._label_done:
+            super()._text(text)
+            return
+        self._label += text
+        if self._label.startswith(_GEMMA4_LABEL):
+            rest = self._label[len(_GEMMA4_LABEL) :]
+            self._label, self._label_done = "", True
+            if rest:
+                self._emit_reasoning(rest)
+        elif not _GEMMA4_LABEL.startswith(self._label):
+            held, self._label, self._label_done = self._label, "", True
+            self._emit_reasoning(held)
+
+    def _marker(self, marker: str) -> None:
+        self._release_label()
+        was_reasoning = self._in_reasoning
+        super()._marker(marker)
+        if self._in_reasoning and not was_reasoning:
+            self._label_done = False  # a new block: its own label
+
+    def _close(self) -> None:
+        self._release_label()
+
+    def _release_label(self) -> None:
+        if self._label:
+            held, self._label = self._label, ""
+            self._emit_reasoning(held)
+        self._label_done = True
 
 
 class PrefixedContentParser(ReasoningParser):
@@ -482,6 +529,10 @@ _KIMI_SECTION: Final = "<|tool_calls_section_begin|>"
 _COHERE_TEXT: Final = ("<|START_TEXT|>", "<|END_TEXT|>", "<|START_RESPONSE|>", "<|END_RESPONSE|>")
 _K3_RESPONSE: Final = ("<|open|>response<|sep|>", "<|open|>message<|sep|>")
 _K3_FRAMING: Final = (*_K3_RESPONSE, "<|close|>response<|sep|>", "<|close|>message<|sep|>")
+_GEMMA4_START: Final = "<|channel>"
+_GEMMA4_END: Final = "<channel|>"
+_GEMMA4_LABEL: Final = "thought\n"
+_MINIMAX_SEPARATOR: Final = "]<]minimax[>["
 
 
 @dataclass(frozen=True, slots=True)
@@ -544,6 +595,21 @@ REASONING_FORMATS: Final[Mapping[str, ReasoningFormat]] = MappingProxyType(
         "seed_oss": ReasoningFormat(
             "<seed:think>", "</seed:think>", tool_starts=("<seed:tool_call>",), requires_special_tokens=True
         ),
+        "hy4": ReasoningFormat(
+            "<think:opensource>",
+            "</think:opensource>",
+            tool_starts=("<tool_calls:opensource>",),
+            requires_special_tokens=True,
+        ),
+        "deepseek_v41": ReasoningFormat(_THINK, _END_THINK, tool_starts=("<\uff5cDSML\uff5c calls>",)),
+        "minimax_m3": ReasoningFormat(
+            "<mm:think>",
+            "</mm:think>",
+            tool_starts=(_TOOL_CALL,),
+            content_drops=(_MINIMAX_SEPARATOR,),
+            requires_special_tokens=True,
+        ),
+        "gemma4": ReasoningFormat(_GEMMA4_START, _GEMMA4_END, requires_special_tokens=True),
     }
 )
 
@@ -585,6 +651,31 @@ KNOWN_REASONING_PARSERS: Final = MappingProxyType(
         "hunyuan": "hunyuan",  # SGLang
         "seed_oss": "seed_oss",  # vLLM
         "gpt_oss": "gpt_oss",  # SGLang gpt-oss, Dynamo
+        # smg 1.13's Symphony table names (a table reads both; here its reasoning markup), and
+        # its newer legacy parsers. `plain`, `json`, `xlam`, `qwen2.5`, `olmo3` and
+        # `function_gemma` templates have no thought: no split.
+        "qwen3_tagged": "qwen3",  # smg table: Qwen3's tags, Qwen3-Coder's call syntax
+        "qwen3_tagged_direct": "qwen3",  # smg table
+        "qwen2.5": "passthrough",  # smg table: `<think>` is text
+        "plain": "passthrough",  # smg table
+        "json": "passthrough",  # smg table
+        "xlam": "passthrough",  # smg table
+        "olmo3": "passthrough",  # smg table
+        "function_gemma": "passthrough",  # smg table
+        "glm": "glm45",  # smg table (GLM 4.7 and later; the prompt opens the thought)
+        "glm4": "glm45",  # smg table
+        "ling": "glm45",  # smg table: `<think>` opened by the prompt, GLM's call tags
+        "iquest": "glm45",  # smg table: `<think>` opened by the prompt
+        "lfm2.5": "basic",  # smg table: the model writes its own `<think>`
+        "llama_nemotron": "basic",  # smg table
+        "minimax_m2": "minimax",  # smg table
+        "mistral_v13": "mistral",  # smg table: `[THINK]…[/THINK]`
+        "hy4": "hy4",  # smg table
+        "hy_v4": "hy4",  # smg
+        "deepseek_v41": "deepseek_v41",  # smg
+        "deepseek_v4.1": "deepseek_v41",  # smg table
+        "minimax_m3": "minimax_m3",  # smg (parser and table)
+        "gemma4": "gemma4",  # smg (parser and table)
     }
 )
 
@@ -616,6 +707,8 @@ def reasoning_parser(
     opened = prompt is not None and _ends_with_open_block(prompt, kind)
     if kind == "inkling":
         return InklingBlocksParser(in_reasoning=force_reasoning or opened)
+    if kind == "gemma4":
+        return Gemma4ThoughtParser(in_reasoning=force_reasoning or opened)
     spec = REASONING_FORMATS[kind]
     return ThinkTagParser(
         spec.start,

@@ -32,8 +32,10 @@ __all__ = [
 ]
 
 # smg's tool-parser factory (`crates/tool_parser/src/factory.rs`, `register_default_mappings`),
-# verbatim: pattern -> smg parser name. A pattern matches a model id that equals it, or (with its
-# trailing `*` removed) occurs in it, case-insensitively; the longest matching stem wins.
+# verbatim, plus the patterns smg 1.13 added (marked): pattern -> smg parser name. A pattern matches
+# a model id that equals it, or (with its trailing `*` removed) occurs in it, case-insensitively;
+# the longest matching stem wins (smg's `resolve_model_to_parser`). A pattern whose parser
+# trio-direct does not have gives no parser, rather than a shorter pattern's wrong one.
 TOOL_CALL_MODEL_PATTERNS: Final = MappingProxyType(
     {
         "gpt-4*": "json",
@@ -42,6 +44,11 @@ TOOL_CALL_MODEL_PATTERNS: Final = MappingProxyType(
         "claude-*": "json",
         "mistral-*": "mistral",
         "mixtral-*": "mistral",
+        "Qwen/Qwen3.6*": "qwen_xml",  # 1.13
+        "qwen/qwen3.6*": "qwen_xml",  # 1.13
+        "Qwen/Qwen3.8*": "qwen_xml",  # 1.13
+        "qwen/qwen3.8*": "qwen_xml",  # 1.13
+        "nemotron-3*": "nemotron",  # 1.13
         "Qwen/Qwen3.5*": "qwen_xml",
         "Qwen3.5*": "qwen_xml",
         "qwen3.5*": "qwen_xml",
@@ -68,6 +75,11 @@ TOOL_CALL_MODEL_PATTERNS: Final = MappingProxyType(
         "deepseek-ai/DeepSeek-V3.2*": "deepseek32",
         "deepseek-v4*": "deepseek_v4",
         "deepseek-ai/DeepSeek-V4*": "deepseek_v4",
+        "deepseek-v4.1*": "deepseek_v41",  # 1.13
+        "deepseek_v41*": "deepseek_v41",  # 1.13
+        "deepseek-v41*": "deepseek_v41",  # 1.13
+        "deepseek-ai/DeepSeek-V4.1*": "deepseek_v41",  # 1.13
+        "deepseek-ai/DeepSeek-V41*": "deepseek_v41",  # 1.13
         "deepseek-*": "pythonic",
         "glm-4.5*": "glm45_moe",
         "glm-4.6*": "glm45_moe",
@@ -89,6 +101,10 @@ TOOL_CALL_MODEL_PATTERNS: Final = MappingProxyType(
         "moonshot*/Kimi_K3*": "kimi_k3",
         "inkling*": "inkling",
         "Inkling*": "inkling",
+        "minimax-m3*": "minimax_m3",  # 1.13; a format trio-direct does not parse yet: no parser
+        "MiniMax-M3*": "minimax_m3",  # 1.13
+        "MiniMaxAI/MiniMax-M3*": "minimax_m3",  # 1.13
+        "mm-m3*": "minimax_m3",  # 1.13
         "minimax*": "minimax_m2",
         "MiniMax*": "minimax_m2",
         "command-r*": "cohere",
@@ -107,9 +123,11 @@ TOOL_CALL_MODEL_PATTERNS: Final = MappingProxyType(
 )
 
 # smg's reasoning-parser factory (`crates/reasoning_parser/src/factory.rs`), verbatim and in
-# order: the first pattern that occurs in the model id (case-insensitively) wins.
+# order, plus the parsers smg 1.13 added (marked): the first pattern that occurs in the model id
+# (case-insensitively) wins.
 REASONING_MODEL_PATTERNS: Final[tuple[tuple[str, str], ...]] = (
     ("deepseek-r1", "deepseek_r1"),
+    ("deepseek-v4.1", "deepseek_v41"),  # smg 1.13's V4.1 parser
     ("deepseek-v3.1", "deepseek_v31"),
     ("deepseek-v3-1", "deepseek_v31"),
     ("qwen3-thinking", "qwen3_thinking"),
@@ -125,6 +143,7 @@ REASONING_MODEL_PATTERNS: Final[tuple[tuple[str, str], ...]] = (
     ("kimi_k3", "kimi_k3"),
     ("kimi", "kimi"),
     ("step3", "step3"),
+    ("minimax-m3", "minimax_m3"),  # smg 1.13's M3 parser: before the M2 patterns
     ("minimax", "minimax"),
     ("minimax-m2", "minimax"),
     ("mm-m2", "minimax"),
@@ -234,7 +253,7 @@ def tool_call_parser_for_model(model: str) -> tuple[str, str] | None:
     """`(format, pattern)` by smg's tool-parser mapping for a model id, or None."""
     exact = TOOL_CALL_MODEL_PATTERNS.get(model)
     if exact is not None:
-        return KNOWN_TOOL_CALL_PARSERS[exact], model
+        return _known_tool_call_format(exact, model)
     lowered = model.lower()
     best: tuple[int, str, str] | None = None
     for pattern, name in TOOL_CALL_MODEL_PATTERNS.items():
@@ -243,7 +262,12 @@ def tool_call_parser_for_model(model: str) -> tuple[str, str] | None:
         stem = pattern[:-1]
         if stem.lower() in lowered and (best is None or len(stem) > best[0]):
             best = (len(stem), pattern, name)
-    return None if best is None else (KNOWN_TOOL_CALL_PARSERS[best[2]], best[1])
+    return None if best is None else _known_tool_call_format(best[2], best[1])
+
+
+def _known_tool_call_format(name: str, pattern: str) -> tuple[str, str] | None:
+    found = KNOWN_TOOL_CALL_PARSERS.get(name)
+    return None if found is None else (found, pattern)
 
 
 def reasoning_parser_for_model(model: str) -> tuple[str, str] | None:

@@ -18,7 +18,14 @@ from typing import Any, ClassVar, Final
 from trio_direct.parsers.tools.stream import MALFORMED, Malformed
 from trio_direct.parsers.tools.xml_calls import XmlArgumentCalls
 
-__all__ = ["DeepSeekV4Parser", "DeepSeekV32Parser", "InvokeCalls", "MinimaxM2Parser", "Step3Parser"]
+__all__ = [
+    "DeepSeekV4Parser",
+    "DeepSeekV32Parser",
+    "DeepSeekV41Parser",
+    "InvokeCalls",
+    "MinimaxM2Parser",
+    "Step3Parser",
+]
 
 # The attributes of a tag, up to its `>`: ` name="get_weather" string="true"`.
 _ATTRIBUTES: Final = re.compile(r'((?:\s+[\w\-]+\s*=\s*"[^"]*")*)\s*>')
@@ -298,3 +305,18 @@ class DeepSeekV4Parser(DeepSeekV32Parser):
     format = "deepseek_v4"
     MARKERS = ("<\uff5cDSML\uff5ctool_calls>",)
     SECTION_CLOSE = "</\uff5cDSML\uff5ctool_calls>"
+
+
+class DeepSeekV41Parser(DeepSeekV32Parser):
+    """DeepSeek V4.1 DSML (smg's `deepseek_v4.1` table and `deepseek_v41` parser): V3.2's grammar
+    with a space after `｜DSML｜` in every tag and `calls` as the outer block's name:
+    `<｜DSML｜ calls>\\n<｜DSML｜ invoke name="N">\\n<｜DSML｜ parameter name="K" string="true">V
+    </｜DSML｜ parameter>\\n</｜DSML｜ invoke>\\n</｜DSML｜ calls>`."""
+
+    format = "deepseek_v41"
+    MARKERS = ("<\uff5cDSML\uff5c calls>",)
+    SECTION_CLOSE = "</\uff5cDSML\uff5c calls>"
+    CALL_OPEN = ("<\uff5cDSML\uff5c invoke",)
+    CALL_CLOSE = ("</\uff5cDSML\uff5c invoke>",)
+    PARAMETER_OPEN = "<\uff5cDSML\uff5c parameter"
+    PARAMETER_CLOSE = "</\uff5cDSML\uff5c parameter>"

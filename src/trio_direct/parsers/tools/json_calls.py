@@ -35,6 +35,7 @@ __all__ = [
     "JsonObjectCalls",
     "JsonParser",
     "Llama3JsonParser",
+    "LlamaNemotronParser",
     "MistralParser",
 ]
 
@@ -637,8 +638,8 @@ class GraniteParser(JsonObjectCalls):
     """
 
     format = "granite"
-    MARKERS = ("<|tool_call|>", "<tool_call>")
-    _END: Final = "</tool_call>"
+    MARKERS: ClassVar[tuple[str, ...]] = ("<|tool_call|>", "<tool_call>")
+    _END: ClassVar[str] = "</tool_call>"
 
     def _start(self) -> bool:
         buf = self._buf
@@ -686,5 +687,22 @@ class GraniteParser(JsonObjectCalls):
             return self._starved()
         if self._match(self._END) is None:
             return self._starved()
+        self._state = self._content
+        return True
+
+
+class LlamaNemotronParser(GraniteParser):
+    """NVIDIA Llama-Nemotron (smg's `llama_nemotron` table): a JSON array of calls between
+    `<TOOLCALL>` and `</TOOLCALL>`: `<TOOLCALL>[{"name": …, "arguments": {…}}]</TOOLCALL>`.
+
+    Unlike Granite, calls are only read after the tag. Malformed: a tag not followed by call
+    objects stays content.
+    """
+
+    format = "llama_nemotron"
+    MARKERS = ("<TOOLCALL>",)
+    _END = "</TOOLCALL>"
+
+    def _start(self) -> bool:
         self._state = self._content
         return True

@@ -12,12 +12,12 @@ from __future__ import annotations
 import ast
 import json
 import re
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 
 from trio_direct.parsers.tools.stream import ToolCallParser
 from trio_direct.parsers.tools.value_scan import PythonValueScanner
 
-__all__ = ["PythonicParser", "SarashinaParser"]
+__all__ = ["Lfm25Parser", "Olmo3Parser", "PythonicParser", "SarashinaParser"]
 
 _PYTHON_START: Final = "<|python_start|>"
 _PYTHON_END: Final = "<|python_end|>"
@@ -38,7 +38,8 @@ class PythonicParser(ToolCallParser):
 
     format = "pythonic"
     requires_special_tokens = True
-    MARKERS = (_PYTHON_START,)
+    MARKERS: ClassVar[tuple[str, ...]] = (_PYTHON_START,)
+    LIST_END: ClassVar[str] = _PYTHON_END  # optional markup after the list's `]`
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -175,7 +176,7 @@ class PythonicParser(ToolCallParser):
     def _list_end(self) -> bool:
         if not self._skip_ws():
             return self._starved()
-        if self._match(_PYTHON_END) is None:
+        if self._match(self.LIST_END) is None:
             return self._starved()
         self._state = self._content
         return True
@@ -193,6 +194,62 @@ class PythonicParser(ToolCallParser):
         except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
             self._anomaly(f"argument {self._key!r} is not a Python literal; kept as text")
             return json.dumps(source, ensure_ascii=False)
+
+
+class Lfm25Parser(PythonicParser):
+    """LiquidAI LFM2.5: the pythonic list between `<|tool_call_start|>` and `<|tool_call_end|>`
+    (smg's `lfm2.5` table): `<|tool_call_start|>[get_weather(city='Paris')]<|tool_call_end|>`."""
+
+    format = "lfm2_5"
+    MARKERS = ("<|tool_call_start|>",)
+    LIST_END = "<|tool_call_end|>"
+
+
+class Olmo3Parser(PythonicParser):
+    """AllenAI Olmo 3 (smg's `olmo3` table): the turn's calls between `<function_calls>` and
+    `</function_calls>`, one Python call per line and no list brackets:
+    `<function_calls>\\nget_weather(city="Paris")\\nget_time(zone="CET")\\n</function_calls>`.
+
+    Malformed: a block whose first line is not a call stays content; after a committed call,
+    text that is neither a call nor the block's end is content.
+    """
+
+    format = "olmo3"
+    MARKERS = ("<function_calls>",)
+    LIST_END = "</function_calls>"
+
+    def _start(self) -> bool:
+        self._state = self._content  # calls only inside the block
+        return True
+
+    def _list_open(self) -> bool:
+        self._state = self._call_head
+        return True
+
+    def _after_call(self) -> bool:
+        if not self._skip_ws():
+            return self._starved()
+        found = self._match(self.LIST_END)
+        if found is None:
+            return self._starved()
+        if found:
+            self._state = self._content
+            return True
+        self._state = self._next_line
+        return True
+
+    def _next_line(self) -> bool:
+        buf, pos = self._buf, self._pos
+        head = _CALL_HEAD.match(buf, pos)
+        if head is None:
+            grows = _CALL_HEAD_PREFIX.match(buf, pos)
+            if grows is not None and grows.end() == len(buf) and not self._final:
+                return False
+            self._state = self._content  # prose after the calls: content
+            return True
+        self._begin_attempt(pos, pos)
+        self._state = self._call_head
+        return True
 
 
 class SarashinaParser(ToolCallParser):

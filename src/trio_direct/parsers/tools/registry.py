@@ -8,7 +8,13 @@ from types import MappingProxyType
 from typing import Any, Final
 
 from trio_direct.parsers.tools.harmony_calls import GptOssParser
-from trio_direct.parsers.tools.invoke_calls import DeepSeekV4Parser, DeepSeekV32Parser, MinimaxM2Parser, Step3Parser
+from trio_direct.parsers.tools.invoke_calls import (
+    DeepSeekV4Parser,
+    DeepSeekV32Parser,
+    DeepSeekV41Parser,
+    MinimaxM2Parser,
+    Step3Parser,
+)
 from trio_direct.parsers.tools.json_calls import (
     CohereParser,
     GraniteParser,
@@ -16,16 +22,23 @@ from trio_direct.parsers.tools.json_calls import (
     InklingParser,
     JsonParser,
     Llama3JsonParser,
+    LlamaNemotronParser,
     MistralParser,
 )
-from trio_direct.parsers.tools.pythonic import PythonicParser, SarashinaParser
+from trio_direct.parsers.tools.pythonic import Lfm25Parser, Olmo3Parser, PythonicParser, SarashinaParser
 from trio_direct.parsers.tools.special_token_calls import (
     DeepSeekV3Parser,
     DeepSeekV31Parser,
     KimiK2Parser,
 )
 from trio_direct.parsers.tools.stream import ToolCallParser
-from trio_direct.parsers.tools.xml_calls import Glm45Parser, HunyuanParser, Qwen3CoderParser, SeedOssParser
+from trio_direct.parsers.tools.xml_calls import (
+    Glm45Parser,
+    HunyuanParser,
+    IQuestParser,
+    Qwen3CoderParser,
+    SeedOssParser,
+)
 from trio_direct.parsers.tools.xtml_calls import KimiK3Parser
 
 __all__ = [
@@ -63,6 +76,11 @@ TOOL_CALL_FORMATS: Final[Mapping[str, type[ToolCallParser]]] = MappingProxyType(
             GptOssParser,
             HunyuanParser,
             GraniteParser,
+            IQuestParser,
+            DeepSeekV41Parser,
+            Lfm25Parser,
+            Olmo3Parser,
+            LlamaNemotronParser,
         )
     }
 )
@@ -121,6 +139,26 @@ KNOWN_TOOL_CALL_PARSERS: Final = MappingProxyType(
         "openai": "gpt_oss",  # vLLM
         "hunyuan": "hunyuan",  # SGLang
         "granite": "granite",  # vLLM
+        # smg 1.13's Symphony table names (a table reads both; here its call syntax), and its
+        # newer legacy parsers.
+        "qwen3": "hermes",  # smg table: Qwen3's JSON calls in `<tool_call>`
+        "qwen2.5": "hermes",  # smg table
+        "qwen3_tagged": "qwen3_coder",  # smg table: Qwen 3.5+ / Qwen3-Coder's tags
+        "qwen3_tagged_direct": "qwen3_coder",  # smg table
+        "glm4": "glm45",  # smg table
+        "ling": "glm45",  # smg table: GLM 4.5's keyed tags with newlines
+        "xlam": "json",  # smg table: the whole output a JSON list of calls, or content
+        "mistral_v13": "mistral",  # smg table: `[TOOL_CALLS]NAME[ARGS]{…}`
+        "plain": "passthrough",  # smg table: no calls
+        "hy4": "hunyuan",  # smg table (Hy4 writes no `<tool_sep>`)
+        "hy_v4": "hunyuan",  # smg
+        "iquest": "iquest",  # smg table
+        "deepseek_v41": "deepseek_v41",  # smg
+        "deepseek_v4.1": "deepseek_v41",  # smg table
+        "lfm2.5": "lfm2_5",  # smg table
+        "lfm2_5": "lfm2_5",
+        "olmo3": "olmo3",  # smg table
+        "llama_nemotron": "llama_nemotron",  # smg table
     }
 )
 

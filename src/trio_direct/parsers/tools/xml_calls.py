@@ -1,4 +1,4 @@
-"""Calls with one tag per argument: qwen3_coder, seed_oss, glm45 and hunyuan.
+"""Calls with one tag per argument: qwen3_coder, seed_oss, glm45, iquest and hunyuan.
 
 Values are bare text between tags; the tool's JSON schema types them (`schema_types`). The
 JSON arguments object is written as the tags arrive: `{` when the call commits, each key when
@@ -17,7 +17,7 @@ from typing import Any, ClassVar, Final
 from trio_direct.parsers.tools.schema_types import coerce_value
 from trio_direct.parsers.tools.stream import ToolCallParser, first_marker, partial_marker_length
 
-__all__ = ["Glm45Parser", "HunyuanParser", "Qwen3CoderParser", "SeedOssParser", "XmlArgumentCalls"]
+__all__ = ["Glm45Parser", "HunyuanParser", "IQuestParser", "Qwen3CoderParser", "SeedOssParser", "XmlArgumentCalls"]
 
 _TOOL_CALL: Final = "<tool_call>"
 _END_TOOL_CALL: Final = "</tool_call>"
@@ -285,7 +285,8 @@ class Glm45Parser(XmlArgumentCalls):
     """
 
     format = "glm45"
-    MARKERS = (_TOOL_CALL,)
+    MARKERS: ClassVar[tuple[str, ...]] = (_TOOL_CALL,)
+    _CALL_END: ClassVar[str] = _END_TOOL_CALL
     _INFER_UNTYPED = True
 
     def _on_marker(self, marker: str, at: int) -> None:
@@ -313,7 +314,7 @@ class Glm45Parser(XmlArgumentCalls):
     def _body(self) -> bool:
         if not self._skip_ws():
             return self._starved()
-        found = self._match("<arg_key>", _END_TOOL_CALL)
+        found = self._match("<arg_key>", self._CALL_END)
         if found is None:
             return self._starved()
         if found == "<arg_key>":
@@ -337,7 +338,7 @@ class Glm45Parser(XmlArgumentCalls):
     def _value_open(self) -> bool:
         if not self._skip_ws():
             return self._starved()
-        found = self._match("<arg_value>", "<arg_key>", _END_TOOL_CALL)
+        found = self._match("<arg_value>", "<arg_key>", self._CALL_END)
         if found is None:
             return self._starved()
         if found == "<arg_value>":
@@ -364,14 +365,24 @@ class Glm45Parser(XmlArgumentCalls):
         return True
 
 
+class IQuestParser(Glm45Parser):
+    """IQuest-Q1: GLM's keyed arguments inside `<iquest_tool_call>NAME<arg_key>KEY</arg_key>
+    <arg_value>VALUE</arg_value></iquest_tool_call>`, with no newlines (smg's `iquest` table)."""
+
+    format = "iquest"
+    MARKERS = ("<iquest_tool_call>",)
+    _CALL_END = "</iquest_tool_call>"
+
+
 class HunyuanParser(XmlArgumentCalls):
     """Tencent Hunyuan (Hy3): `<tool_calls>\\n<tool_call>NAME<tool_sep>\\n<arg_key>KEY</arg_key>\\n
-    <arg_value>VALUE</arg_value>\\n</tool_call>\\n</tool_calls>`.
+    <arg_value>VALUE</arg_value>\\n</tool_call>\\n</tool_calls>`; Hy4 (smg's `hy4` / `hy_v4`) writes
+    no `<tool_sep>`: `<tool_calls:opensource><tool_call:opensource>NAME<arg_key:opensource>...`.
 
     Shipping tokenizers suffix every tag (`<tool_calls:opensource>`); the suffix on the opening
     `<tool_calls...>` is the one expected on every later tag. Values are typed by the schema, and
     untyped ones read as JSON when they parse (else strings). Malformed: `<tool_calls>` not followed
-    by `<tool_call>NAME<tool_sep>` stays content.
+    by `<tool_call>NAME` and `<tool_sep>` or an argument tag stays content.
     """
 
     format = "hunyuan"
@@ -432,14 +443,18 @@ class HunyuanParser(XmlArgumentCalls):
             return self._fail()
         if end == len(buf):
             return self._starved()
-        rest = buf[end : end + len(sep)]
-        if not buf.startswith(sep, end):
-            if not self._final and sep.startswith(rest) and len(rest) < len(sep):
+        # Hy3 writes `<tool_sep>` after the name; Hy4 goes straight to the first argument or the
+        # call's end.
+        follows = (sep, self._tags["arg_key"], self._tags["/tool_call"])
+        found = next((tag for tag in follows if buf.startswith(tag, end)), None)
+        if found is None:
+            rest = buf[end:]
+            if not self._final and any(tag.startswith(rest) for tag in follows):
                 return self._starved()
             return self._fail()
         if not name:
             return self._fail()
-        self._pos = end + len(sep)
+        self._pos = end + (len(sep) if found == sep else 0)
         self._commit(name)
         self._state = self._body
         return True
