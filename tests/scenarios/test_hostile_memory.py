@@ -24,6 +24,7 @@ pytestmark = pytest.mark.slow
 
 MOCK = "trio-direct-mock"
 MB = 1024 * 1024
+JSON = {"content-type": "application/json"}
 
 
 def free_port() -> int:
@@ -152,4 +153,42 @@ async def test_a_prompt_far_over_the_context_is_refused_at_a_small_cost(nursery,
         after = status(process.pid, "VmRSS")
         assert after - before < 64 * MB, f"{(after - before) / MB:.0f} MB still held"
         assert (await served(client, embedding)).status_code == 200  # and the server serves on
+    process.terminate()
+
+
+async def test_four_hostile_prompts_at_once_cost_their_size_and_the_server_stays_responsive(nursery):
+    """Four 20 MB chat messages sent together (they once peaked at 15.7 GB and stalled the event loop
+    for 1.8 s): each is refused, the peak stays proportional to the four bodies, and `/live` keeps
+    answering while they are read and refused."""
+    process, base = await serve(nursery)
+    content = chat_with(TWENTY_MB)
+    replies: list[httpx.Response] = []
+    slowest = 0.0
+    async with (
+        httpx.AsyncClient(base_url=base, timeout=60) as client,
+        httpx.AsyncClient(base_url=base, timeout=60) as probe,
+    ):
+        before = status(process.pid, "VmRSS")
+        reset_peak(process.pid)
+
+        async def hostile() -> None:
+            replies.append(await client.post("/v1/chat/completions", content=content, headers=JSON))
+
+        async with trio.open_nursery() as senders:
+            for _ in range(4):
+                senders.start_soon(hostile)
+            while len(replies) < 4:
+                started = time.monotonic()
+                assert (await probe.get("/live")).status_code == 200
+                slowest = max(slowest, time.monotonic() - started)
+                await trio.sleep(0.02)
+        grew = status(process.pid, "VmHWM") - before
+        print(f"four 20 MB prompts: peak grew {grew / MB:.0f} MB; slowest /live {slowest * 1e3:.0f} ms")
+        assert [reply.status_code for reply in replies] == [400] * 4
+        assert all(reply.json()["error"]["code"] == "context_length_exceeded" for reply in replies)
+        assert grew < 4 * 200 * MB, f"peak grew {grew / MB:.0f} MB"
+        assert slowest < 1.0, f"/live took {slowest:.2f}s while the prompts were refused"
+        await trio.sleep(0.5)
+        assert status(process.pid, "VmRSS") - before < 128 * MB
+        assert (await served(client, False)).status_code == 200
     process.terminate()
