@@ -791,3 +791,23 @@ def test_call_count_tells_the_frontend_to_finish_with_tool_calls() -> None:
     assert parser.call_count == 0
     parser.feed('{"name": "f", "arguments": {}}</tool_call>')
     assert parser.call_count == 1
+
+
+def test_minimax_m3_calls_survive_the_m3_reasoning_parser_dropping_the_separators() -> None:
+    from trio_direct.parsers.reasoning import reasoning_parser
+
+    ns = "]<]minimax[>["
+    text = (
+        f'<mm:think>Need the weather.</mm:think>{ns}Checking.{ns}<tool_call>\n{ns}<invoke name="get_weather">'
+        f"{ns}<city>Paris{ns}</city>{ns}</invoke>\n{ns}</tool_call>"
+    )
+    thinking = reasoning_parser("minimax_m3")
+    pieces = [thinking.feed(c) for c in text] + [thinking.finish()]
+    tools = tool_call_parser("minimax_m3", rng=random.Random(0))
+    deltas = [tools.feed(p.content) for p in pieces] + [tools.finish()]
+    content, calls = assemble(deltas)
+    assert "".join(p.reasoning for p in pieces) == "Need the weather."
+    assert (content, [(c.name, json.loads(c.arguments_json)) for c in calls]) == (
+        "Checking.",
+        [("get_weather", {"city": "Paris"})],
+    )
