@@ -88,12 +88,7 @@ NOT_ACCEPTED = {
     "minicpm5": "smg's table is not published; its call markup is unknown",
     "k2_horizon": "smg's table is not published; its call markup is unknown",
 }
-NOT_ACCEPTED_TOOL_CALL = {
-    **NOT_ACCEPTED,
-    "gemma4": "Gemma 4's `call:NAME{...}` call syntax is not implemented yet",
-    "function_gemma": "FunctionGemma's `call:NAME{...}` call syntax is not implemented yet",
-    "minimax_m3": "MiniMax M3's XML-tree arguments are not implemented yet",
-}
+NOT_ACCEPTED_TOOL_CALL = dict(NOT_ACCEPTED)
 # SGLang's `FunctionCallParser.ToolCallParserEnum` keys for the formats trio-direct parses.
 SGLANG_TOOL_CALL_NAMES = (
     "cohere_command4",
@@ -147,6 +142,7 @@ SGLANG_REASONING_NAMES = (
     "telechat4",
 )
 OTHER_TOOL_CALL_NAMES = (
+    "functiongemma",  # vLLM
     "harmony",
     "deepseek_v3_2",
     "deepseek_v3_1",
@@ -206,6 +202,12 @@ ONE_CALL = {
     "lfm2_5": "Sure.<|tool_call_start|>[get_weather(city='Paris')]<|tool_call_end|>",
     "olmo3": 'Sure.<function_calls>\nget_weather(city="Paris")\n</function_calls>',
     "llama_nemotron": 'Sure.<TOOLCALL>[{"name": "get_weather", "arguments": {"city": "Paris"}}]</TOOLCALL>',
+    "gemma4": 'Sure.<|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call|>',
+    "function_gemma": "Sure.<start_function_call>call:get_weather{city:<escape>Paris<escape>}<end_function_call>",
+    "minimax_m3": (
+        'Sure.]<]minimax[>[<tool_call>\n]<]minimax[>[<invoke name="get_weather">]<]minimax[>[<city>Paris'
+        "]<]minimax[>[</city>]<]minimax[>[</invoke>\n]<]minimax[>[</tool_call>"
+    ),
 }
 # Hy4 (smg's `hy4` / `hy_v4`) writes Hunyuan's markup without `<tool_sep>`.
 HY4_CALL = (

@@ -157,11 +157,14 @@ def test_gpt_oss_gets_harmony_for_both() -> None:
         ("command-a-03-2025", "cohere"),
         ("gemma-3-27b", "json"),
         ("openai/gpt-oss-20b", "gpt_oss"),
-        # smg 1.13's additions; an M3 id gets no parser rather than M2's.
+        # smg 1.13's additions; an M3 id gets M3's parser, not M2's, and Gemma 4 its own, not JSON.
         ("Qwen/Qwen3.6-27B", "qwen3_coder"),
         ("nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16", "qwen3_coder"),
         ("deepseek-ai/DeepSeek-V4.1-Flash", "deepseek_v41"),
-        ("MiniMaxAI/MiniMax-M3", None),
+        ("MiniMaxAI/MiniMax-M3", "minimax_m3"),
+        ("mm-m3-chat", "minimax_m3"),
+        ("google/gemma-4-E4B-it", "gemma4"),
+        ("/models/gemma4-31b", "gemma4"),
         ("unknown-model", None),
     ],
 )
@@ -212,9 +215,8 @@ def test_reasoning_patterns_resolve_as_smgs_factory_does(model: str, expected: s
 
 
 def test_the_pattern_tables_name_only_parsers_we_have() -> None:
-    # MiniMax M3's tool-call format is the one pattern target not parsed here (no parser for it).
-    assert set(TOOL_CALL_MODEL_PATTERNS.values()) - set(KNOWN_TOOL_CALL_PARSERS) == {"minimax_m3"}
+    assert set(TOOL_CALL_MODEL_PATTERNS.values()) <= set(KNOWN_TOOL_CALL_PARSERS)
     assert {name for _, name in REASONING_MODEL_PATTERNS} <= set(KNOWN_REASONING_PARSERS)
-    # smg's tables, copied whole: 64 tool patterns (+ gpt-oss, + 14 of 1.13), 27 reasoning
+    # smg's tables, copied whole: 64 tool patterns (+ gpt-oss, + 16 of 1.13), 27 reasoning
     # patterns (+ gpt-oss, + 2 of 1.13).
-    assert (len(TOOL_CALL_MODEL_PATTERNS), len(REASONING_MODEL_PATTERNS)) == (79, 30)
+    assert (len(TOOL_CALL_MODEL_PATTERNS), len(REASONING_MODEL_PATTERNS)) == (81, 30)

@@ -503,6 +503,137 @@ CASES = [
         "",
         (("get_weather", {"city": "Paris"}), ("get_weather", {"city": "Oslo"})),
     ),
+    # vLLM's tests/tool_parsers/test_gemma4_tool_parser.py (the markup of Gemma 4's chat template,
+    # `<|tool_call>call:NAME{...}<tool_call|>` with `<|"|>` around strings).
+    Case(
+        "gemma4-text-before",
+        "gemma4",
+        'Let me check the weather for you. <|tool_call>call:get_weather{location:<|"|>Paris<|"|>}<tool_call|>',
+        "Let me check the weather for you.",
+        (("get_weather", {"location": "Paris"}),),
+    ),
+    Case(
+        "gemma4-two-calls",
+        "gemma4",
+        '<|tool_call>call:get_weather{location:<|"|>London<|"|>}<tool_call|>'
+        '<|tool_call>call:get_time{location:<|"|>London<|"|>}<tool_call|>',
+        "",
+        (("get_weather", {"location": "London"}), ("get_time", {"location": "London"})),
+    ),
+    Case(
+        "gemma4-nested",
+        "gemma4",
+        '<|tool_call>call:complex_function{nested:{inner:<|"|>value<|"|>},list:[<|"|>a<|"|>,<|"|>b<|"|>]}<tool_call|>',
+        "",
+        (("complex_function", {"nested": {"inner": "value"}, "list": ["a", "b"]}),),
+    ),
+    Case(
+        "gemma4-scalars",
+        "gemma4",
+        "<|tool_call>call:set_status{is_active:true,count:42,score:3.14}<tool_call|>"
+        "<|tool_call>call:get-status{}<tool_call|>",
+        "",
+        (("set_status", {"is_active": True, "count": 42, "score": 3.14}), ("get-status", {})),
+    ),
+    Case(
+        "gemma4-quoted-keys-and-schema",
+        "gemma4",
+        '<|tool_call>call:update{record_map:{<|"|>3<|"|>:<|"|>new, {text}<|"|>},zip:02139,days:<|"|>2<|"|>}'
+        "<tool_call|>Done.",
+        "Done.",
+        (("update", {"record_map": {"3": "new, {text}"}, "zip": "02139", "days": 2}),),
+        [_tool("update", record_map="object", zip="string", days="integer")],
+    ),
+    # vLLM's tests/tool_parsers/test_functiongemma_tool_parser.py: FunctionGemma's tokens, `<escape>`.
+    Case(
+        "function-gemma",
+        "function_gemma",
+        "Let me check. <start_function_call>call:get_weather{location:<escape>London<escape>}<end_function_call>"
+        "<start_function_call>call:get_time{timezone:<escape>UTC<escape>,offset:-2}<end_function_call>",
+        "Let me check.",
+        (("get_weather", {"location": "London"}), ("get_time", {"timezone": "UTC", "offset": -2})),
+    ),
+    # vLLM's tests/tool_parsers/test_minimax_m3_tool_parser.py (`build_order_call`, its tools): the
+    # separator before every tag, nested objects, arrays of `<item>`s, a repeated name.
+    Case(
+        "minimax-m3-nested",
+        "minimax_m3",
+        'I will create it.\n]<]minimax[>[<tool_call>\n]<]minimax[>[<invoke name="create_order">'
+        "]<]minimax[>[<user_id>42]<]minimax[>[</user_id>]<]minimax[>[<urgent>true]<]minimax[>[</urgent>"
+        "]<]minimax[>[<note>Please leave at front desk.]<]minimax[>[</note>]<]minimax[>[<shipping>"
+        "]<]minimax[>[<city>Singapore]<]minimax[>[</city>]<]minimax[>[<zip>018956]<]minimax[>[</zip>"
+        "]<]minimax[>[</shipping>]<]minimax[>[<items>]<]minimax[>[<item>]<]minimax[>[<sku>book-001"
+        "]<]minimax[>[</sku>]<]minimax[>[<qty>2]<]minimax[>[</qty>]<]minimax[>[</item>]<]minimax[>[<item>"
+        "]<]minimax[>[<sku>pen-007]<]minimax[>[</sku>]<]minimax[>[<qty>5]<]minimax[>[</qty>]<]minimax[>[</item>"
+        "]<]minimax[>[</items>]<]minimax[>[<metadata>]<]minimax[>[<source>mobile]<]minimax[>[</source>"
+        "]<]minimax[>[<campaign>may-launch]<]minimax[>[</campaign>]<]minimax[>[</metadata>"
+        "]<]minimax[>[<duplicate_demo>]<]minimax[>[<tag>a]<]minimax[>[</tag>]<]minimax[>[<tag>b"
+        "]<]minimax[>[</tag>]<]minimax[>[</duplicate_demo>]<]minimax[>[</invoke>\n]<]minimax[>[</tool_call>",
+        "I will create it.",
+        (
+            (
+                "create_order",
+                {
+                    "user_id": 42,
+                    "urgent": True,
+                    "note": "Please leave at front desk.",
+                    "shipping": {"city": "Singapore", "zip": 18956},
+                    "items": [{"sku": "book-001", "qty": 2}, {"sku": "pen-007", "qty": 5}],
+                    "metadata": {"source": "mobile", "campaign": "may-launch"},
+                    "duplicate_demo": {"tag": ["a", "b"]},
+                },
+            ),
+        ),
+        [
+            {
+                "type": "function",
+                "function": {
+                    "name": "create_order",
+                    "parameters": {
+                        "type": "object",
+                        "properties": {
+                            "user_id": {"type": "integer"},
+                            "urgent": {"type": "boolean"},
+                            "note": {"type": "string"},
+                            "shipping": {
+                                "type": "object",
+                                "properties": {"city": {"type": "string"}, "zip": {"type": "integer"}},
+                            },
+                            "items": {
+                                "type": "array",
+                                "items": {
+                                    "type": "object",
+                                    "properties": {"sku": {"type": "string"}, "qty": {"type": "integer"}},
+                                },
+                            },
+                            "metadata": {"type": "object", "additionalProperties": {"type": "string"}},
+                            "duplicate_demo": {"type": "object"},
+                        },
+                    },
+                },
+            }
+        ],
+    ),
+    # smg's tests/tool_parser_minimax_m3.rs: two invokes in a block, a second block, untyped values;
+    # after the `minimax_m3` reasoning parser, whose content has no separators.
+    Case(
+        "minimax-m3-invokes-and-blocks",
+        "minimax_m3",
+        ']<]minimax[>[<tool_call>\n]<]minimax[>[<invoke name="get_weather">]<]minimax[>[<city>Seattle'
+        ']<]minimax[>[</city>]<]minimax[>[</invoke>\n]<]minimax[>[<invoke name="search">]<]minimax[>[<query>'
+        "rust &amp; go]<]minimax[>[</query>]<]minimax[>[<limit>3]<]minimax[>[</limit>]<]minimax[>[</invoke>\n"
+        ']<]minimax[>[</tool_call>]<]minimax[>[<tool_call>\n]<]minimax[>[<invoke name="ping">]<]minimax[>['
+        "</invoke>\n]<]minimax[>[</tool_call>",
+        "",
+        (("get_weather", {"city": "Seattle"}), ("search", {"query": "rust & go", "limit": 3}), ("ping", {})),
+    ),
+    Case(
+        "minimax-m3-without-separators",
+        "minimax_m3",
+        'Sure.<tool_call>\n<invoke name="get_weather"><city>Seattle</city><days>2</days></invoke>\n</tool_call>',
+        "Sure.",
+        (("get_weather", {"city": "Seattle", "days": 2}),),
+    ),
     Case(
         "qwen-xml-alias",
         "qwen_xml",
@@ -660,3 +791,23 @@ def test_call_count_tells_the_frontend_to_finish_with_tool_calls() -> None:
     assert parser.call_count == 0
     parser.feed('{"name": "f", "arguments": {}}</tool_call>')
     assert parser.call_count == 1
+
+
+def test_minimax_m3_calls_survive_the_m3_reasoning_parser_dropping_the_separators() -> None:
+    from trio_direct.parsers.reasoning import reasoning_parser
+
+    ns = "]<]minimax[>["
+    text = (
+        f'<mm:think>Need the weather.</mm:think>{ns}Checking.{ns}<tool_call>\n{ns}<invoke name="get_weather">'
+        f"{ns}<city>Paris{ns}</city>{ns}</invoke>\n{ns}</tool_call>"
+    )
+    thinking = reasoning_parser("minimax_m3")
+    pieces = [thinking.feed(c) for c in text] + [thinking.finish()]
+    tools = tool_call_parser("minimax_m3", rng=random.Random(0))
+    deltas = [tools.feed(p.content) for p in pieces] + [tools.finish()]
+    content, calls = assemble(deltas)
+    assert "".join(p.reasoning for p in pieces) == "Need the weather."
+    assert (content, [(c.name, json.loads(c.arguments_json)) for c in calls]) == (
+        "Checking.",
+        [("get_weather", {"city": "Paris"})],
+    )

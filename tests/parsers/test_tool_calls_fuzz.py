@@ -22,6 +22,8 @@ DS_CALLS_END = "<｜tool▁calls▁end｜>"
 DS_CALL_BEGIN = "<｜tool▁call▁begin｜>"
 DS_CALL_END = "<｜tool▁call▁end｜>"
 DS_SEP = "<｜tool▁sep｜>"
+GEMMA4_QUOTE = '<|"|>'
+M3 = "]<]minimax[>["
 
 # Characters that stress the parsers: braces, quotes, escapes, tag openers, newlines, CJK.
 TRICKY = "ab Z09_{}[]\"'\\<>/=|:;,.\n\t北"
@@ -298,6 +300,29 @@ def _llama_nemotron(cs):
     return "<TOOLCALL>" + _json([{"name": n, "arguments": a} for n, a in cs]) + "</TOOLCALL>"
 
 
+def _gemma_value(value: Any, quote: str) -> str:
+    """Gemma's chat-template `format_argument`: quoted strings, bare keys, literals and numbers."""
+    if isinstance(value, str):
+        return f"{quote}{value}{quote}"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k}:{_gemma_value(v, quote)}" for k, v in sorted(value.items())) + "}"
+    if isinstance(value, list):
+        return "[" + ",".join(_gemma_value(v, quote) for v in value) + "]"
+    return str(value)
+
+
+def _gemma4(cs):
+    return "".join(f"<|tool_call>call:{n}{_gemma_value(a, GEMMA4_QUOTE)}<tool_call|>" for n, a in cs)
+
+
+def _function_gemma(cs):
+    return "".join(f"<start_function_call>call:{n}{_gemma_value(a, '<escape>')}<end_function_call>" for n, a in cs)
+
+
 def _gpt_oss(cs):
     return "".join(
         f"<|start|>assistant<|channel|>commentary to=functions.{n} <|constrain|>json<|message|>{_json(a)}<|call|>"
@@ -335,6 +360,8 @@ RENDERERS: dict[str, tuple[str, Callable[[Any], str]]] = {
     "lfm2_5": ("lfm2_5", _lfm2_5),
     "olmo3": ("olmo3", _olmo3),
     "llama_nemotron": ("llama_nemotron", _llama_nemotron),
+    "gemma4": ("gemma4", _gemma4),
+    "function_gemma": ("function_gemma", _function_gemma),
     # Calls that must open the output: no prose before them.
     "pythonic-bare": ("pythonic", _pythonic_bare),
     "llama3_json-bare": ("llama3_json", _llama_bare),
@@ -379,7 +406,19 @@ XML_TERMINATORS = (
     "</\uff5cDSML\uff5c invoke>",
 )
 # Formats that write arguments themselves (not the model's JSON verbatim).
-CONVERTED = (*XML_FORMATS, "pythonic", "sarashina", "lfm2_5", "olmo3")
+CONVERTED = (*XML_FORMATS, "pythonic", "sarashina", "lfm2_5", "olmo3", "gemma4", "function_gemma")
+# Formats whose strings run to a quote token, which a string therefore cannot hold.
+QUOTES = {"gemma4": GEMMA4_QUOTE, "function_gemma": "<escape>"}
+
+
+def _strings_in(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for k, v in value.items() for s in (k, *_strings_in(v))]
+    if isinstance(value, list):
+        return [s for v in value for s in _strings_in(v)]
+    return []
 
 
 def _schema(value: Any) -> dict:
@@ -440,6 +479,8 @@ def test_rendered_calls_parse_back_under_any_chunking(style, cs, before, after, 
         assume(not any(t in str(v) for _, a in cs for v in a.values() for t in XML_TERMINATORS))
         assume(len({n for n, _ in cs}) == len(cs))
         assume("</arg_key>" not in blob)
+    if parser_name in QUOTES:
+        assume(not any(QUOTES[parser_name] in s for _, a in cs for s in _strings_in(a)))
     after = after.lstrip("{[;,")  # text right after a call list may not continue the list
     if style.endswith("-bare"):
         before = ""
@@ -566,6 +607,23 @@ MARKUP = [
     "f(a=1)\n",
     "<TOOLCALL>",
     "</TOOLCALL>",
+    "<|tool_call>",
+    "call:f{",
+    "a:",
+    GEMMA4_QUOTE,
+    "<tool_call|>",
+    "<start_function_call>",
+    "<escape>",
+    "<end_function_call>",
+    M3,
+    f"{M3}<tool_call>",
+    f'{M3}<invoke name="f">',
+    f"{M3}<a>",
+    f"{M3}</a>",
+    f"{M3}</invoke>",
+    f"{M3}</tool_call>",
+    "<a>",
+    "</a>",
 ]
 garbage = st.lists(st.sampled_from(MARKUP), max_size=14).map("".join)
 
@@ -618,3 +676,72 @@ def test_arbitrary_text_without_calls_is_content_unchanged(parser_name, text, cu
     content, parsed = _run(parser_name, _chunks(text, cuts))
     assume(not parsed)
     assert content == _unframed(parser_name, text)
+
+
+# MiniMax M3: arguments as an element tree, with a schema that says what every leaf is (a tree
+# alone cannot tell the string "1" from the number 1, or a one-item array from an object).
+_M3_LEAVES = {
+    "string": strings,
+    "integer": st.integers(-(10**6), 10**6),
+    "boolean": st.booleans(),
+}
+_m3_leaf = st.sampled_from(sorted(_M3_LEAVES)).flatmap(lambda kind: _M3_LEAVES[kind].map(lambda v: (v, {"type": kind})))
+_m3_array = st.sampled_from(sorted(_M3_LEAVES)).flatmap(
+    lambda kind: st.lists(_M3_LEAVES[kind], max_size=3).map(lambda vs: (vs, {"type": "array", "items": {"type": kind}}))
+)
+_m3_typed = st.recursive(
+    st.one_of(_m3_leaf, _m3_array),
+    lambda inner: st.dictionaries(keys, inner, max_size=3).map(
+        lambda d: (
+            {k: v for k, (v, _) in d.items()},
+            {"type": "object", "properties": {k: s for k, (_, s) in d.items()}},
+        )
+    ),
+    max_leaves=6,
+)
+_m3_calls = st.lists(st.tuples(names, st.dictionaries(keys, _m3_typed, max_size=4)), min_size=1, max_size=3)
+
+
+def _m3_element(name: str, value: Any, ns: str) -> str:
+    if isinstance(value, dict):
+        body = "".join(_m3_element(k, v, ns) for k, v in value.items())
+    elif isinstance(value, list):
+        body = "".join(_m3_element("item", v, ns) for v in value)
+    else:
+        body = _bare(value).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return f"{ns}<{name}>{body}{ns}</{name}>"
+
+
+def _m3(cs, ns: str) -> str:
+    invokes = "\n".join(
+        f'{ns}<invoke name="{n}">' + "".join(_m3_element(k, v, ns) for k, (v, _) in a.items()) + f"{ns}</invoke>"
+        for n, a in cs
+    )
+    return f"{ns}<tool_call>\n{invokes}\n{ns}</tool_call>"
+
+
+@FUZZ
+@given(
+    cs=_m3_calls,
+    separator=st.sampled_from([M3, ""]),
+    before=prose,
+    after=prose,
+    cuts=st.lists(st.integers(0, 100_000), max_size=10),
+)
+def test_minimax_m3_trees_parse_back_under_any_chunking(cs, separator, before, after, cuts) -> None:
+    assume(len({n for n, _ in cs}) == len(cs))  # a name's schema must be its own
+    tools = [
+        {
+            "type": "function",
+            "function": {"name": n, "parameters": {"type": "object", "properties": {k: s for k, (_, s) in a.items()}}},
+        }
+        for n, a in cs
+    ]
+    text = before + _m3(cs, separator) + after
+    whole = _run("minimax_m3", [text], tools)
+    content, parsed = whole
+    assert content == before.rstrip() + after.lstrip()
+    assert [(c.name, json.loads(c.arguments_json)) for c in parsed] == [
+        (n, {k: v for k, (v, _) in a.items()}) for n, a in cs
+    ]
+    assert _run("minimax_m3", _chunks(text, cuts), tools) == whole

@@ -59,6 +59,13 @@ NOT_A_CALL = [
     ("olmo3", "get_weather(city='Paris') outside the block is prose"),
     ("llama_nemotron", "<TOOLCALL>no calls here</TOOLCALL>"),
     ("llama_nemotron", '[{"name": "get_weather", "arguments": {}}] without the tag'),
+    ("gemma4", "<|tool_call>get_weather(city='Paris')<tool_call|>"),  # no `call:`
+    ("gemma4", '<|tool_call>call:two words{a:<|"|>x<|"|>}<tool_call|>'),
+    ("gemma4", "<|tool_call>call:f(a=1)<tool_call|>"),  # no `{`
+    ("function_gemma", "<start_function_call>I would call a tool<end_function_call>"),
+    ("minimax_m3", "]<]minimax[>[<tool_call>\ngarbage\n]<]minimax[>[</tool_call>"),
+    ("minimax_m3", ']<]minimax[>[ a separator in prose, and ]<]minimax[>[<invoke name="f"> outside a block'),
+    ("minimax_m3", '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>'),  # Qwen's markup, not M3's
 ]
 
 
@@ -138,6 +145,16 @@ CUT_OFF = [
     ("iquest", "<iquest_tool_call>write<arg_key>t</arg_key><arg_value>ha", '{"t": "ha"}', True),
     ("olmo3", "<function_calls>\nwrite(a=1, t='ha", '{"a": 1}', True),
     ("llama_nemotron", '<TOOLCALL>[{"name": "write", "arguments": {"t": "ab', '{"t": "ab', False),
+    ("gemma4", '<|tool_call>call:write{a:1,t:<|"|>half of {it', '{"a": 1, "t": "half of {it"}', True),
+    ("gemma4", "<|tool_call>call:write{o:{n:[1,2", '{"o": {"n": [1, 2]}}', True),
+    ("function_gemma", "<start_function_call>call:write{t:<escape>hal", '{"t": "hal"}', True),
+    (
+        "minimax_m3",
+        ']<]minimax[>[<tool_call>\n]<]minimax[>[<invoke name="write">]<]minimax[>[<a>1]<]minimax[>[</a>'
+        "]<]minimax[>[<t>half &am",
+        '{"a": 1, "t": "half &am"}',
+        True,
+    ),
 ]
 
 
@@ -169,6 +186,8 @@ def test_a_name_without_arguments_gets_an_empty_object_not_an_empty_string() -> 
         ("kimi_k3", '<|open|>tools<|sep|><|open|>call tool="now"<|sep|><|close|>call<|sep|>'),
         ("gpt_oss", "<|channel|>commentary to=functions.now<|message|><|call|>"),
         ("hunyuan", "<tool_calls><tool_call>now<tool_sep></tool_call></tool_calls>"),
+        ("gemma4", "<|tool_call>call:now{}<tool_call|>"),
+        ("minimax_m3", '<tool_call><invoke name="now"></invoke></tool_call>'),
     ]:
         calls = tool_call_parser(parser_name).parse_complete(text)[1]
         assert [(c.name, c.arguments_json) for c in calls] == [("now", "{}")], parser_name
@@ -364,3 +383,104 @@ def test_harmony_builtin_recipients_are_reported_under_their_full_name() -> None
         '<|channel|>commentary to=browser.search <|constrain|>json<|message|>{"query": "x"}<|call|>'
     )[1]
     assert [c.name for c in calls] == ["browser.search"]
+
+
+def test_gemma_arguments_broken_after_the_commit_end_the_call_and_skip_to_its_end() -> None:
+    parser = tool_call_parser("gemma4")
+    content, calls = parser.parse_complete(
+        '<|tool_call>call:f{a:<|"|>x<|"|> b:1}<tool_call|>after<|tool_call>call:g{}<tool_call|>'
+    )
+    assert (content, [(c.name, json.loads(c.arguments_json)) for c in calls]) == (
+        "after",
+        [("f", {"a": "x"}), ("g", {})],
+    )
+    assert any("malformed" in a for a in parser.anomalies)
+
+
+def test_gemma_values_are_typed_by_their_syntax_unless_the_schema_rules_the_type_out() -> None:
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "f",
+                "parameters": {
+                    "type": "object",
+                    "properties": {
+                        "code": {"type": "string"},
+                        "n": {"type": "integer"},
+                        "ok": {"type": "boolean"},
+                        "tags": {"type": "array", "items": {"type": "integer"}},
+                        "deep": {"type": "object", "properties": {"zip": {"type": "string"}}},
+                    },
+                },
+            },
+        }
+    ]
+    text = (
+        '<|tool_call>call:f{code:007,n:<|"|>12<|"|>,ok:<|"|>true<|"|>,tags:[<|"|>1<|"|>,2],'
+        'deep:{zip:02139},other:<|"|>12<|"|>,word:maybe}<tool_call|>'
+    )
+    calls = tool_call_parser("gemma4", tools).parse_complete(text)[1]
+    assert json.loads(calls[0].arguments_json) == {
+        "code": "007",
+        "n": 12,
+        "ok": True,
+        "tags": [1, 2],
+        "deep": {"zip": "02139"},
+        "other": "12",  # quoted and untyped: a string
+        "word": "maybe",  # bare text that is no literal: a string
+    }
+
+
+def test_gemma_strings_stream_as_they_arrive() -> None:
+    parser = tool_call_parser("gemma4", rng=random.Random(1))
+    first = parser.feed('<|tool_call>call:write{text:<|"|>hello ')
+    second = parser.feed('"world"')
+    assert [(c.name, c.arguments) for c in first.calls] == [("write", '{"text": "hello ')]
+    assert [c.arguments for c in second.calls] == ['\\"world\\"']
+
+
+def test_minimax_m3_broken_tree_ends_the_call_with_the_arguments_read() -> None:
+    ns = "]<]minimax[>["
+    parser = tool_call_parser("minimax_m3")
+    content, calls = parser.parse_complete(
+        f'{ns}<tool_call>\n{ns}<invoke name="f">{ns}<a>1{ns}</a>{ns}<b>2{ns}</c>{ns}</invoke>\n'
+        f'{ns}<invoke name="g">{ns}<city>Oslo{ns}</city>{ns}</invoke>\n{ns}</tool_call>Done.'
+    )
+    assert (content, [(c.name, json.loads(c.arguments_json)) for c in calls]) == (
+        "Done.",
+        [("f", {"a": 1}), ("g", {"city": "Oslo"})],
+    )
+    assert any("dropped" in a for a in parser.anomalies)
+
+
+def test_minimax_m3_types_leaves_by_the_schema_followed_into_the_tree() -> None:
+    ns = "]<]minimax[>["
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "create_task",
+                "parameters": {
+                    "type": "object",
+                    "properties": {
+                        "meta": {"type": "object", "properties": {"code": {"type": "string"}}},
+                        "labels": {"type": "array", "items": {"type": "string"}},
+                        "empty": {"type": "array"},
+                    },
+                },
+            },
+        }
+    ]
+    text = (
+        f'{ns}<tool_call>{ns}<invoke name="create_task">{ns}<meta>{ns}<code>007{ns}</code>{ns}</meta>'
+        f"{ns}<labels>{ns}<item>1{ns}</item>{ns}<item>2{ns}</item>{ns}</labels>{ns}<empty>{ns}</empty>"
+        f"{ns}<note>see{ns}<code>7{ns}</code>{ns}</note>{ns}</invoke>{ns}</tool_call>"
+    )
+    calls = tool_call_parser("minimax_m3", tools).parse_complete(text)[1]
+    assert json.loads(calls[0].arguments_json) == {
+        "meta": {"code": "007"},
+        "labels": ["1", "2"],
+        "empty": [],
+        "note": {"code": 7, "$text": "see"},  # untyped; text beside children is kept, as smg does
+    }

@@ -101,7 +101,7 @@ TOOL_CALL_MODEL_PATTERNS: Final = MappingProxyType(
         "moonshot*/Kimi_K3*": "kimi_k3",
         "inkling*": "inkling",
         "Inkling*": "inkling",
-        "minimax-m3*": "minimax_m3",  # 1.13; a format trio-direct does not parse yet: no parser
+        "minimax-m3*": "minimax_m3",  # 1.13
         "MiniMax-M3*": "minimax_m3",  # 1.13
         "MiniMaxAI/MiniMax-M3*": "minimax_m3",  # 1.13
         "mm-m3*": "minimax_m3",  # 1.13
@@ -115,6 +115,8 @@ TOOL_CALL_MODEL_PATTERNS: Final = MappingProxyType(
         "CohereForAI*": "cohere",
         "gemini-*": "json",
         "palm-*": "json",
+        "gemma-4*": "gemma4",  # 1.13
+        "gemma4*": "gemma4",  # 1.13
         "gemma-*": "json",
         # Not in smg's factory: smg serves gpt-oss through its harmony pipeline, chosen when the model
         # id contains "gpt-oss" (`routers/grpc/harmony/detector.rs`).

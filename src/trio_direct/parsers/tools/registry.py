@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, Final
 
+from trio_direct.parsers.tools.gemma_calls import FunctionGemmaParser, Gemma4Parser
 from trio_direct.parsers.tools.harmony_calls import GptOssParser
 from trio_direct.parsers.tools.invoke_calls import (
     DeepSeekV4Parser,
@@ -32,6 +33,7 @@ from trio_direct.parsers.tools.special_token_calls import (
     KimiK2Parser,
 )
 from trio_direct.parsers.tools.stream import ToolCallParser
+from trio_direct.parsers.tools.tree_calls import MinimaxM3Parser
 from trio_direct.parsers.tools.xml_calls import (
     Glm45Parser,
     HunyuanParser,
@@ -81,6 +83,9 @@ TOOL_CALL_FORMATS: Final[Mapping[str, type[ToolCallParser]]] = MappingProxyType(
             Lfm25Parser,
             Olmo3Parser,
             LlamaNemotronParser,
+            Gemma4Parser,
+            FunctionGemmaParser,
+            MinimaxM3Parser,
         )
     }
 )
@@ -159,6 +164,10 @@ KNOWN_TOOL_CALL_PARSERS: Final = MappingProxyType(
         "lfm2_5": "lfm2_5",
         "olmo3": "olmo3",  # smg table
         "llama_nemotron": "llama_nemotron",  # smg table
+        "gemma4": "gemma4",  # smg, SGLang, vLLM
+        "function_gemma": "function_gemma",  # smg table
+        "functiongemma": "function_gemma",  # vLLM
+        "minimax_m3": "minimax_m3",  # smg, vLLM
     }
 )
 

@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-__all__ = ["ToolSchemas", "coerce_value", "declared_types"]
+__all__ = ["ToolSchemas", "coerce_value", "declared_types", "item_schema", "member_schema"]
 
 
 class ToolSchemas:
@@ -37,6 +37,46 @@ class ToolSchemas:
         """The JSON types the schema allows for a parameter; `()` when it does not say."""
         schema = self._properties.get(function, {}).get(parameter)
         return declared_types(schema) if isinstance(schema, Mapping) else ()
+
+    def parameters(self, function: str) -> Mapping[str, Any] | None:
+        """The function's arguments object as a schema (its `properties`), for formats whose values
+        nest; `None` for a function the request does not declare."""
+        properties = self._properties.get(function)
+        return None if properties is None else {"type": "object", "properties": properties}
+
+
+def member_schema(schema: Mapping[str, Any] | None, key: str) -> Mapping[str, Any] | None:
+    """The subschema of an object's member `key`: its `properties` entry, one found in a union
+    branch, or `additionalProperties`; `None` when the schema does not say."""
+    if schema is None:
+        return None
+    properties = schema.get("properties")
+    if isinstance(properties, Mapping) and isinstance(properties.get(key), Mapping):
+        return properties[key]
+    for union in ("anyOf", "oneOf", "allOf"):
+        for option in schema.get(union) or ():
+            if isinstance(option, Mapping):
+                found = member_schema(option, key)
+                if found is not None:
+                    return found
+    extra = schema.get("additionalProperties")
+    return extra if isinstance(extra, Mapping) else None
+
+
+def item_schema(schema: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """The subschema of an array's items (`items`, or one in a union branch); `None` when unsaid."""
+    if schema is None:
+        return None
+    items = schema.get("items")
+    if isinstance(items, Mapping):
+        return items
+    for union in ("anyOf", "oneOf", "allOf"):
+        for option in schema.get(union) or ():
+            if isinstance(option, Mapping):
+                found = item_schema(option)
+                if found is not None:
+                    return found
+    return None
 
 
 def declared_types(schema: Mapping[str, Any]) -> tuple[str, ...]:
