@@ -206,6 +206,9 @@ def test_tool_call_patterns_resolve_as_smgs_factory_does(model: str, expected: s
         ("openai/gpt-oss-120b", "gpt_oss"),
         ("MiniMaxAI/MiniMax-M3", "minimax_m3"),
         ("deepseek-ai/DeepSeek-V4.1-Flash", "deepseek_v41"),
+        ("google/gemma-4-E4B-it", "gemma4"),
+        ("/models/gemma4-31b", "gemma4"),
+        ("google/gemma-3-27b-it", None),  # no thinking channel before Gemma 4
         ("unknown-model", None),
     ],
 )
@@ -218,5 +221,5 @@ def test_the_pattern_tables_name_only_parsers_we_have() -> None:
     assert set(TOOL_CALL_MODEL_PATTERNS.values()) <= set(KNOWN_TOOL_CALL_PARSERS)
     assert {name for _, name in REASONING_MODEL_PATTERNS} <= set(KNOWN_REASONING_PARSERS)
     # smg's tables, copied whole: 64 tool patterns (+ gpt-oss, + 16 of 1.13), 27 reasoning
-    # patterns (+ gpt-oss, + 2 of 1.13).
-    assert (len(TOOL_CALL_MODEL_PATTERNS), len(REASONING_MODEL_PATTERNS)) == (81, 30)
+    # patterns (+ gpt-oss, + 4 of 1.13).
+    assert (len(TOOL_CALL_MODEL_PATTERNS), len(REASONING_MODEL_PATTERNS)) == (81, 32)

@@ -157,6 +157,8 @@ REASONING_MODEL_PATTERNS: Final[tuple[tuple[str, str], ...]] = (
     ("nemotron-super", "nano_v3"),
     ("nano-v3", "nano_v3"),
     ("inkling", "inkling"),
+    ("gemma-4", "gemma4"),  # smg 1.13's Gemma 4 parser (its thinking channel)
+    ("gemma4", "gemma4"),
     # Not in smg's factory: its harmony pipeline, chosen for model ids containing "gpt-oss".
     ("gpt-oss", "gpt_oss"),
 )
