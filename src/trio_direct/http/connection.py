@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from contextlib import suppress
+from socket import SHUT_WR
 from typing import Any
 
 import h11
@@ -143,7 +144,7 @@ class GuardedConnection(TCPServer):
             pass
         finally:
             try:
-                await super()._close()
+                await self._shut_down()
             finally:
                 # The protocol holds our bound methods: without this, every connection would be left
                 # for the garbage collector's cycle detection (and reach its old generation under load).
@@ -179,6 +180,24 @@ class GuardedConnection(TCPServer):
         # The client is gone (or was sent away): nothing is left for the keep-alive timer to close.
         await self.idle_task.stop()
 
+    async def _half_close(self) -> None:
+        """`SocketStream.send_eof` for a peer that may be gone, without a reference cycle: trio
+        translates the socket's OSError (ENOTCONN once the client reset) in a generator context
+        manager, and on Python 3.13 that OSError's traceback and `contextlib`'s `__exit__` frame
+        hold each other, and with them this connection's frames, until a full collection."""
+        await trio.lowlevel.checkpoint()
+        socket = self.stream.socket
+        if not socket.did_shutdown_SHUT_WR:
+            try:
+                socket.shutdown(SHUT_WR)
+            except OSError:
+                pass  # the peer is gone: nothing left to half-close
+
+    async def _shut_down(self) -> None:
+        """hypercorn's `TCPServer._close` (half-close, then close), through `_half_close`."""
+        await self._half_close()
+        await self.stream.aclose()
+
     async def _close(self) -> None:
         """hypercorn ends the connection (after a ``Connection: close`` answer, or an error answer).
 
@@ -196,9 +215,9 @@ class GuardedConnection(TCPServer):
             with trio.move_on_after(_SEND_TIMEOUT) as waiting:
                 async with self.send_lock:
                     if self._linger:
-                        await self.stream.send_eof()
+                        await self._half_close()
                     else:
-                        await super()._close()
+                        await self._shut_down()
             if waiting.cancelled_caught:  # a write is stuck on a client that does not read
                 self._linger = False
                 await self.stream.aclose()
