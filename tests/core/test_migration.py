@@ -28,7 +28,9 @@ from trio_direct.engine.errors import (
 from trio_direct.engine.types import GenerateChunk, GenerateInput, SamplingOptions
 from trio_direct.fleet.fleet import Engine, Fleet
 from trio_direct.frontend.runtime import ModelPool
+from trio_direct.parsers.reasoning import reasoning_parser
 from trio_direct.routing.policy import RoutingPolicy
+from trio_direct.surfaces.chat import ChatRenderer
 from trio_direct.surfaces.completions import CompletionRenderer
 from trio_direct.text.stop_strings import StopStringMatcher
 
@@ -226,3 +228,38 @@ async def test_a_decode_engine_unreachable_before_the_first_token_gets_a_fresh_p
     assert second.bootstrap is not None and second.bootstrap.room != first.bootstrap.room
     assert [r.rid for r in prefills[1].requests] == [second.rid]  # its own prefill leg
     assert decodes[0].aborted == [first.rid]
+
+
+#: A small vocabulary: a `<think>` block, then an answer.
+VOCAB = {3: "<think>", 4: "weigh ", 5: "it", 6: "</think>", 7: "Yes", 8: ", done"}
+
+
+class Words:
+    """A detokenizer over `VOCAB`."""
+
+    def prepare(self) -> None:
+        pass
+
+    def push(self, token_ids: list[int]) -> str:
+        return "".join(VOCAB[t] for t in token_ids)
+
+    def flush(self) -> str:
+        return ""
+
+
+async def test_reasoning_begun_on_the_failed_engine_is_closed_by_the_continuation():
+    """The reasoning parser's state moves with the stream: a `<think>` block opened on the first
+    engine and closed on the second splits into reasoning_content and content as one stream would."""
+    first = [GenerateChunk([3]), GenerateChunk([4]), EngineUnavailable("connection lost")]
+    rest = [GenerateChunk([5]), GenerateChunk([6]), GenerateChunk([7]), GenerateChunk([8], finish_reason="length")]
+    pool, plan, (_, healthy) = fleet_of(first, rest, sampling=SamplingOptions(max_new_tokens=6))
+    choice = plan.choices[0]
+    choice.output = ChoiceOutput(0, Words(), reasoning_parser=reasoning_parser("deepseek_r1"))
+    writer = Writer()
+    renderer = ChatRenderer(plan, lambda token_id: VOCAB[token_id])
+    await stream_response(pool, plan, renderer, writer, started=0.0, cutter=StreamCutter())
+    deltas = [e["choices"][0]["delta"] for e in events(writer.writes) if isinstance(e, dict) and e.get("choices")]
+    reasoning = "".join(d.get("reasoning_content") or "" for d in deltas)
+    content = "".join(d.get("content") or "" for d in deltas)
+    assert (reasoning, content) == ("weigh it", "Yes, done")
+    assert list(healthy.requests[0].input_ids) == [1, 2, 3, 4]  # the continuation repeats what was generated
