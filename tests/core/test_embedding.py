@@ -3,6 +3,7 @@ call the engine did not answer aborted, whatever ends the request."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
@@ -12,6 +13,7 @@ import trio
 from trio_direct.config import ServeConfig
 from trio_direct.core.embedding import embed_on_engine, plan_embeddings, run_embeddings
 from trio_direct.core.plan import Prompt
+from trio_direct.core.watch import StreamWatch
 from trio_direct.engine.errors import EngineInvalidArgument, EngineUnavailable
 from trio_direct.engine.types import EmbedInput, EmbedOutput
 from trio_direct.fleet.fleet import Engine, Fleet
@@ -29,11 +31,14 @@ class EmbeddingEngine:
     delay: float = 0.0
     fail: dict[int, Exception] = field(default_factory=dict)
     hang: set[int] = field(default_factory=set)
+    #: Per first token id, a delay other than `delay`.
+    delays: dict[int, float] = field(default_factory=dict)
     api: str = "native"
     asked: list[str] = field(default_factory=list)
     aborted: list[str] = field(default_factory=list)
     open_calls: int = 0
     most_open: int = 0
+    last_output_at: float = -math.inf
 
     async def embed(self, request: EmbedInput) -> EmbedOutput:
         self.asked.append(request.rid)
@@ -41,7 +46,7 @@ class EmbeddingEngine:
         self.most_open = max(self.most_open, self.open_calls)
         try:
             first = request.input_ids[0]
-            await trio.sleep(self.delay)
+            await trio.sleep(self.delays.get(first, self.delay))
             if first in self.fail:
                 raise self.fail[first]
             if first in self.hang:
@@ -115,23 +120,44 @@ async def test_an_unreachable_engine_is_left_for_another():
     assert down.asked == up.asked == [plan.inputs[0].rid]
 
 
-async def test_an_engine_that_does_not_answer_within_the_idle_timeout_is_aborted_and_left(autojump_clock):
+async def watched(pool: ModelPool, plan, stall_timeout: float) -> list[EmbedOutput]:
+    """`run_embeddings` with the frontend's stream watch running, as `serve` runs it."""
+    pool.watch = watch = StreamWatch(stall_timeout=stall_timeout)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(watch.run)
+        try:
+            return await run_embeddings(pool, plan)
+        finally:
+            nursery.cancel_scope.cancel()
+
+
+async def test_an_engine_that_answers_nothing_within_the_idle_timeout_is_aborted_and_left(autojump_clock):
     hung = EmbeddingEngine("hung", hang={7})
     up = EmbeddingEngine("up")
     pool = pool_of(hung, up, idle_timeout=30.0)
     plan = plan_embeddings(pool, prompts(7))
     before = trio.current_time()
-    outputs = await run_embeddings(pool, plan)
+    outputs = await watched(pool, plan, 30.0)
     assert outputs[0].embedding == [7.0, 3.0]
-    assert 30.0 <= trio.current_time() - before < 31.0
+    assert 30.0 <= trio.current_time() - before <= 30.0 + 30.0 / 4  # found at the watch's next tick
     assert hung.aborted == [plan.inputs[0].rid] and hung.open_calls == 0
     assert up.asked == [plan.inputs[0].rid]
+
+
+async def test_an_engine_that_answers_other_inputs_is_busy_not_hung(autojump_clock):
+    """As for streams: a slow call on an engine that answers others meanwhile is waited for."""
+    busy = EmbeddingEngine("busy", delays={1: 25.0, 7: 50.0})
+    pool = pool_of(busy, idle_timeout=30.0)
+    plan = plan_embeddings(pool, prompts(1, 7))
+    outputs = await watched(pool, plan, 30.0)
+    assert [output.embedding for output in outputs] == [[1.0, 3.0], [7.0, 3.0]]
+    assert busy.aborted == [] and len(busy.asked) == 2
 
 
 async def test_with_the_idle_timeout_off_an_embed_call_may_take_as_long_as_it_takes(autojump_clock):
     slow = EmbeddingEngine("slow", delay=600.0)
     pool = pool_of(slow, idle_timeout=0.0)
-    outputs = await run_embeddings(pool, plan_embeddings(pool, prompts(3)))
+    outputs = await watched(pool, plan_embeddings(pool, prompts(3)), 0.0)
     assert outputs[0].embedding == [3.0, 3.0] and slow.aborted == []
 
 

@@ -13,9 +13,9 @@ rule as for generation (`core.engine_call`): SGLang's server aborts a cancelled 
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import trio
 
@@ -114,11 +114,10 @@ async def run_embeddings(pool: ServingPool, plan: EmbeddingPlan) -> list[EmbedOu
 
 async def _routed_embed(pool: ServingPool, plan: EmbeddingPlan, request: EmbedInput) -> EmbedOutput:
     """One input on the engine routing picks; an unreachable engine is taken out of routing and the
-    input retried on another (`--max-retries`). An `Embed` is one forward pass with no progress to
-    watch, so an engine that has not answered it within `--stream-idle-timeout` counts as hung, as
-    a silent stream does: the call is aborted, the engine marked down and the input retried."""
+    input retried on another (`--max-retries`). A hung engine is found by the frontend's stream
+    watch as for generation (`_WatchedEmbed`): the call is aborted, the engine marked down and the
+    input retried."""
     retries = pool.config.max_retries
-    deadline = pool.config.stream_idle_timeout or math.inf
     while True:
         try:
             route = pool.choose_route((), request.rid, plan.session_key)
@@ -136,11 +135,7 @@ async def _routed_embed(pool: ServingPool, plan: EmbeddingPlan, request: EmbedIn
             request.routed_dp_rank = worker.dp_rank
             metrics.ROUTED.labels(worker.engine.id, worker.engine.card.role).inc()
             try:
-                with trio.move_on_after(deadline):
-                    return await embed_on_engine(client, request, abort_timeout=pool.config.abort_timeout)
-                raise EngineStalled(
-                    f"no answer to Embed within --stream-idle-timeout {deadline:g}s", engine=client.name
-                )
+                return await _watched_embed(pool, client, request)
             except (EngineUnavailable, EngineStalled) as error:
                 pool.engine_unreachable(client, error)
                 if retries <= 0:
@@ -152,6 +147,47 @@ async def _routed_embed(pool: ServingPool, plan: EmbeddingPlan, request: EmbedIn
                 raise client_error(error) from None
         finally:
             pool.release(request.rid)
+
+
+class _WatchedEmbed:
+    """An `Embed` call as the stream watch (`core.watch.StreamWatch`) sees an engine call: an `Embed`
+    is one forward pass with nothing to watch in between, so it is failed as hung when its engine has
+    answered nothing, on it or any other call, for `--stream-idle-timeout` (busy is not hung)."""
+
+    __slots__ = ("client", "error", "opened_at", "scope")
+
+    #: What the watch reads of a call's request: no prefill/decode rendezvous to wait for.
+    request = SimpleNamespace(bootstrap=None)
+    first_chunk_at = None
+
+    def __init__(self, client: EngineClient, scope: trio.CancelScope) -> None:
+        self.client = client
+        self.scope = scope
+        self.opened_at = trio.current_time()
+        self.error: EngineStalled | None = None
+
+    def stall(self, error: EngineStalled) -> bool:
+        self.error = error
+        self.scope.cancel()
+        return True
+
+
+async def _watched_embed(pool: ServingPool, client: EngineClient, request: EmbedInput) -> EmbedOutput:
+    """`embed_on_engine` under the stream watch; `EngineStalled` when the watch found the engine hung."""
+    watch = pool.watch
+    with trio.CancelScope() as scope:
+        call = _WatchedEmbed(client, scope)
+        if watch is not None:
+            watch.call_opened(call)
+        try:
+            output = await embed_on_engine(client, request, abort_timeout=pool.config.abort_timeout)
+        finally:
+            if watch is not None:
+                watch.call_closed(call)
+        client.last_output_at = trio.current_time()  # an answer: the engine is not hung
+        return output
+    assert call.error is not None, "only the watch cancels the call's scope"
+    raise call.error
 
 
 async def embed_on_engine(client: EngineClient, request: EmbedInput, *, abort_timeout: float) -> EmbedOutput:
