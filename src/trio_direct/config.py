@@ -117,8 +117,9 @@ _HELP = {
     "engine_wait_timeout": "at most this many seconds start-up waits for engines; it fails only if none is up by then",
     "engine_join_grace": "seconds start-up waits for the other engines once one is up; those still down join when they come up",
     "connect_timeout": "seconds to wait for a TCP connection to an engine",
-    "model_path": "local model/tokenizer directory (default: the engines' tokenizer path); with several models "
-    "NAME=PATH per model (repeatable)",
+    "model_path": "the tokenizer: a local model folder or a Hugging Face model id (default: the engines' tokenizer "
+    "path; tried as a folder, then in the Hugging Face cache, then fetched from an SMG engine); with several models "
+    "NAME=PATH per model (repeatable); alias --tokenizer-path",
     "served_model_name": "model name clients use (default: the engines' served name): one NAME serves every engine "
     "as one model; REPORTED=NAME (repeatable) renames one model",
     "kv_cache_block_size": "KV block size (default: the engines' page size)",
@@ -223,6 +224,7 @@ _ALIASES = {
     "reasoning_parser": ["--dyn-reasoning-parser"],
     "host": ["--http-host"],
     "port": ["--http-port"],
+    "model_path": ["--tokenizer-path"],
 }
 
 
@@ -255,6 +257,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, s
             env_default = environ.get(env_name, "").replace(",", " ").split()
             parser.add_argument(
                 flag,
+                *_ALIASES.get(spec.name, []),
+                dest=spec.name,
                 action="append",
                 default=None,
                 metavar=_URL_LISTS[spec.name],

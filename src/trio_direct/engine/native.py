@@ -39,6 +39,7 @@ HEALTH_CHECK = _SERVICE + "HealthCheck"
 GET_MODEL_INFO = _SERVICE + "GetModelInfo"
 GET_SERVER_INFO = _SERVICE + "GetServerInfo"
 GET_LOAD = _SERVICE + "GetLoad"
+FLUSH_CACHE = _SERVICE + "FlushCache"
 
 _OPTIONAL_SAMPLING = (
     "temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty",
@@ -273,3 +274,9 @@ class NativeEngineClient:
         reply = await self.channel.unary(GET_LOAD, request, pb.GetLoadResponse, timeout=timeout)
         loads = json.loads(reply.json_info) if reply.json_info else []
         return loads if isinstance(loads, list) else [loads]
+
+    async def flush_cache(self, *, timeout: float = 30.0) -> tuple[bool, str]:
+        """Drop the engine's prefix cache (`FlushCache`): (success, the engine's message). The
+        native request has no wait: an engine with requests running declines."""
+        reply = await self.channel.unary(FLUSH_CACHE, pb.FlushCacheRequest(), pb.FlushCacheResponse, timeout=timeout)
+        return reply.success, reply.message

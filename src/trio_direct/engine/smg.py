@@ -17,6 +17,7 @@ from typing import Any
 
 from google.protobuf import empty_pb2, json_format, unknown_fields
 
+from trio_direct._proto.smg import common_pb2 as common
 from trio_direct._proto.smg import sglang_scheduler_pb2 as pb
 from trio_direct.engine.chunk_stream import ChunkStream
 from trio_direct.engine.errors import EngineInternal, EngineInvalidArgument
@@ -40,6 +41,8 @@ HEALTH_CHECK = _SERVICE + "HealthCheck"
 GET_MODEL_INFO = _SERVICE + "GetModelInfo"
 GET_SERVER_INFO = _SERVICE + "GetServerInfo"
 GET_LOADS = _SERVICE + "GetLoads"
+FLUSH_CACHE = _SERVICE + "FlushCache"
+GET_TOKENIZER = _SERVICE + "GetTokenizer"
 
 #: The SMG room field is int32 (the native one is int64).
 MAX_ROOM = 2**31 - 1
@@ -258,3 +261,25 @@ class SmgEngineClient:
             json_format.MessageToDict(load, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
             for load in reply.loads
         ]
+
+    async def flush_cache(self, *, timeout: float = 30.0) -> tuple[bool, str]:
+        """Drop the engine's prefix cache (`FlushCache`): (success, the engine's message). The
+        engine waits up to `timeout` for its running requests before it gives up."""
+        request = common.FlushCacheRequest(timeout_s=timeout)
+        reply = await self.channel.unary(FLUSH_CACHE, request, common.FlushCacheResponse, timeout=timeout + 5.0)
+        return reply.success, reply.message
+
+    async def tokenizer_archive(self, *, max_bytes: int, timeout: float = 60.0) -> tuple[bytes, str]:
+        """The engine's tokenizer folder as a ZIP archive (`GetTokenizer`), and the SHA-256 the
+        engine gives for it. `ValueError` when the archive grows past `max_bytes`."""
+        data = bytearray()
+        digest = ""
+        async with self.channel.open_stream(
+            GET_TOKENIZER, common.GetTokenizerRequest(), common.GetTokenizerChunk, timeout=timeout
+        ) as stream:
+            async for chunk in stream:
+                data += chunk.data
+                if len(data) > max_bytes:
+                    raise ValueError(f"the engine's tokenizer archive is larger than {max_bytes} bytes")
+                digest = chunk.sha256 or digest
+        return bytes(data), digest
