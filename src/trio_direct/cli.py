@@ -100,7 +100,12 @@ def _run_serve(args: argparse.Namespace) -> int:
         print(f"trio-direct serve: error: {problem}", file=sys.stderr)
         return 2
     worker = _worker_link(args)
-    _configure_logging(config.log_level, worker.index if worker is not None else None)
+    _configure_logging(
+        config.log_level,
+        worker.index if worker is not None else None,
+        log_format=config.log_format,
+        access_log=config.access_log,
+    )
     if worker is None and config.workers > 1:
         from trio_direct.frontend.supervisor import supervise
 
@@ -133,6 +138,8 @@ def _serve_setting_problem(config) -> str | None:
     """What stops `serve` before anything starts: a setting out of range or a file it cannot read."""
     if config.workers < 1:
         return "--workers must be at least 1"
+    if config.default_max_tokens is not None and config.default_max_tokens < 1:
+        return "--default-max-tokens must be at least 1"
     for flag, path in (("--chat-template", config.chat_template), ("--engine-file", config.engine_file)):
         if path:
             try:
@@ -214,14 +221,31 @@ async def _serve_until_signalled(serve, config, worker: WorkerLink | None = None
             await worker.report_ready()
 
 
-def _configure_logging(level: str, worker_index: int | None = None) -> None:
-    from trio_direct.logs import FORMAT, configure_logging
+def _configure_logging(
+    level: str, worker_index: int | None = None, *, log_format: str = "text", access_log: bool = True
+) -> None:
+    from trio_direct.logs import FORMAT, JsonFormatter, configure_logging
 
-    configure_logging(level)
+    configure_logging(level, log_format=log_format, access_log=access_log)
     if worker_index is not None:  # a `--workers` child: its lines name it
         label = FORMAT.replace("%(levelname)s", f"%(levelname)s [worker {worker_index}]", 1)
         for handler in logging.getLogger().handlers:
-            handler.setFormatter(logging.Formatter(label))
+            if isinstance(handler.formatter, JsonFormatter):
+                handler.addFilter(_WorkerLabel(worker_index))
+            else:
+                handler.setFormatter(logging.Formatter(label))
+
+
+class _WorkerLabel(logging.Filter):
+    """A `--workers` child's JSON lines carry its index as ``worker``."""
+
+    def __init__(self, index: int) -> None:
+        super().__init__()
+        self.index = index
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.worker = self.index
+        return True
 
 
 # --- probe ---------------------------------------------------------------------------------------

@@ -90,6 +90,9 @@ class ServeConfig:
     mock_engines: int = 2
     mock_speedup: float = 1.0
     log_level: str = "info"
+    default_max_tokens: int | None = None
+    access_log: bool = True
+    log_format: str = "text"
 
 
 _HELP = {
@@ -194,12 +197,18 @@ _HELP = {
     "mock_engines": "number of built-in mock engines started when no --engine-url is given",
     "mock_speedup": "timing divisor of the built-in mock engines (inf = as fast as possible)",
     "log_level": "debug, info, warning or error",
+    "default_max_tokens": "completion limit of OpenAI requests that set no max_tokens / max_completion_tokens / "
+    "max_output_tokens (default: none, as OpenAI: until EOS or the context is full)",
+    "access_log": "log one line per request at info: method, path, status, duration, request id, model, engine and "
+    "tokens (--no-access-log: off)",
+    "log_format": "text (one line per record) or json (one JSON object per line, for log collectors)",
 }
 _CHOICES = {
     "engine_api": ("auto", "native", "smg"),
     "router_mode": ("round-robin", "random", "kv", "least-load", "power-of-two"),
     "router_preset": ("ttft", "dynamo"),
     "log_level": ("debug", "info", "warning", "error"),
+    "log_format": ("text", "json"),
 }
 #: Repeatable flags (a comma- or space-separated list in the environment), and their metavar.
 _URL_LISTS = {
@@ -217,6 +226,7 @@ _OPTIONAL_TYPES = {
     "router_prefill_load_scale": float,
     "router_temperature": float,
     "discovery_grace": float,
+    "default_max_tokens": int,
 }
 #: Other spellings of a flag: Dynamo's (`python -m dynamo.frontend`) for those its users type.
 _ALIASES = {
