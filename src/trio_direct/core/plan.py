@@ -154,6 +154,7 @@ def plan_request(
     output: OutputOptions = OutputOptions(),
     return_logprob: bool = False,
     top_logprobs: int = 0,
+    prompt_logprobs: bool = False,
     stream: bool = False,
     include_usage: bool = False,
     prompt_param: str = "prompt",
@@ -205,6 +206,7 @@ def plan_request(
                 stream=True,
                 return_logprob=return_logprob,
                 top_logprobs_num=top_logprobs,
+                logprob_start_len=0 if return_logprob and prompt_logprobs else -1,
                 original_text=prompt.text,
                 image_data=prompt.image_data,
             )

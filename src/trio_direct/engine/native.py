@@ -119,13 +119,14 @@ def decode_meta_info(meta_info: Any) -> dict[str, Any]:
 class _ChunkDecoder:
     """Turns one call's messages into delta chunks, converting cumulative `output_ids` if needed."""
 
-    __slots__ = ("cumulative", "seen", "logprobs_seen", "finished")
+    __slots__ = ("cumulative", "seen", "logprobs_seen", "finished", "prompt_rows_seen")
 
     def __init__(self, cumulative: bool) -> None:
         self.cumulative = cumulative
         self.seen = 0
         self.logprobs_seen = 0
         self.finished = False
+        self.prompt_rows_seen = False
 
     def _logprobs(self, raw_tokens: str, raw_top: str | None) -> list[TokenLogprob]:
         rows = _logprob_rows(raw_tokens, raw_top)
@@ -154,6 +155,10 @@ class _ChunkDecoder:
             token_logprobs = meta.get("output_token_logprobs")
             if token_logprobs is not None:
                 chunk.logprobs = self._logprobs(token_logprobs, meta.get("output_top_logprobs"))
+            prompt_logprobs = meta.get("input_token_logprobs")
+            if prompt_logprobs is not None and not self.prompt_rows_seen:  # cumulative streams repeat them
+                self.prompt_rows_seen = True
+                chunk.prompt_logprobs = _logprob_rows(prompt_logprobs, meta.get("input_top_logprobs"))
         if message.finished:
             self.finished = True
             if chunk.finish_reason is None:

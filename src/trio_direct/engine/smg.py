@@ -129,18 +129,20 @@ def embed_output(reply: pb.EmbedResponse, request: EmbedInput) -> EmbedOutput:
 class _ChunkDecoder:
     """Accumulates chunk deltas; takes from `complete` only the tail the chunks did not carry."""
 
-    __slots__ = ("received", "finished", "engine")
+    __slots__ = ("received", "finished", "engine", "prompt_rows_seen")
 
     def __init__(self, engine: str) -> None:
         self.received = 0
         self.finished = False
         self.engine = engine
+        self.prompt_rows_seen = False
 
     def decode(self, message: pb.GenerateResponse) -> GenerateChunk | None:
         kind = message.WhichOneof("response")
         if kind == "chunk":
             chunk = message.chunk
             self.received += len(chunk.token_ids)
+            self.prompt_rows_seen = self.prompt_rows_seen or chunk.HasField("input_logprobs")
             return GenerateChunk(
                 token_ids=list(chunk.token_ids),
                 prompt_tokens=chunk.prompt_tokens,
@@ -148,6 +150,7 @@ class _ChunkDecoder:
                 cached_tokens=chunk.cached_tokens,
                 reasoning_tokens=chunk.reasoning_tokens,
                 logprobs=_logprobs(chunk.output_logprobs) if chunk.HasField("output_logprobs") else None,
+                prompt_logprobs=_prompt_logprobs(chunk.input_logprobs) if chunk.HasField("input_logprobs") else None,
             )
         if kind == "complete":
             return self._complete(message.complete)
@@ -172,6 +175,8 @@ class _ChunkDecoder:
         if complete.HasField("output_logprobs") and ids:
             rows = _logprobs(complete.output_logprobs)
             chunk.logprobs = rows[len(rows) - len(ids) :]  # the rows of the tail taken from `complete`
+        if complete.HasField("input_logprobs") and not self.prompt_rows_seen:
+            chunk.prompt_logprobs = _prompt_logprobs(complete.input_logprobs)
         if chunk.finish_reason == "abort":
             chunk.abort_message = "request aborted by the engine"
         return chunk
@@ -184,6 +189,19 @@ def _logprobs(rows: pb.OutputLogProbs) -> list[TokenLogprob]:
             token_id, logprob, tuple(zip(tops[i].token_ids, tops[i].values, strict=False)) if i < len(tops) else ()
         )
         for i, (logprob, token_id) in enumerate(zip(rows.token_logprobs, rows.token_ids, strict=False))
+    ]
+
+
+def _prompt_logprobs(rows: pb.InputLogProbs) -> list[TokenLogprob]:
+    """The prompt's rows; the first token's value is unset (it has no logprob)."""
+    tops = list(rows.top_logprobs)
+    return [
+        TokenLogprob(
+            token_id,
+            value.value if value.HasField("value") else None,
+            tuple(zip(tops[i].token_ids, tops[i].values, strict=False)) if i < len(tops) else (),
+        )
+        for i, (value, token_id) in enumerate(zip(rows.token_logprobs, rows.token_ids, strict=False))
     ]
 
 

@@ -105,6 +105,19 @@ class Frontend:
             raise errors.model_not_found(model)
         return pool
 
+    def pool_or_only(self, model: str | None) -> ModelPool:
+        """`pool(model)`; without a model, the one model served (a 400 naming them when several are)."""
+        if model is not None:
+            return self.pool(model)
+        if len(self._pools) == 1:
+            return next(iter(self._pools.values()))
+        if not self._pools:
+            raise errors.service_unavailable("No engine is serving yet; retry shortly.")
+        names = ", ".join(sorted(self._pools))
+        raise errors.invalid_request(
+            f"'model' is required: this server serves several models ({names}).", param="model"
+        )
+
     def find_pool(self, model: str) -> ModelPool | None:
         return self._pools.get(model)
 
