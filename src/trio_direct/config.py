@@ -153,7 +153,8 @@ _HELP = {
     "graceful_shutdown_timeout": "on SIGTERM/SIGINT: seconds in-flight requests may take to finish before they are aborted",
     "max_retries": "times a request whose engine cannot be reached is retried on another engine, before its first token",
     "abort_timeout": "seconds an Abort to an engine may take before it is given up",
-    "api_key": "require this Bearer token on /v1/* and /debug/* (/health, /live, /metrics stay open)",
+    "api_key": "require this Bearer token on every route (/v1/*, /generate, /tokenize, /debug/*, ...) but "
+    "/live, /health, /health_generate, /metrics and /version, which stay open for probes",
     "admin_api_key": "serve the admin API (/admin/engines) to clients sending this Bearer token (off without it)",
     "max_concurrent_requests": "completion requests served at once; more wait in the queue (--max-queued-requests) "
     "or get 429 with Retry-After (0 = no limit)",

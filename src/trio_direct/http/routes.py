@@ -52,7 +52,7 @@ ROUTES = RouteTable([
     Route("POST", "/admin/engines", admin.add_engine, admin=True),
     Route("DELETE", "/admin/engines/{id}", admin.remove_engine, admin=True),
     # SGLang's and vLLM's own routes that their users' tools call.
-    Route("GET", "/version", server_info.version, needs_frontend=False),
+    Route("GET", "/version", server_info.version, open=True, needs_frontend=False),
     Route("GET", "/get_model_info", server_info.get_model_info),
     Route("GET", "/get_server_info", server_info.get_server_info),
     Route("GET", "/health_generate", server_info.health_generate, open=True, needs_frontend=False),
