@@ -32,8 +32,10 @@ async def two_apis(mock_engine_factory, nursery):
 async def test_version_model_and_server_info(two_apis):
     base, native, _ = two_apis
     headers = {"Authorization": "Bearer client-secret"}
+    async with httpx.AsyncClient(base_url=base) as anonymous:  # --api-key guards all but probes and /version
+        assert "version" in (await anonymous.get("/version")).json()
+        assert (await anonymous.get("/get_model_info")).status_code == 401
     async with httpx.AsyncClient(base_url=base, headers=headers) as client:
-        assert "version" in (await client.get("/version")).json()
         info = (await client.get("/get_model_info")).json()
         assert info["model_path"] == native.info.model_path and info["is_generation"] is True
         assert info["max_model_len"] == native.info.max_req_input_len
