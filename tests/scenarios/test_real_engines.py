@@ -145,14 +145,19 @@ async def start_mock_engine_on(nursery: trio.Nursery, port: int) -> str:
 @pytest.mark.parametrize(
     ("argv", "expected"),
     [
-        (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
-        (["--port", "eighty"], "invalid int value"),
-        (["--chat-template", "/nonexistent/template.jinja"], "--chat-template /nonexistent/template.jinja"),
+        (["serve", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+        (["serve", "--port", "eighty"], "invalid int value"),
+        (["serve", "--chat-template", "/nonexistent/template.jinja"], "--chat-template /nonexistent/template.jinja"),
+        (["serve", "--default-max-tokens", "0"], "--default-max-tokens must be at least 1"),
+        (["mock-engine", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+        (["mock-engine", "--scripted-outputs", "/nonexistent.json"], "--scripted-outputs /nonexistent.json"),
+        (["mock-engine", "--model-path", "acme/not-cached"], "not in the Hugging Face cache"),
     ],
 )
-async def test_a_bad_command_line_is_one_line_and_exit_status_2(argv, expected):
+async def test_a_bad_command_line_is_one_line_and_exit_status_2(argv, expected, tmp_path):
+    env = {**os.environ, "HF_HOME": str(tmp_path), "HF_HUB_OFFLINE": "1"}
     result = await trio.run_process(
-        [sys.executable, "-m", "trio_direct", "serve", *argv], capture_stderr=True, check=False
+        [sys.executable, "-m", "trio_direct", *argv], capture_stderr=True, check=False, env=env
     )
     lines = result.stderr.decode().strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1 and expected in lines[0]
@@ -163,7 +168,9 @@ async def test_a_port_in_use_is_one_line_and_exit_status_2_before_anything_start
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        for command in (["serve", "--port", str(port)], ["mock-engine", "--port", str(port)]):
+        commands = (["serve", "--port", str(port)], ["serve", "--workers", "2", "--port", str(port)],
+                    ["mock-engine", "--port", str(port)])  # fmt: skip
+        for command in commands:
             result = await trio.run_process(
                 [sys.executable, "-m", "trio_direct", *command, "--log-level", "warning"],
                 capture_stderr=True, capture_stdout=True, check=False,

@@ -95,6 +95,8 @@ class MockEngineConfig:
         if not self.bootstrap_timeout > 0:
             raise ValueError("bootstrap_timeout must be > 0")
         KvEventsConfig.from_json(self.kv_events_config)
+        if self.scripted_outputs is not None and not Path(self.scripted_outputs).is_file():
+            raise ValueError(f"--scripted-outputs {self.scripted_outputs}: no such file")
         self.model_directory()
 
     def model_directory(self) -> Path:
