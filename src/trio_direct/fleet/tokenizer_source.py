@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import shutil
 import tempfile
 import zipfile
 from collections.abc import Sequence
@@ -121,12 +122,15 @@ def extract_tokenizer_archive(data: bytes, digest: str, root: Path | None = None
                 raise ValueError(f"the archive names a file outside its folder: {member.filename!r}")
         base.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{actual[:12]}-", dir=base))
-        archive.extractall(staging)
-    if not (staging / "tokenizer.json").is_file():
-        raise ValueError("the archive has no tokenizer.json")
-    try:
-        staging.rename(target)
-    except OSError:  # another process unpacked the same archive first: use its folder
-        if not (target / "tokenizer.json").is_file():
-            raise
+        try:
+            archive.extractall(staging)
+            if not (staging / "tokenizer.json").is_file():
+                raise ValueError("the archive has no tokenizer.json")
+            try:
+                staging.rename(target)
+            except OSError:  # another process unpacked the same archive first: use its folder
+                if not (target / "tokenizer.json").is_file():
+                    raise
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)  # gone already when renamed
     return target
