@@ -179,3 +179,18 @@ async def test_a_port_in_use_is_one_line_and_exit_status_2_before_anything_start
             assert result.returncode == 2 and len(lines) == 1, lines
             assert str(port) in lines[0] and "in use" in lines[0].lower()
             assert b"ready" not in result.stdout  # no mock engine started
+
+
+async def test_with_no_engine_yet_models_answer_503_and_the_start_up_line_says_so(nursery, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="trio_direct")
+    engines = tmp_path / "engines.json"
+    engines.write_text("[]")  # engines come later (an operator edits the file)
+    base = await start_frontend(nursery, "--engine-file", str(engines), "--engine-wait-timeout", "0.1")
+    async with httpx.AsyncClient(base_url=base) as client:
+        assert (await client.get("/live")).status_code == 200
+        assert (await client.get("/health")).status_code == 503
+        body = {"model": "qwen3", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+        reply = await client.post("/v1/chat/completions", json=body)
+        assert reply.status_code == 503 and reply.headers["retry-after"] == "1"
+    assert any("no model is served until an engine joins" in r.getMessage() for r in caplog.records)
+    assert not any("model(s)  on" in r.getMessage() for r in caplog.records)
