@@ -59,7 +59,9 @@ def _body_model(exchange: Exchange) -> str | None:
         fields = msgspec.json.decode(exchange.body)
     except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
         raise errors.invalid_request('The body must be JSON: {"model"?: NAME}.') from None
-    model = fields.get("model") if isinstance(fields, dict) else None
+    if not isinstance(fields, dict):
+        raise errors.invalid_request('The body must be a JSON object: {"model"?: NAME}.')
+    model = fields.get("model")
     if model is not None and not isinstance(model, str):
         raise errors.invalid_request("'model' must be a string.", param="model")
     return model or _query_model(exchange)
