@@ -20,6 +20,10 @@ A client that disconnects is noticed by a task reading ASGI messages once the bo
 cancels the request's scope; engine calls then end through `core.engine_call.open_engine_call`'s
 ``finally`` (an `Abort` each).
 
+Every request ends with one access-log line (`http.access_log`; off with ``--no-access-log``): the
+exchange's status and duration, and for a generation its request id, model, engine and token counts
+as `core` recorded them on its `RequestContext`.
+
 The ASGI lifespan protocol starts the frontend when the app is served by ``hypercorn
 trio_direct.app:app`` (`create_app(..., start=...)`).
 """
