@@ -59,8 +59,51 @@ def serve_config(args: list[str]):
 
 def test_every_manifest_parses_and_has_a_kind_and_name():
     docs = documents()
-    assert {d["kind"] for d in docs} == {"Service", "Deployment"}
-    assert all(d["apiVersion"] and d["metadata"]["name"] and d["metadata"]["namespace"] == "llm" for d in docs)
+    assert {d["kind"] for d in docs} == {"Namespace", "Secret", "Service", "Deployment"}
+    namespaced = [d for d in docs if d["kind"] != "Namespace"]
+    assert all(d["apiVersion"] and d["metadata"]["name"] and d["metadata"]["namespace"] == "llm" for d in namespaced)
+
+
+#: The Kubernetes release whose schemas the manifests are checked against (kubernetes-validate ships
+#: them: no cluster and no network needed).
+KUBERNETES_VERSION = "1.33.0"
+
+
+@pytest.mark.parametrize("doc", documents(), ids=lambda d: f"{d['kind']}/{d['metadata']['name']}")
+def test_every_manifest_is_valid_against_the_kubernetes_schemas(doc):
+    import kubernetes_validate
+
+    kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)  # raises on any unknown or wrong field
+
+
+def test_everything_the_manifests_use_is_defined_in_them():
+    """A fresh cluster has nothing: the namespace, Secrets and claims the pods name are all here."""
+    docs = documents()
+    defined = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    assert ("Namespace", "llm") in defined
+    for deployment in (d for d in docs if d["kind"] == "Deployment"):
+        spec = deployment["spec"]["template"]["spec"]
+        for volume in spec.get("volumes", []):
+            claim = volume.get("persistentVolumeClaim")
+            assert claim is None or ("PersistentVolumeClaim", claim["claimName"]) in defined
+        for env in (e for c in spec["containers"] for e in c.get("env", [])):
+            ref = env.get("valueFrom", {}).get("secretKeyRef")
+            if ref is not None:
+                secret = find("Secret", ref["name"])
+                assert ref.get("optional") or ref["key"] in secret["stringData"]
+
+
+def test_the_frontend_finds_the_engines_tokenizer_by_model_id():
+    """The engines report `--model-path ORG/NAME`; the frontend reads it from a Hugging Face cache it may fill."""
+    frontend = container(find("Deployment", "trio-direct"))
+    config = serve_config(frontend["args"])
+    assert not config.model_path  # nothing mounted at a path: the model id is looked up
+    engine = container(find("Deployment", "sglang"))
+    model = next(arg.split("=", 1)[1] for arg in engine["command"] if arg.startswith("--model-path="))
+    assert "/" in model and not model.startswith("/")
+    env = {e["name"]: e for e in frontend["env"]}
+    mounts = {m["mountPath"] for m in frontend["volumeMounts"]}
+    assert env["HF_HOME"]["value"] in mounts
 
 
 @pytest.mark.parametrize("name", ["sglang", "trio-direct"])

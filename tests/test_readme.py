@@ -126,3 +126,22 @@ async def test_the_readme_request_gets_a_chat_completion_from_the_readme_serve_c
     assert completion["object"] == "chat.completion" and completion["model"] == "trio-direct-mock"
     assert completion["choices"][0]["message"]["role"] == "assistant"
     assert 0 < completion["usage"]["completion_tokens"] <= 16
+
+
+def test_every_readme_serve_command_parses_with_the_serve_flags():
+    """The real-engine commands cannot run here (no GPU), but every flag they use is one `serve` takes."""
+    from trio_direct.config import parse_serve_args
+
+    serves = [
+        argv
+        for block in readme_blocks("bash")
+        for argv in shell_commands(block)
+        if Path(argv[0]).name == "trio-direct" and argv[1:2] == ["serve"]
+    ]
+    assert len(serves) >= 2  # the built-in mocks, and real engines
+    for argv in serves:
+        parse_serve_args(argv[2:], environ={})
+    engines = [argv for argv in serves if "--engine-url" in argv]
+    assert engines
+    config = parse_serve_args(engines[0][2:], environ={})
+    assert config.engine_url and all(url.startswith("grpc://") for url in config.engine_url)

@@ -15,7 +15,7 @@ from trio_direct.http.app import create_app
 from trio_direct.logs import configure_logging
 
 config = config_from_env()
-configure_logging(config.log_level)
+configure_logging(config.log_level, log_format=config.log_format, access_log=config.access_log)
 _frontend: Frontend | None = None
 
 

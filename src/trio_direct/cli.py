@@ -8,13 +8,14 @@ Each subcommand registers its own parser and handler.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
 import shlex
 import signal
 import sys
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 import trio
 
@@ -30,8 +31,19 @@ __all__ = ["build_parser", "main"]
 log = logging.getLogger("trio_direct")
 
 
+class _OneLineErrors(argparse.ArgumentParser):
+    """A bad flag is one line on stderr and exit status 2 (argparse's usage dump is for --help)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+#: Errors binding a port that are the user's to fix (in use, not permitted, no such local address).
+_BIND_ERRNOS = frozenset({errno.EADDRINUSE, errno.EACCES, errno.EADDRNOTAVAIL})
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _OneLineErrors(
         prog="trio-direct", description="trio-direct: an OpenAI-compatible frontend for stock SGLang engines."
     )
     parser.add_argument("--version", action="version", version=f"trio-direct {__version__}")
@@ -80,13 +92,20 @@ def _run_serve(args: argparse.Namespace) -> int:
     from trio_direct.config import config_from_args
     from trio_direct.fleet.fleet import FleetError
     from trio_direct.frontend.serve import serve
+    from trio_direct.http.server import ListenError
 
     config = config_from_args(args)
-    if config.workers < 1:
-        print("trio-direct serve: error: --workers must be at least 1", file=sys.stderr)
+    problem = _serve_setting_problem(config)
+    if problem is not None:
+        print(f"trio-direct serve: error: {problem}", file=sys.stderr)
         return 2
     worker = _worker_link(args)
-    _configure_logging(config.log_level, worker.index if worker is not None else None)
+    _configure_logging(
+        config.log_level,
+        worker.index if worker is not None else None,
+        log_format=config.log_format,
+        access_log=config.access_log,
+    )
     if worker is None and config.workers > 1:
         from trio_direct.frontend.supervisor import supervise
 
@@ -100,6 +119,10 @@ def _run_serve(args: argparse.Namespace) -> int:
     try:
         trio.run(_serve_until_signalled, serve, config, worker)
     except BaseException as exc:
+        listen_error = _find(exc, ListenError)
+        if listen_error is not None:
+            print(f"trio-direct serve: error: {listen_error}", file=sys.stderr)
+            return 2
         fleet_error = _find(exc, FleetError)
         if fleet_error is not None:
             who = f"trio-direct serve [worker {worker.index}]" if worker is not None else "trio-direct serve"
@@ -109,6 +132,22 @@ def _run_serve(args: argparse.Namespace) -> int:
             raise
         log.info("interrupted; stopped")
     return 0
+
+
+def _serve_setting_problem(config) -> str | None:
+    """What stops `serve` before anything starts: a setting out of range or a file it cannot read."""
+    if config.workers < 1:
+        return "--workers must be at least 1"
+    if config.default_max_tokens is not None and config.default_max_tokens < 1:
+        return "--default-max-tokens must be at least 1"
+    for flag, path in (("--chat-template", config.chat_template), ("--engine-file", config.engine_file)):
+        if path:
+            try:
+                with open(path, "rb") as file:
+                    file.read(1)
+            except OSError as error:
+                return f"{flag} {path}: {error.strerror or error}"
+    return None
 
 
 def _find(exc: BaseException, kind: type[BaseException]) -> BaseException | None:
@@ -182,14 +221,31 @@ async def _serve_until_signalled(serve, config, worker: WorkerLink | None = None
             await worker.report_ready()
 
 
-def _configure_logging(level: str, worker_index: int | None = None) -> None:
-    from trio_direct.logs import FORMAT, configure_logging
+def _configure_logging(
+    level: str, worker_index: int | None = None, *, log_format: str = "text", access_log: bool = True
+) -> None:
+    from trio_direct.logs import FORMAT, JsonFormatter, configure_logging
 
-    configure_logging(level)
+    configure_logging(level, log_format=log_format, access_log=access_log)
     if worker_index is not None:  # a `--workers` child: its lines name it
         label = FORMAT.replace("%(levelname)s", f"%(levelname)s [worker {worker_index}]", 1)
         for handler in logging.getLogger().handlers:
-            handler.setFormatter(logging.Formatter(label))
+            if isinstance(handler.formatter, JsonFormatter):
+                handler.addFilter(_WorkerLabel(worker_index))
+            else:
+                handler.setFormatter(logging.Formatter(label))
+
+
+class _WorkerLabel(logging.Filter):
+    """A `--workers` child's JSON lines carry its index as ``worker``."""
+
+    def __init__(self, index: int) -> None:
+        super().__init__()
+        self.index = index
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.worker = self.index
+        return True
 
 
 # --- probe ---------------------------------------------------------------------------------------
@@ -388,6 +444,10 @@ def _run_mock_engine(args: argparse.Namespace) -> int:
     try:
         trio.run(_serve_mock_engine, config)
     except BaseException as exc:
+        bind_error = _find(exc, OSError)
+        if isinstance(bind_error, OSError) and bind_error.errno in _BIND_ERRNOS:
+            print(f"trio-direct mock-engine: error: {bind_error}", file=sys.stderr)
+            return 2
         if not _only_interrupts(exc):
             raise
         log.info("interrupted; mock engine stopped")

@@ -90,6 +90,9 @@ class ServeConfig:
     mock_engines: int = 2
     mock_speedup: float = 1.0
     log_level: str = "info"
+    default_max_tokens: int | None = None
+    access_log: bool = True
+    log_format: str = "text"
 
 
 _HELP = {
@@ -117,8 +120,9 @@ _HELP = {
     "engine_wait_timeout": "at most this many seconds start-up waits for engines; it fails only if none is up by then",
     "engine_join_grace": "seconds start-up waits for the other engines once one is up; those still down join when they come up",
     "connect_timeout": "seconds to wait for a TCP connection to an engine",
-    "model_path": "local model/tokenizer directory (default: the engines' tokenizer path); with several models "
-    "NAME=PATH per model (repeatable)",
+    "model_path": "the tokenizer: a local model folder or a Hugging Face model id (default: the engines' tokenizer "
+    "path; tried as a folder, then in the Hugging Face cache, then fetched from an SMG engine); with several models "
+    "NAME=PATH per model (repeatable); alias --tokenizer-path",
     "served_model_name": "model name clients use (default: the engines' served name): one NAME serves every engine "
     "as one model; REPORTED=NAME (repeatable) renames one model",
     "kv_cache_block_size": "KV block size (default: the engines' page size)",
@@ -149,7 +153,8 @@ _HELP = {
     "graceful_shutdown_timeout": "on SIGTERM/SIGINT: seconds in-flight requests may take to finish before they are aborted",
     "max_retries": "times a request whose engine cannot be reached is retried on another engine, before its first token",
     "abort_timeout": "seconds an Abort to an engine may take before it is given up",
-    "api_key": "require this Bearer token on /v1/* and /debug/* (/health, /live, /metrics stay open)",
+    "api_key": "require this Bearer token on every route (/v1/*, /generate, /tokenize, /debug/*, ...) but "
+    "/live, /health, /health_generate, /metrics and /version, which stay open for probes",
     "admin_api_key": "serve the admin API (/admin/engines) to clients sending this Bearer token (off without it)",
     "max_concurrent_requests": "completion requests served at once; more wait in the queue (--max-queued-requests) "
     "or get 429 with Retry-After (0 = no limit)",
@@ -193,12 +198,18 @@ _HELP = {
     "mock_engines": "number of built-in mock engines started when no --engine-url is given",
     "mock_speedup": "timing divisor of the built-in mock engines (inf = as fast as possible)",
     "log_level": "debug, info, warning or error",
+    "default_max_tokens": "completion limit of OpenAI requests that set no max_tokens / max_completion_tokens / "
+    "max_output_tokens (default: none, as OpenAI: until EOS or the context is full)",
+    "access_log": "log one line per request at info: method, path, status, duration, request id, model, engine and "
+    "tokens (--no-access-log: off)",
+    "log_format": "text (one line per record) or json (one JSON object per line, for log collectors)",
 }
 _CHOICES = {
     "engine_api": ("auto", "native", "smg"),
     "router_mode": ("round-robin", "random", "kv", "least-load", "power-of-two"),
     "router_preset": ("ttft", "dynamo"),
     "log_level": ("debug", "info", "warning", "error"),
+    "log_format": ("text", "json"),
 }
 #: Repeatable flags (a comma- or space-separated list in the environment), and their metavar.
 _URL_LISTS = {
@@ -216,6 +227,7 @@ _OPTIONAL_TYPES = {
     "router_prefill_load_scale": float,
     "router_temperature": float,
     "discovery_grace": float,
+    "default_max_tokens": int,
 }
 #: Other spellings of a flag: Dynamo's (`python -m dynamo.frontend`) for those its users type.
 _ALIASES = {
@@ -223,6 +235,7 @@ _ALIASES = {
     "reasoning_parser": ["--dyn-reasoning-parser"],
     "host": ["--http-host"],
     "port": ["--http-port"],
+    "model_path": ["--tokenizer-path"],
 }
 
 
@@ -255,6 +268,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, s
             env_default = environ.get(env_name, "").replace(",", " ").split()
             parser.add_argument(
                 flag,
+                *_ALIASES.get(spec.name, []),
+                dest=spec.name,
                 action="append",
                 default=None,
                 metavar=_URL_LISTS[spec.name],

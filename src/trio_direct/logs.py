@@ -10,6 +10,7 @@ and retries carries it without passing it around.
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 from contextvars import ContextVar
@@ -66,9 +67,35 @@ def _is_console(handler: logging.Handler) -> bool:
     )
 
 
-def configure_logging(level: str, stream: TextIO | None = None) -> None:
+class JsonFormatter(logging.Formatter):
+    """`--log-format json`: one JSON object per line (time, level, logger, request_id, message, and
+    an access-log record's fields as keys of their own), for log collectors."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, object] = {
+            "time": self.formatTime(record),
+            "level": record.levelname,
+            "logger": record.name,
+            "request_id": getattr(record, "request_id", "-"),
+            "message": record.getMessage(),
+        }
+        worker = getattr(record, "worker", None)
+        if worker is not None:
+            line["worker"] = worker
+        access = getattr(record, "access", None)
+        if isinstance(access, dict):
+            line.update(access)
+        if record.exc_info:
+            line["exception"] = self.formatException(record.exc_info)
+        return json.dumps(line, ensure_ascii=False, default=str)
+
+
+def configure_logging(
+    level: str, stream: TextIO | None = None, *, log_format: str = "text", access_log: bool = True
+) -> None:
     """Root logging at `level` to `stream` (stderr), each line in `FORMAT` with the request id
-    (``-`` outside requests).
+    (``-`` outside requests), or as JSON (`JsonFormatter`, ``log_format="json"``); `access_log`
+    False silences the access log (``--no-access-log``).
 
     Python warnings become log lines too, and hypercorn's error log joins the same handler
     (`JoinRootHandler`); hypercorn's access log, when asked for, stays as hypercorn writes it.
@@ -76,8 +103,9 @@ def configure_logging(level: str, stream: TextIO | None = None) -> None:
     handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
     handler.addFilter(RequestIdFilter())
     handler.addFilter(OwnDebugOnly())
-    handler.setFormatter(logging.Formatter(FORMAT))
+    handler.setFormatter(JsonFormatter() if log_format == "json" else logging.Formatter(FORMAT))
     root = logging.getLogger()
+    logging.getLogger("trio_direct.access").disabled = not access_log
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     logging.captureWarnings(True)

@@ -12,6 +12,7 @@ from trio_direct.bench.report import (
     cdf,
     format_summary,
     percentile,
+    plot_title,
     results_document,
     summarize,
     write_report,
@@ -144,3 +145,11 @@ def test_a_run_where_everything_failed_still_gets_its_report(tmp_path):
     files = write_report(result, tmp_path)
     assert json.loads(files.results.read_text())["summary"]["errors"] == 3
     assert len(files.plots) == 3
+
+
+def test_plot_titles_name_the_embedded_setup_not_its_throwaway_url():
+    result = BenchResult(base_url="http://127.0.0.1:41234", model="m", records=[], planned=0, elapsed_s=0.0)
+    kv = plot_title(result, "embedded: 2 mock engine(s), speedup 1, kv")
+    round_robin = plot_title(result, "embedded: 2 mock engine(s), speedup 1, round-robin")
+    assert kv != round_robin and "kv" in kv and "41234" not in kv
+    assert plot_title(result) == "m @ http://127.0.0.1:41234"  # a URL the user gave names the target

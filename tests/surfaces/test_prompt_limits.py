@@ -46,7 +46,7 @@ class FakeExchange:
 
     def __init__(self, pool, body: dict) -> None:
         self.body = json.dumps(body).encode()
-        self.frontend = SimpleNamespace(pool=lambda model: pool)
+        self.frontend = SimpleNamespace(pool=lambda model: pool, pool_or_only=lambda model: pool)
         self.answer: dict | None = None
 
     async def json(self, status: int, body: bytes) -> None:

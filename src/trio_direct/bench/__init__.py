@@ -339,6 +339,7 @@ def bench_main(argv: Sequence[str] | None = None, *, prog: str = "trio-direct be
             print(f"{prog}: error: {leaf}", file=sys.stderr)
         return 1
     config["source"] = source
+    config["target"] = target
     files = write_report(result, out, config)
     print(format_summary(summarize(result)))
     print(f"results: {files.results}")

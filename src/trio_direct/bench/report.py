@@ -170,7 +170,14 @@ def _load_by_engine(samples: Sequence[LoadSample]) -> dict[str, list[LoadSample]
     return engines
 
 
-def write_plots(result: BenchResult, out_dir: Path) -> list[Path]:
+def plot_title(result: BenchResult, target: str | None = None) -> str:
+    """What every plot is titled with: the model and the setup. `target` names an embedded fleet
+    (engines, speed-up, router mode): its throwaway URL would make a kv run and a round-robin run
+    look alike."""
+    return f"{result.model} @ {target or result.base_url}"
+
+
+def write_plots(result: BenchResult, out_dir: Path, target: str | None = None) -> list[Path]:
     """Draw the PNGs into `out_dir`; raises `PlottingUnavailable` without matplotlib.
 
     The engine-load plot is drawn only when load was sampled (embedded mode).
@@ -194,7 +201,7 @@ def write_plots(result: BenchResult, out_dir: Path) -> list[Path]:
         figure.savefig(path, dpi=110)
         written.append(path)
 
-    title = f"{result.model} @ {result.base_url}"
+    title = plot_title(result, target)
     for name, label, values in (
         ("ttft_cdf.png", "time to first token (ms)", [r.ttft_s * 1000 for r in ok if r.ttft_s is not None]),
         ("e2e_cdf.png", "end-to-end latency (ms)", [r.e2e_s * 1000 for r in ok if r.e2e_s is not None]),
@@ -252,7 +259,8 @@ def write_report(result: BenchResult, out_dir: str | Path, config: dict[str, Any
     path.write_text(_dumps(results_document(result, config)))
     files = ReportFiles(results=path)
     try:
-        files.plots = write_plots(result, out)
+        target = (config or {}).get("target")
+        files.plots = write_plots(result, out, target if isinstance(target, str) else None)
     except PlottingUnavailable as exc:
         files.plots_skipped = str(exc)
     return files

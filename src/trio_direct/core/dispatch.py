@@ -46,7 +46,7 @@ from trio_direct.core.migration import continuation_request, migration_refusal
 from trio_direct.core.output import ChoiceEvent
 from trio_direct.core.plan import RequestPlan
 from trio_direct.core.pool import ServingPool
-from trio_direct.core.request_context import engine_rid, new_request_key
+from trio_direct.core.request_context import CURRENT, engine_rid, new_request_key
 from trio_direct.deferred import DeferredError
 from trio_direct.engine.errors import (
     EngineError,
@@ -215,6 +215,10 @@ def assign(pool: ServingPool, plan: RequestPlan, route: Route[Worker]) -> list[C
     """Point every choice at the route's engines (and pair it with its prefill leg)."""
     worker = route.decode
     metrics.ROUTED.labels(worker.engine.id, worker.engine.card.role).inc()
+    context = CURRENT.get()
+    if context is not None:
+        pair = route.prefill.engine.id + " + " if route.prefill is not None else ""
+        context.engine = pair + worker.engine.id
     if route.prefill is not None:
         metrics.ROUTED.labels(route.prefill.engine.id, "prefill").inc()
     runs = []

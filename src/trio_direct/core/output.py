@@ -65,6 +65,8 @@ class ChoiceEvent:
     matched_stop: int | str | None = None
     abort_message: str | None = None
     logprobs: list[TokenLogprob] | None = None
+    #: The prompt's logprob rows (completions `echo` with `logprobs`), on the event that brought them.
+    prompt_logprobs: list[TokenLogprob] | None = None
     #: Text of the model's reasoning section, already taken out of `text`.
     reasoning: str = ""
     #: Tool-call deltas, already taken out of `text`.
@@ -139,6 +141,7 @@ class ChoiceOutput:
         event = ChoiceEvent(self.index, text, token_ids, finish, last.matched_stop, last.abort_message)
         if any(chunk.logprobs is not None for chunk in batch):
             event.logprobs = [row for chunk in batch for row in chunk.logprobs or ()]
+        event.prompt_logprobs = next((c.prompt_logprobs for c in batch if c.prompt_logprobs is not None), None)
         if self.stops is not None:
             event.text, matched = self.stops.push(text)
             if matched is not None:
@@ -182,6 +185,8 @@ def merge_events(batch: list[ChoiceEvent]) -> list[ChoiceEvent]:
             )  # fmt: skip
             if event.logprobs is not None:
                 seen.logprobs = (seen.logprobs or []) + event.logprobs
+            if seen.prompt_logprobs is None:
+                seen.prompt_logprobs = event.prompt_logprobs
     return list(merged.values())
 
 
@@ -197,8 +202,11 @@ class ChoiceResult:
     token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     matched_stop: int | str | None = None
+    prompt_logprobs: list[TokenLogprob] | None = None
 
     def add(self, event: ChoiceEvent) -> None:
+        if self.prompt_logprobs is None:
+            self.prompt_logprobs = event.prompt_logprobs
         self.text_parts.append(event.text)
         self.token_ids += event.token_ids
         self.reasoning_parts.append(event.reasoning)

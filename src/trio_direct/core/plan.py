@@ -154,6 +154,7 @@ def plan_request(
     output: OutputOptions = OutputOptions(),
     return_logprob: bool = False,
     top_logprobs: int = 0,
+    prompt_logprobs: bool = False,
     stream: bool = False,
     include_usage: bool = False,
     prompt_param: str = "prompt",
@@ -183,10 +184,16 @@ def plan_request(
     choices = []
     for prompt_index, prompt in enumerate(prompts):
         options = sampling
-        if limit is not None and options.max_new_tokens is not None:
-            room = limit - len(prompt.token_ids)
-            if options.max_new_tokens > room:  # SGLang clips too; say so rather than fail the request
-                options = replace(options, max_new_tokens=room)
+        room = limit - len(prompt.token_ids) if limit is not None else None
+        if options.max_new_tokens is None:
+            # OpenAI's semantics: no limit from the client generates until EOS or the context is
+            # full, unless the operator set `--default-max-tokens`. Left unset, the native API would
+            # apply SGLang's own default of 128 tokens.
+            budget = completion_budget(pool.config.default_max_tokens, room)
+            if budget is not None:
+                options = replace(options, max_new_tokens=budget)
+        elif room is not None and options.max_new_tokens > room:
+            options = replace(options, max_new_tokens=room)  # SGLang clips too; say so rather than fail
         if prompt.stop_token_ids and not options.ignore_eos:
             extra = [t for t in prompt.stop_token_ids if t not in options.stop_token_ids]
             options = replace(options, stop_token_ids=(*options.stop_token_ids, *extra))
@@ -199,6 +206,7 @@ def plan_request(
                 stream=True,
                 return_logprob=return_logprob,
                 top_logprobs_num=top_logprobs,
+                logprob_start_len=0 if return_logprob and prompt_logprobs else -1,
                 original_text=prompt.text,
                 image_data=prompt.image_data,
             )
@@ -226,6 +234,14 @@ def plan_request(
         tag=tag,
         trace=trace,
     )
+
+
+def completion_budget(default_max_tokens: int | None, room: int | None) -> int | None:
+    """The completion limit of a request that set none: `--default-max-tokens` if the operator gave
+    one, within the room the context leaves (`room`, None when the context length is unknown)."""
+    if default_max_tokens is not None and default_max_tokens > 0:
+        return default_max_tokens if room is None else min(default_max_tokens, room)
+    return room
 
 
 def check_vocab(pool: ServingPool, token_ids: Sequence[int], param: str = "prompt") -> None:

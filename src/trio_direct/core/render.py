@@ -24,6 +24,7 @@ from trio_direct.core.dispatch import abort_error, client_error, dispatch
 from trio_direct.core.output import ChoiceEvent, ChoiceResult
 from trio_direct.core.plan import RequestPlan, Usage
 from trio_direct.core.pool import ServingPool
+from trio_direct.core.request_context import CURRENT
 from trio_direct.core.watch import WatchedStream
 from trio_direct.engine.errors import EngineError, StreamWakeup
 from trio_direct.openai import errors
@@ -231,6 +232,9 @@ async def unary_response(pool: ServingPool, plan: RequestPlan, renderer: Rendere
 
 def _count_tokens(plan: RequestPlan) -> None:
     usage = plan.usage()
+    context = CURRENT.get()
+    if context is not None:
+        context.prompt_tokens, context.completion_tokens = usage.prompt_tokens, usage.completion_tokens
     metrics.TOKENS.labels(plan.model, "input").inc(usage.prompt_tokens)
     metrics.TOKENS.labels(plan.model, "output").inc(usage.completion_tokens)
     metrics.TOKENS.labels(plan.model, "cached").inc(usage.cached_tokens)

@@ -61,6 +61,11 @@ class RequestContext:
     tag: str = ""
     #: The request's `tracing.RequestTrace`, when tracing is on.
     trace: Any = None
+    #: What the access log reports beside the HTTP exchange: the engine(s) the request went to
+    #: (``e1``, ``e0 + e1`` for a prefill/decode pair) and its token counts, once known.
+    engine: str = ""
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
 
     @classmethod
     def for_client_id(cls, value: bytes | None) -> RequestContext:

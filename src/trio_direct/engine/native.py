@@ -39,6 +39,7 @@ HEALTH_CHECK = _SERVICE + "HealthCheck"
 GET_MODEL_INFO = _SERVICE + "GetModelInfo"
 GET_SERVER_INFO = _SERVICE + "GetServerInfo"
 GET_LOAD = _SERVICE + "GetLoad"
+FLUSH_CACHE = _SERVICE + "FlushCache"
 
 _OPTIONAL_SAMPLING = (
     "temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty",
@@ -118,13 +119,14 @@ def decode_meta_info(meta_info: Any) -> dict[str, Any]:
 class _ChunkDecoder:
     """Turns one call's messages into delta chunks, converting cumulative `output_ids` if needed."""
 
-    __slots__ = ("cumulative", "seen", "logprobs_seen", "finished")
+    __slots__ = ("cumulative", "seen", "logprobs_seen", "finished", "prompt_rows_seen")
 
     def __init__(self, cumulative: bool) -> None:
         self.cumulative = cumulative
         self.seen = 0
         self.logprobs_seen = 0
         self.finished = False
+        self.prompt_rows_seen = False
 
     def _logprobs(self, raw_tokens: str, raw_top: str | None) -> list[TokenLogprob]:
         rows = _logprob_rows(raw_tokens, raw_top)
@@ -153,6 +155,10 @@ class _ChunkDecoder:
             token_logprobs = meta.get("output_token_logprobs")
             if token_logprobs is not None:
                 chunk.logprobs = self._logprobs(token_logprobs, meta.get("output_top_logprobs"))
+            prompt_logprobs = meta.get("input_token_logprobs")
+            if prompt_logprobs is not None and not self.prompt_rows_seen:  # cumulative streams repeat them
+                self.prompt_rows_seen = True
+                chunk.prompt_logprobs = _logprob_rows(prompt_logprobs, meta.get("input_top_logprobs"))
         if message.finished:
             self.finished = True
             if chunk.finish_reason is None:
@@ -273,3 +279,9 @@ class NativeEngineClient:
         reply = await self.channel.unary(GET_LOAD, request, pb.GetLoadResponse, timeout=timeout)
         loads = json.loads(reply.json_info) if reply.json_info else []
         return loads if isinstance(loads, list) else [loads]
+
+    async def flush_cache(self, *, timeout: float = 30.0) -> tuple[bool, str]:
+        """Drop the engine's prefix cache (`FlushCache`): (success, the engine's message). The
+        native request has no wait: an engine with requests running declines."""
+        reply = await self.channel.unary(FLUSH_CACHE, pb.FlushCacheRequest(), pb.FlushCacheResponse, timeout=timeout)
+        return reply.success, reply.message

@@ -17,6 +17,7 @@ from typing import Any
 
 from google.protobuf import empty_pb2, json_format, unknown_fields
 
+from trio_direct._proto.smg import common_pb2 as common
 from trio_direct._proto.smg import sglang_scheduler_pb2 as pb
 from trio_direct.engine.chunk_stream import ChunkStream
 from trio_direct.engine.errors import EngineInternal, EngineInvalidArgument
@@ -40,6 +41,8 @@ HEALTH_CHECK = _SERVICE + "HealthCheck"
 GET_MODEL_INFO = _SERVICE + "GetModelInfo"
 GET_SERVER_INFO = _SERVICE + "GetServerInfo"
 GET_LOADS = _SERVICE + "GetLoads"
+FLUSH_CACHE = _SERVICE + "FlushCache"
+GET_TOKENIZER = _SERVICE + "GetTokenizer"
 
 #: The SMG room field is int32 (the native one is int64).
 MAX_ROOM = 2**31 - 1
@@ -126,18 +129,20 @@ def embed_output(reply: pb.EmbedResponse, request: EmbedInput) -> EmbedOutput:
 class _ChunkDecoder:
     """Accumulates chunk deltas; takes from `complete` only the tail the chunks did not carry."""
 
-    __slots__ = ("received", "finished", "engine")
+    __slots__ = ("received", "finished", "engine", "prompt_rows_seen")
 
     def __init__(self, engine: str) -> None:
         self.received = 0
         self.finished = False
         self.engine = engine
+        self.prompt_rows_seen = False
 
     def decode(self, message: pb.GenerateResponse) -> GenerateChunk | None:
         kind = message.WhichOneof("response")
         if kind == "chunk":
             chunk = message.chunk
             self.received += len(chunk.token_ids)
+            self.prompt_rows_seen = self.prompt_rows_seen or chunk.HasField("input_logprobs")
             return GenerateChunk(
                 token_ids=list(chunk.token_ids),
                 prompt_tokens=chunk.prompt_tokens,
@@ -145,6 +150,7 @@ class _ChunkDecoder:
                 cached_tokens=chunk.cached_tokens,
                 reasoning_tokens=chunk.reasoning_tokens,
                 logprobs=_logprobs(chunk.output_logprobs) if chunk.HasField("output_logprobs") else None,
+                prompt_logprobs=_prompt_logprobs(chunk.input_logprobs) if chunk.HasField("input_logprobs") else None,
             )
         if kind == "complete":
             return self._complete(message.complete)
@@ -169,6 +175,8 @@ class _ChunkDecoder:
         if complete.HasField("output_logprobs") and ids:
             rows = _logprobs(complete.output_logprobs)
             chunk.logprobs = rows[len(rows) - len(ids) :]  # the rows of the tail taken from `complete`
+        if complete.HasField("input_logprobs") and not self.prompt_rows_seen:
+            chunk.prompt_logprobs = _prompt_logprobs(complete.input_logprobs)
         if chunk.finish_reason == "abort":
             chunk.abort_message = "request aborted by the engine"
         return chunk
@@ -181,6 +189,19 @@ def _logprobs(rows: pb.OutputLogProbs) -> list[TokenLogprob]:
             token_id, logprob, tuple(zip(tops[i].token_ids, tops[i].values, strict=False)) if i < len(tops) else ()
         )
         for i, (logprob, token_id) in enumerate(zip(rows.token_logprobs, rows.token_ids, strict=False))
+    ]
+
+
+def _prompt_logprobs(rows: pb.InputLogProbs) -> list[TokenLogprob]:
+    """The prompt's rows; the first token's value is unset (it has no logprob)."""
+    tops = list(rows.top_logprobs)
+    return [
+        TokenLogprob(
+            token_id,
+            value.value if value.HasField("value") else None,
+            tuple(zip(tops[i].token_ids, tops[i].values, strict=False)) if i < len(tops) else (),
+        )
+        for i, (value, token_id) in enumerate(zip(rows.token_logprobs, rows.token_ids, strict=False))
     ]
 
 
@@ -258,3 +279,25 @@ class SmgEngineClient:
             json_format.MessageToDict(load, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
             for load in reply.loads
         ]
+
+    async def flush_cache(self, *, timeout: float = 30.0) -> tuple[bool, str]:
+        """Drop the engine's prefix cache (`FlushCache`): (success, the engine's message). The
+        engine waits up to `timeout` for its running requests before it gives up."""
+        request = common.FlushCacheRequest(timeout_s=timeout)
+        reply = await self.channel.unary(FLUSH_CACHE, request, common.FlushCacheResponse, timeout=timeout + 5.0)
+        return reply.success, reply.message
+
+    async def tokenizer_archive(self, *, max_bytes: int, timeout: float = 60.0) -> tuple[bytes, str]:
+        """The engine's tokenizer folder as a ZIP archive (`GetTokenizer`), and the SHA-256 the
+        engine gives for it. `ValueError` when the archive grows past `max_bytes`."""
+        data = bytearray()
+        digest = ""
+        async with self.channel.open_stream(
+            GET_TOKENIZER, common.GetTokenizerRequest(), common.GetTokenizerChunk, timeout=timeout
+        ) as stream:
+            async for chunk in stream:
+                data += chunk.data
+                if len(data) > max_bytes:
+                    raise ValueError(f"the engine's tokenizer archive is larger than {max_bytes} bytes")
+                digest = chunk.sha256 or digest
+        return bytes(data), digest

@@ -96,7 +96,8 @@ class TokenLogprob:
     """One generated token's log-probability and, when asked for, its top alternatives."""
 
     token_id: int
-    logprob: float
+    #: None for a prompt's first token (nothing precedes it, so it has no logprob).
+    logprob: float | None
     top: tuple[tuple[int, float], ...] = ()
 
 
@@ -120,6 +121,8 @@ class GenerateChunk:
     abort_status_code: int | None = None
     #: One entry per token of `token_ids` when the request asked for logprobs.
     logprobs: list[TokenLogprob] | None = None
+    #: The prompt's rows from `GenerateInput.logprob_start_len`, once (with the first chunk that has them).
+    prompt_logprobs: list[TokenLogprob] | None = None
 
 
 class GenerateStream(Protocol):

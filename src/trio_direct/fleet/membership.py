@@ -338,6 +338,8 @@ class Membership:
     def _leave(self, member: Member, why: str) -> None:
         del self._members[member.address]
         member.leaving = True
+        if member.state == "serving":  # withdrawn by `_drain` at its first step: say so at once
+            member.state = "draining"
         if member._probe_scope is not None:
             member._probe_scope.cancel()
         self._leaving.append(member)

@@ -25,6 +25,7 @@ import gc
 import logging
 import sys
 import time
+from contextlib import aclosing
 from dataclasses import dataclass
 
 import trio
@@ -72,18 +73,19 @@ async def run_gc_policy(
     schedule = FullCollectionSchedule(growth, sys.getallocatedblocks())
     task_status.started(schedule)
     try:
-        async for _ in trio_util.periodic(check_every):
-            allocated = sys.getallocatedblocks()
-            if schedule.due(allocated):
-                grew = allocated / max(1, schedule.baseline) - 1.0
-                started = time.perf_counter()
-                freed = gc.collect()
-                took = time.perf_counter() - started
-                schedule.collected(sys.getallocatedblocks())
-                metrics.GC_FULL_COLLECTIONS.inc()
-                log.info(
-                    "full garbage collection after the heap grew %.0f%%: %d unreachable objects, %.0f ms",
-                    grew * 100, freed, took * 1e3,
-                )  # fmt: skip
+        async with aclosing(trio_util.periodic(check_every)) as ticks:  # closed on cancellation, not by the GC
+            async for _ in ticks:
+                allocated = sys.getallocatedblocks()
+                if schedule.due(allocated):
+                    grew = allocated / max(1, schedule.baseline) - 1.0
+                    started = time.perf_counter()
+                    freed = gc.collect()
+                    took = time.perf_counter() - started
+                    schedule.collected(sys.getallocatedblocks())
+                    metrics.GC_FULL_COLLECTIONS.inc()
+                    log.info(
+                        "full garbage collection after the heap grew %.0f%%: %d unreachable objects, %.0f ms",
+                        grew * 100, freed, took * 1e3,
+                    )  # fmt: skip
     finally:
         gc.set_threshold(*previous)

@@ -51,6 +51,7 @@ from trio_direct.fleet.sources import (
     parse_nameserver,
     run_source,
 )
+from trio_direct.fleet.tokenizer_source import TokenizerNotFound, locate_tokenizer
 from trio_direct.frontend.gc_policy import run_gc_policy
 from trio_direct.frontend.loop_lag import monitor_loop_lag
 from trio_direct.kv_sync.feeds import KvFeeds
@@ -99,8 +100,23 @@ class Frontend:
         """The pool serving `model`; an OpenAI 404 for a model nobody serves."""
         pool = self._pools.get(model)
         if pool is None:
+            if not self._pools:  # nothing is served yet (or any more): worth retrying, not a wrong name
+                raise errors.service_unavailable("No engine is serving yet; retry shortly.")
             raise errors.model_not_found(model)
         return pool
+
+    def pool_or_only(self, model: str | None) -> ModelPool:
+        """`pool(model)`; without a model, the one model served (a 400 naming them when several are)."""
+        if model is not None:
+            return self.pool(model)
+        if len(self._pools) == 1:
+            return next(iter(self._pools.values()))
+        if not self._pools:
+            raise errors.service_unavailable("No engine is serving yet; retry shortly.")
+        names = ", ".join(sorted(self._pools))
+        raise errors.invalid_request(
+            f"'model' is required: this server serves several models ({names}).", param="model"
+        )
 
     def find_pool(self, model: str) -> ModelPool | None:
         return self._pools.get(model)
@@ -533,9 +549,12 @@ async def open_model_pool(
     """
     model = fleet.model
     try:
-        tokenizer = await trio.to_thread.run_sync(ModelTokenizer.from_directory, Path(model.tokenizer_path))
+        source = await locate_tokenizer(model.served_model_name, model.tokenizer_path, fleet.engines)
+    except TokenizerNotFound as error:
+        raise FleetError(str(error)) from None
     except TokenizerLoadError as error:
         raise FleetError(f"model {model.served_model_name!r}: {error} (give --model-path)") from None
+    tokenizer = source.tokenizer
     kv = None
     if config.router_mode in LOAD_MODES:
         try:
@@ -549,7 +568,7 @@ async def open_model_pool(
         config, fleet, routing, tokenizer, chat_template, select_model_parsers(config, model), harmony,
         on_engine_down=on_engine_down,
     )  # fmt: skip
-    pool.model_config = await trio.to_thread.run_sync(read_model_config, Path(model.tokenizer_path))
+    pool.model_config = await trio.to_thread.run_sync(read_model_config, source.directory)
     pool.watch = watch
     threshold = _busy_threshold(config)
     if threshold is not None:

@@ -51,8 +51,12 @@ async def serve(
     inherited listening socket to serve instead of `--host/--port` (see `frontend/supervisor.py`).
     """
     async with open_asyncio_loop(), trio.open_nursery() as nursery:
-        frontend: Frontend = await nursery.start(run_frontend, config)
-        app = create_app(lambda: frontend, config)
+        # The port listens before any engine is probed: `/live` answers at once, `/health` and the
+        # model routes answer 503 with Retry-After until the frontend is up (an orchestrator's
+        # liveness probe never kills a frontend that waits for its engines). A port that cannot be
+        # bound fails here, before built-in mock engines start.
+        started: list[Frontend] = []
+        app = create_app(lambda: started[0] if started else None, config)
         stopping = trio.Event()
 
         async def http_server(*, task_status: trio.TaskStatus[list[str]]) -> None:
@@ -69,8 +73,15 @@ async def serve(
 
         binds = await nursery.start(http_server)
         log.info(
-            "OpenAI API for model(s) %s on %s", ", ".join(repr(p.name) for p in frontend.pools()), ", ".join(binds)
+            "listening on %s; /live answers now, /health and the model routes once an engine is up", ", ".join(binds)
         )
+        frontend: Frontend = await nursery.start(run_frontend, config)
+        started.append(frontend)
+        names = ", ".join(repr(p.name) for p in frontend.pools())
+        if names:
+            log.info("OpenAI API for model(s) %s on %s", names, ", ".join(binds))
+        else:
+            log.info("OpenAI API on %s: no model is served until an engine joins", ", ".join(binds))
         task_status.started(binds)
         if shutdown is not None:
             await shutdown.drain.wait()

@@ -330,8 +330,9 @@ async def supervise(config: ServeConfig) -> int:
     try:
         listener = open_listener(config.host, config.port)
     except OSError as error:
-        print(f"trio-direct serve: cannot listen on {config.host}:{config.port}: {error}", file=sys.stderr)
-        return 1
+        reason = error.strerror or error
+        print(f"trio-direct serve: error: cannot listen on {config.host}:{config.port}: {reason}", file=sys.stderr)
+        return 2  # as with one worker: a setting to fix, found before anything started
     try:
         log.info("listening on %s; starting %d workers", http_address(listener), config.workers)
         async with open_asyncio_loop(), trio.open_nursery() as nursery:

@@ -20,6 +20,10 @@ A client that disconnects is noticed by a task reading ASGI messages once the bo
 cancels the request's scope; engine calls then end through `core.engine_call.open_engine_call`'s
 ``finally`` (an `Abort` each).
 
+Every request ends with one access-log line (`http.access_log`; off with ``--no-access-log``): the
+exchange's status and duration, and for a generation its request id, model, engine and token counts
+as `core` recorded them on its `RequestContext`.
+
 The ASGI lifespan protocol starts the frontend when the app is served by ``hypercorn
 trio_direct.app:app`` (`create_app(..., start=...)`).
 """
@@ -38,6 +42,7 @@ from trio_direct import metrics, tracing
 from trio_direct.config import ServeConfig
 from trio_direct.core.admission import Admission
 from trio_direct.core.request_context import CURRENT, RequestContext
+from trio_direct.http.access_log import AccessRecord, log_access
 from trio_direct.http.asgi_guard import ProtocolGuard
 from trio_direct.http.exchange import Exchange, Receive, Scope, Send
 from trio_direct.http.routes import ROUTES
@@ -87,14 +92,28 @@ def create_app(
             await _lifespan(receive, send, start)
 
     async def serve_http(scope: Scope, receive: Receive, send: Send) -> None:
+        if not config.access_log:
+            await handle_http(scope, receive, send, None)
+            return
+        seen = _Seen()
+        try:
+            await handle_http(scope, receive, send, seen)
+        finally:
+            _log_access(scope, seen)
+
+    async def handle_http(scope: Scope, receive: Receive, send: Send, seen: _Seen | None) -> None:
         path, method = scope["path"], scope["method"]
         cors = _cors_headers(scope, origins)
         if method == "OPTIONS" and cors is not None:
             await _preflight(scope, send, cors, routes.methods(path))
+            if seen is not None:
+                seen.status = 204
             return
         match = routes.match(method, path)
         route = match.route
         exchange = Exchange(scope, send, frontend=get_frontend(), params=match.params, extra_headers=cors or [])
+        if seen is not None:
+            seen.exchange = exchange
         if route is None:
             if match.allowed:
                 error = errors.OpenAIError(f"Method Not Allowed: {method} {path}", status=405)
@@ -116,6 +135,8 @@ def create_app(
             await _run(route, exchange, receive, max_body)
             return
         context = RequestContext.for_client_id(exchange.header(b"x-request-id"))
+        if seen is not None:
+            seen.context = context
         exchange.extra_headers.append((b"x-request-id", context.request_id.encode()))
         context_token, id_token = CURRENT.set(context), REQUEST_ID.set(context.request_id)
         try:
@@ -155,6 +176,37 @@ def create_app(
         return route.error_body if route is not None else openai_error_body
 
     return ProtocolGuard(app, max_body_bytes=max_body, error_body_for=error_body_for)
+
+
+class _Seen:
+    """What the access log needs of a request, filled in as the request is served."""
+
+    __slots__ = ("context", "exchange", "started", "status")
+
+    def __init__(self) -> None:
+        self.started = time.perf_counter()
+        self.exchange: Exchange | None = None
+        self.context: RequestContext | None = None
+        self.status = 0
+
+
+def _log_access(scope: Scope, seen: _Seen) -> None:
+    exchange, context = seen.exchange, seen.context
+    status = seen.status
+    if exchange is not None:
+        status = exchange.status if exchange.ended else 499  # 499: the client went away first
+    record = AccessRecord(
+        method=scope["method"],
+        path=scope["path"],
+        status=status,
+        duration_ms=(time.perf_counter() - seen.started) * 1000,
+        request_id=context.request_id if context is not None else None,
+        model=(exchange.model or None) if exchange is not None else None,
+    )
+    if context is not None:
+        record.engine = context.engine or None
+        record.prompt_tokens, record.completion_tokens = context.prompt_tokens, context.completion_tokens
+    log_access(record)
 
 
 async def _run(route: Route, exchange: Exchange, receive: Receive, max_body: int) -> None:

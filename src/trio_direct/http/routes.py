@@ -15,6 +15,7 @@ from trio_direct.surfaces import (
     models,
     operations,
     responses,
+    server_info,
     tokenization,
 )
 
@@ -50,4 +51,10 @@ ROUTES = RouteTable([
     Route("GET", "/admin/engines", admin.list_engines, admin=True),
     Route("POST", "/admin/engines", admin.add_engine, admin=True),
     Route("DELETE", "/admin/engines/{id}", admin.remove_engine, admin=True),
+    # SGLang's and vLLM's own routes that their users' tools call.
+    Route("GET", "/version", server_info.version, open=True, needs_frontend=False),
+    Route("GET", "/get_model_info", server_info.get_model_info),
+    Route("GET", "/get_server_info", server_info.get_server_info),
+    Route("GET", "/health_generate", server_info.health_generate, open=True, needs_frontend=False),
+    Route("POST", "/flush_cache", server_info.flush_cache, admin=True),
 ])  # fmt: skip

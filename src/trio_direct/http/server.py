@@ -58,6 +58,10 @@ REFUSAL_LOG_INTERVAL = 10.0
 _REFUSAL_SEND_TIMEOUT = 0.1
 
 
+class ListenError(OSError):
+    """The HTTP port cannot be bound (in use, not permitted, no such address): one line for the user."""
+
+
 def hypercorn_config(
     host: str,
     port: int,
@@ -124,7 +128,6 @@ async def serve_http(
             "--max-connections %d leaves fewer than %d of the %d open files this process may have for anything "
             "else: accepts may fail (EMFILE) before the cap", limits.max_connections, fd_reserve(fd_limit), fd_limit,
         )  # fmt: skip
-    log.info("at most %d client connections at once (open-file limit %d)", gate.cap, fd_limit)
 
     wrapped = wrap_app(cast(ASGIFramework, app), config.wsgi_max_body_size, "asgi")
     lifespan_state: LifespanState = {}
@@ -141,7 +144,12 @@ async def serve_http(
         async with trio.open_nursery() as connections:
             listeners = []
             binds = []
-            for sock in config.create_sockets().insecure_sockets:
+            try:
+                sockets = config.create_sockets()
+            except OSError as error:
+                raise ListenError(f"cannot listen on {', '.join(config.bind)}: {error.strerror or error}") from None
+            log.info("at most %d client connections at once (open-file limit %d)", gate.cap, fd_limit)
+            for sock in sockets.insecure_sockets:
                 sock.listen(config.backlog)
                 listeners.append(trio.SocketListener(trio.socket.from_stdlib_socket(sock)))
                 binds.append(f"http://{repr_socket_addr(sock.family, sock.getsockname())}")
@@ -228,4 +236,4 @@ async def _serve_admitted(
         await trio.aclose_forcefully(stream)
 
 
-__all__ = ["accept_connections", "hypercorn_config", "refuse", "serve_app", "serve_http"]
+__all__ = ["ListenError", "accept_connections", "hypercorn_config", "refuse", "serve_app", "serve_http"]

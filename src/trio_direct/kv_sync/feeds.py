@@ -16,6 +16,7 @@ since the poll was sent.
 from __future__ import annotations
 
 import logging
+from contextlib import aclosing
 from dataclasses import dataclass, field
 
 import trio
@@ -123,17 +124,20 @@ class KvFeeds:
         self.kv.engine_down(engine.id, engine.card)
 
     async def _poll_load(self) -> None:
-        async for _ in trio_util.periodic(self.load_poll_interval):
-            for engine in list(self.fleet.engines):  # engines may join while a poll awaits
-                if not engine.healthy:
-                    continue
-                own = self.kv.own_load(engine.id, engine.card)  # what the poll will include
-                try:
-                    loads = await engine.client.load(timeout=min(self.load_poll_interval, 5.0))
-                except EngineError as error:
-                    log.debug("GetLoad on %s failed: %s", engine.id, error)
-                    continue
-                self.kv.apply_load(engine.id, engine.card, loads, own)
+        async with aclosing(
+            trio_util.periodic(self.load_poll_interval)
+        ) as ticks:  # closed on cancellation, not by the GC
+            async for _ in ticks:
+                for engine in list(self.fleet.engines):  # engines may join while a poll awaits
+                    if not engine.healthy:
+                        continue
+                    own = self.kv.own_load(engine.id, engine.card)  # what the poll will include
+                    try:
+                        loads = await engine.client.load(timeout=min(self.load_poll_interval, 5.0))
+                    except EngineError as error:
+                        log.debug("GetLoad on %s failed: %s", engine.id, error)
+                        continue
+                    self.kv.apply_load(engine.id, engine.card, loads, own)
 
     def stats(self) -> dict:
         return {**self.kv.stats(), "subscribers": {s.engine: s.counters.as_dict() for s in self.subscribers}}

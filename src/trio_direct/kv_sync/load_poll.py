@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from contextlib import aclosing
 from typing import Any
 
 import trio
@@ -40,9 +41,11 @@ async def poll_loads(
         except EngineError as error:
             log.debug("GetLoad on %s failed: %s", engine.id, error)
 
-    async for _ in trio_util.periodic(interval):
-        async with trio.open_nursery() as nursery:
-            for engine in list(fleet.engines):  # engines may join while a round runs
-                if engine.healthy:
-                    nursery.start_soon(poll, engine)
-        round_done()
+    # aclosing: a cancelled loop closes the generator here, not in a later garbage collection.
+    async with aclosing(trio_util.periodic(interval)) as ticks:
+        async for _ in ticks:
+            async with trio.open_nursery() as nursery:
+                for engine in list(fleet.engines):  # engines may join while a round runs
+                    if engine.healthy:
+                        nursery.start_soon(poll, engine)
+            round_done()

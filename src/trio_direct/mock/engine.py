@@ -119,6 +119,8 @@ class EngineInfo:
     start_ns: int = field(default_factory=time.time_ns)
     #: A ``tokenizers.Tokenizer`` when the model directory has one (Tokenize, Detokenize).
     tokenizer: Any = None
+    #: The folder the model's files were read from (`GetTokenizer` archives it); "" = `tokenizer_path`.
+    model_directory: str = ""
 
     _sampling_rng: random.Random = field(init=False, repr=False)
 

@@ -14,7 +14,7 @@ import json
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from trio_direct._proto.native import sglang_pb2 as pb
@@ -146,7 +146,7 @@ class NativeService:
             stream=req.stream,
             incremental=self.info.incremental_streaming_output,
             report_rank=self.engine.dp_size > 1,
-            logprobs=_LogprobSpec(req.top_logprobs_num, self.info.vocab_size) if req.return_logprob else None,
+            logprobs=_logprob_spec(req, self.info.vocab_size) if req.return_logprob else None,
         )
         try:
             self.engine.submit(
@@ -533,6 +533,8 @@ class _GenerateCall:
         if rid not in self._sent_first:
             self._sent_first.add(rid)
             meta["response_sent_to_client_ts"] = dumps(time.time())
+            if self._logprobs is not None and self._logprobs.input_meta:
+                meta.update(self._logprobs.input_meta)  # the prompt's rows, with the first message
         return meta
 
 
@@ -540,6 +542,29 @@ class _GenerateCall:
 class _LogprobSpec:
     top_n: int
     vocab_size: int
+    #: ``input_token_logprobs`` (and ``input_top_logprobs``) of the prompt from ``logprob_start_len``;
+    #: empty when the request asked for none (-1, the default).
+    input_meta: dict[str, str] = field(default_factory=dict)
+
+
+def _logprob_spec(req: pb.GenerateRequest, vocab_size: int) -> _LogprobSpec:
+    """SGLang's prompt logprobs: one row per prompt token from ``logprob_start_len``; the prompt's
+    first token has none (null), as nothing precedes it."""
+    top_n = req.top_logprobs_num
+    start = req.logprob_start_len if req.HasField("logprob_start_len") else -1
+    if start < 0 or start >= len(req.input_ids):
+        return _LogprobSpec(top_n, vocab_size)
+    rows = token_rows(list(req.input_ids[start:]), top_n, vocab_size)
+    first_is_start = start == 0
+    tokens = [[None if first_is_start and i == 0 else lp, tok, None] for i, (lp, tok, _) in enumerate(rows)]
+    meta = {"input_token_logprobs": json.dumps(tokens)}
+    if top_n > 0:
+        tops = [
+            None if first_is_start and i == 0 else [[lp, t, None] for lp, t in top]
+            for i, (_, _, top) in enumerate(rows)
+        ]
+        meta["input_top_logprobs"] = json.dumps(tops)
+    return _LogprobSpec(top_n, vocab_size, meta)
 
 
 def _logprob_meta(rows: list[TokenRow], top_n: int) -> dict[str, str]:

@@ -32,6 +32,7 @@ from trio_direct.mock.scripted import ScriptedOutputs
 from trio_direct.mock.smg_service import SERVICE as SMG_SERVICE
 from trio_direct.mock.smg_service import SmgService, health_methods
 from trio_direct.mock.tiny_model import default_tiny_model_dir, ensure_tiny_model
+from trio_direct.text.model_source import ModelFilesNotFound, find_model_directory
 
 __all__ = ["MockEngineConfig", "ModelFiles", "RunningMockEngine", "load_model_files", "run_mock_engine"]
 
@@ -94,6 +95,20 @@ class MockEngineConfig:
         if not self.bootstrap_timeout > 0:
             raise ValueError("bootstrap_timeout must be > 0")
         KvEventsConfig.from_json(self.kv_events_config)
+        if self.scripted_outputs is not None and not Path(self.scripted_outputs).is_file():
+            raise ValueError(f"--scripted-outputs {self.scripted_outputs}: no such file")
+        self.model_directory()
+
+    def model_directory(self) -> Path:
+        """The folder the model's files are read from: ``--model-path`` as a local folder, or the
+        Hugging Face cache's copy of a model id (downloaded when online, as SGLang does); the
+        built-in tiny model without one. `ValueError` when neither has it."""
+        if not self.model_path:
+            return ensure_tiny_model(default_tiny_model_dir())
+        try:
+            return find_model_directory(self.model_path).path
+        except ModelFilesNotFound as error:
+            raise ValueError(f"--model-path {self.model_path}: {error}") from None
 
 
 @dataclass(slots=True, frozen=True)
@@ -188,8 +203,10 @@ async def run_mock_engine(
     Must run inside `open_asyncio_loop()`.
     """
     config.validate()
-    model_path = Path(config.model_path) if config.model_path else ensure_tiny_model(default_tiny_model_dir())
+    model_path = config.model_directory()
     model = load_model_files(model_path)
+    # Reported as given, as SGLang reports `--model-path ORG/NAME`; the files are read from `model_path`.
+    reported_path = config.model_path or str(model_path)
     kv_config = KvEventsConfig.from_json(config.kv_events_config)
     context_length = config.context_length or model.context_length
     max_total = config.num_blocks * config.page_size
@@ -231,9 +248,10 @@ async def run_mock_engine(
             publishers=publishers,
         )
         info = EngineInfo(
-            model_path=str(model_path),
+            model_path=reported_path,
             served_model_name=config.served_model_name or MOCK_MODEL_NAME,
-            tokenizer_path=str(model_path),
+            tokenizer_path=reported_path,
+            model_directory=str(model_path),
             context_length=context_length,
             max_total_num_tokens=max_total,
             max_req_input_len=min(context_length, max_total) - 1,

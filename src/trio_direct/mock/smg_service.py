@@ -347,7 +347,7 @@ class SmgService:
         )
 
     def _get_tokenizer(self, call: ServerCall) -> None:
-        directory = Path(self.info.tokenizer_path)
+        directory = Path(self.info.model_directory or self.info.tokenizer_path)
         buffer = io.BytesIO()
         with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
             for name in _TOKENIZER_FILES:

@@ -15,7 +15,7 @@ TokenText = Callable[[int], str]
 
 
 def chat_logprobs(rows: Sequence[TokenLogprob], token_text: TokenText) -> dict[str, Any]:
-    def entry(token_id: int, logprob: float) -> dict[str, Any]:
+    def entry(token_id: int, logprob: float | None) -> dict[str, Any]:
         text = token_text(token_id)
         return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
 

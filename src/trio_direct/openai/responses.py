@@ -232,6 +232,10 @@ class ModelCard(msgspec.Struct, tag_field="object", tag="model", kw_only=True, o
     id: str
     created: int
     owned_by: str
+    #: vLLM's fields: the model the name stands for (the engines' model path) and, for an adapter,
+    #: its base model (null for a base model; always written, as vLLM does).
+    root: str
+    parent: str | None
     max_model_len: int | None = None
 
 
@@ -240,10 +244,22 @@ class _ModelList(msgspec.Struct, tag_field="object", tag="list"):
 
 
 def model_card(
-    model_id: str, created: int, owned_by: str = "trio-direct", max_model_len: int | None = None
+    model_id: str,
+    created: int,
+    owned_by: str = "trio-direct",
+    max_model_len: int | None = None,
+    root: str | None = None,
+    parent: str | None = None,
 ) -> ModelCard:
-    """One `model` object; `max_model_len` (vLLM's extension) only when known."""
-    return ModelCard(id=model_id, created=created, owned_by=owned_by, max_model_len=max_model_len)
+    """One `model` object; `max_model_len` (vLLM's extension) only when known; `root` defaults to the id."""
+    return ModelCard(
+        id=model_id,
+        created=created,
+        owned_by=owned_by,
+        root=root or model_id,
+        parent=parent,
+        max_model_len=max_model_len,
+    )
 
 
 def models_list(cards: Sequence[ModelCard]) -> bytes:

@@ -31,7 +31,8 @@ __all__ = [
 
 
 class TokenizeRequest(msgspec.Struct, kw_only=True):
-    model: str
+    #: Optional while one model is served (as vLLM and SGLang take it).
+    model: str | None = None
     prompt: str | list[str] | None = None
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool | None = None
@@ -43,7 +44,7 @@ class TokenizeRequest(msgspec.Struct, kw_only=True):
 
 
 class DetokenizeRequest(msgspec.Struct, kw_only=True):
-    model: str
+    model: str | None = None
     tokens: list[int | list[int]]
     skip_special_tokens: bool = False
 

@@ -71,6 +71,7 @@ async def plan_completion(
         output=output,
         return_logprob=return_logprob,
         top_logprobs=top_logprobs,
+        prompt_logprobs=request.echo,  # echo with logprobs shows the prompt's logprobs too, as OpenAI's did
         stream=request.stream,
         include_usage=bool(options and options.include_usage),
         prompt_param="prompt",
@@ -124,6 +125,8 @@ class CompletionRenderer:
             if event.finish_reason is None and not event.text and not rows:
                 continue
             logprobs = None
+            if self._logprobs and self._echo and event.prompt_logprobs:
+                rows = [*event.prompt_logprobs, *(rows or ())]  # the prompt's rows lead, as its echoed text did
             if rows:
                 offset = self._text_offsets.get(event.index, 0)
                 logprobs, self._text_offsets[event.index] = completion_logprobs(rows, self._token_text, offset)
@@ -148,9 +151,13 @@ class CompletionRenderer:
         choices = []
         for result in results:
             prefix = self._prompt_text(result.index)
-            logprobs = (
-                completion_logprobs(result.logprobs, self._token_text, len(prefix))[0] if self._logprobs else None
-            )
+            logprobs = None
+            if self._logprobs:
+                if self._echo and result.prompt_logprobs is not None:
+                    rows = [*result.prompt_logprobs, *result.logprobs]
+                    logprobs = completion_logprobs(rows, self._token_text, 0)[0]
+                else:
+                    logprobs = completion_logprobs(result.logprobs, self._token_text, len(prefix))[0]
             choices.append(
                 responses.CompletionChoice(
                     index=result.index, text=prefix + result.text, logprobs=logprobs, finish_reason=result.finish_reason

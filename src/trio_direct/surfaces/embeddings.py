@@ -18,6 +18,7 @@ import trio
 from trio_direct import metrics
 from trio_direct.core.embedding import plan_embeddings, run_embeddings
 from trio_direct.core.plan import Prompt, check_vocab
+from trio_direct.core.request_context import CURRENT
 from trio_direct.openai import errors
 from trio_direct.openai.embeddings import (
     EmbeddingRequest,
@@ -61,6 +62,9 @@ async def handle(exchange: Exchange) -> None:
         vectors = [truncate_normalized(vector, dimensions) for vector in vectors]
     prompt_tokens = sum(output.prompt_tokens for output in outputs)
     metrics.TOKENS.labels(pool.name, "input").inc(prompt_tokens)
+    context = CURRENT.get()
+    if context is not None:  # the access log's token count
+        context.prompt_tokens = prompt_tokens
     size = sum(len(vector) for vector in vectors)
     args = (pool.name, vectors, prompt_tokens, request.encoding_format)
     if size > _THREAD_THRESHOLD_FLOATS:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from trio_direct.openai import responses
 
 if TYPE_CHECKING:
+    from trio_direct.frontend.runtime import ModelPool
     from trio_direct.http.exchange import Exchange
 
 __all__ = ["list_models", "retrieve_model"]
@@ -16,11 +17,16 @@ __all__ = ["list_models", "retrieve_model"]
 async def list_models(exchange: Exchange) -> None:
     frontend = exchange.frontend
     created = int(time.time())
-    cards = [responses.model_card(pool.name, created, max_model_len=pool.context_length) for pool in frontend.pools()]
+    cards = [_card(pool, created) for pool in frontend.pools()]
     await exchange.json(200, responses.models_list(cards))
 
 
 async def retrieve_model(exchange: Exchange) -> None:
     pool = exchange.frontend.pool(exchange.params["model"])
-    card = responses.model_card(pool.name, int(time.time()), max_model_len=pool.context_length)
+    card = _card(pool, int(time.time()))
     await exchange.json(200, responses.model_body(card))
+
+
+def _card(pool: ModelPool, created: int) -> responses.ModelCard:
+    """vLLM's model card: the context length, and the engines' model path as `root`."""
+    return responses.model_card(pool.name, created, max_model_len=pool.context_length, root=pool.fleet.model.model_path)

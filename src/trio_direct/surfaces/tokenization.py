@@ -38,7 +38,7 @@ __all__ = ["detokenize", "max_model_len", "tokenize"]
 
 async def tokenize(exchange: Exchange) -> None:
     request = decode_tokenize_request(exchange.body)
-    pool = exchange.frontend.pool(request.model)
+    pool = exchange.frontend.pool_or_only(request.model)
     if request.messages is not None:
         messages = take_images(msgspec.to_builtins(request.messages)).messages
         tools = msgspec.to_builtins(request.tools) if request.tools else None
@@ -82,7 +82,7 @@ def _encode_all(pool: ModelPool, prompts: list[str], add_special_tokens: bool) -
 
 async def detokenize(exchange: Exchange) -> None:
     request = decode_detokenize_request(exchange.body)
-    pool = exchange.frontend.pool(request.model)
+    pool = exchange.frontend.pool_or_only(request.model)
     skip = request.skip_special_tokens
     lists = [item for item in request.tokens if isinstance(item, list)]
     if lists:  # SGLang's batch: one text per id list (mixed shapes were refused)
