@@ -90,6 +90,11 @@ class ServeConfig:
     mock_engines: int = 2
     mock_speedup: float = 1.0
     log_level: str = "info"
+    state_store: str = ""
+    state_store_ttl: float = 30 * 24 * 3600.0
+    state_store_max_entry_bytes: int = 16 * 1024 * 1024
+    state_store_timeout: float = 5.0
+    fleet_sync_interval: float = 2.0
 
 
 _HELP = {
@@ -193,6 +198,16 @@ _HELP = {
     "mock_engines": "number of built-in mock engines started when no --engine-url is given",
     "mock_speedup": "timing divisor of the built-in mock engines (inf = as fast as possible)",
     "log_level": "debug, info, warning or error",
+    "state_store": "where stored responses, conversations and the admin API's engines live, shared by every "
+    "process that names the same store: memory, sqlite:///PATH (one host; WAL), postgresql://USER:PASS@HOST/DB or "
+    "redis://HOST:PORT/DB (several hosts). Empty: memory for one process, a SQLite file shared by the --workers "
+    "of one serve for its lifetime (see docs/operations.md, State)",
+    "state_store_ttl": "seconds a stored response or conversation is kept after its last write (0 = for ever)",
+    "state_store_max_entry_bytes": "largest stored response, conversation item or entry; a larger response is "
+    "answered but not stored",
+    "state_store_timeout": "seconds one state store call may take; then the request that needed it gets 503",
+    "fleet_sync_interval": "seconds between reads of the admin API's engines from the state store (each "
+    "frontend follows the engines added or removed through any other)",
 }
 _CHOICES = {
     "engine_api": ("auto", "native", "smg"),

@@ -68,7 +68,9 @@ class MemoryTables:
         self._entries[key] = entry
         self._entries.move_to_end(key)
         self._bytes += entry.size - before
-        while self._bytes > self.settings.memory_max_bytes and len(self._entries) > 1:
+        while len(self._entries) > 1 and (
+            self._bytes > self.settings.memory_max_bytes or len(self._entries) > self.settings.memory_max_entries
+        ):
             oldest = next(iter(self._entries))
             if oldest == key:
                 break

@@ -76,8 +76,9 @@ class StoreSettings:
     max_entry_bytes: int = 16 * 1024 * 1024
     #: Seconds one call may take before it fails with `StoreUnavailable`.
     timeout: float = 5.0
-    #: memory only: bound on all entries together (least recently written go first).
+    #: memory only: bounds on all entries together (least recently written go first).
     memory_max_bytes: int = 256 * 1024 * 1024
+    memory_max_entries: int = 100_000
 
 
 #: The `ttl` argument's default: the store's own `StoreSettings.ttl`.
