@@ -13,12 +13,11 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
-from trio_direct.state.store import (
+from trio_direct.state.base import (
     STORE_TTL,
     StateStore,
     StoreSettings,
     check_size,
-    register_backend,
     resolve_ttl,
     window_position,
 )
@@ -177,6 +176,3 @@ class MemoryStore:
 @asynccontextmanager
 async def open_memory(url: str, settings: StoreSettings) -> AsyncIterator[StateStore]:
     yield MemoryStore(settings)
-
-
-register_backend("memory", open_memory)

@@ -18,13 +18,12 @@ from typing import Any
 
 import trio
 
-from trio_direct.state.store import (
+from trio_direct.state.base import (
     STORE_TTL,
     StateStore,
     StoreSettings,
     check_size,
     redacted_url,
-    register_backend,
     resolve_ttl,
     window_position,
 )
@@ -168,7 +167,3 @@ async def open_redis(url: str, settings: StoreSettings) -> AsyncIterator[StateSt
     finally:
         with trio.CancelScope(shield=True, deadline=trio.current_time() + settings.timeout):
             await trio.to_thread.run_sync(client.close, abandon_on_cancel=True)
-
-
-register_backend("redis", open_redis)
-register_backend("rediss", open_redis)

@@ -29,14 +29,13 @@ from typing import Any, TypeVar
 
 import trio
 
-from trio_direct.state.store import (
+from trio_direct.state.base import (
     STORE_TTL,
     StateStore,
     StoreSettings,
     StoreUnavailable,
     check_size,
     redacted_url,
-    register_backend,
     resolve_ttl,
     window_position,
 )
@@ -418,8 +417,3 @@ async def _migrate_or_warn(store: SqlStore) -> None:
             store.url,
             error,
         )
-
-
-register_backend("sqlite", open_sqlite)
-register_backend("postgresql", open_postgres)
-register_backend("postgres", open_postgres)

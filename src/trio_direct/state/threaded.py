@@ -13,7 +13,7 @@ from typing import TypeVar
 
 import trio
 
-from trio_direct.state.store import StoreUnavailable
+from trio_direct.state.base import StoreUnavailable
 
 __all__ = ["ThreadRunner"]
 
