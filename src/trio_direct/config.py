@@ -100,7 +100,8 @@ class ServeConfig:
 _HELP = {
     "host": "address to listen on",
     "port": "port to listen on",
-    "workers": "frontend processes serving the port, each with its own routing state (see docs/operations.md)",
+    "workers": "frontend processes serving the port, each with its own routing state, sharing the state store "
+    "(see docs/operations.md)",
     "engine_url": "gRPC address of an SGLang engine (http://, grpc:// or host:port); repeat for more. "
     "None: start built-in mock engines",
     "prefill_engine_url": "an engine expected to be a prefill engine (checked against its probe); repeat for more",
@@ -189,9 +190,9 @@ _HELP = {
     "engines as given). The frontend then reaches any host a client names: enable it only where that is safe (SSRF)",
     "image_fetch_timeout": "with --allow-image-fetch: seconds one image may take to fetch",
     "image_fetch_max_bytes": "with --allow-image-fetch: largest image fetched",
-    "responses_store_max_items": "Responses API: stored responses kept for previous_response_id and GET, "
-    "least recently used evicted first (0 = store nothing; per process, see docs/api.md)",
-    "responses_store_max_bytes": "Responses API: bound on the stored responses' JSON, all together (LRU eviction)",
+    "responses_store_max_items": "with the memory state store: entries kept (stored responses, conversations), "
+    "oldest written evicted first",
+    "responses_store_max_bytes": "with the memory state store: bound on all entries' bytes together",
     "gc_full_collection_growth": "run a full garbage-collector pass when the heap grew by this fraction since the last "
     "one, like Go's GOGC/100 (0 = CPython's own schedule, which stalls every stream for a full pass every few "
     "seconds under load; see docs/operations.md)",
