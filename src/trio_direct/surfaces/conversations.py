@@ -85,8 +85,8 @@ async def delete(exchange: Exchange) -> None:
 
 
 async def add_items(exchange: Exchange) -> None:
+    items = _items(decode_object(exchange.body), required=True)  # a bad body is a 400, whatever the id
     conversation = await _conversation(exchange)
-    items = _items(decode_object(exchange.body), required=True)
     await _store(exchange).add_items(conversation, items)
     body = {
         "object": "list",
