@@ -159,3 +159,16 @@ def test_windows_and_memory_tables_follow_the_clock() -> None:
     assert tables.add_to_window("k", 5, 60.0) == (5, 9.0)  # 1011 s: the window of 960-1020 s
     now[0] += 10
     assert tables.add_to_window("k", 1, 60.0) == (1, 59.0)
+
+
+def test_memory_counters_are_purged_once_their_windows_and_leases_end() -> None:
+    now = [0.0]
+    tables = MemoryTables(StoreSettings(), clock=lambda: now[0])
+    for i in range(600):
+        tables.add_to_window(f"w{i}", 1, 1.0)
+        tables.acquire_slot(f"s{i}", "h", 1, 1.0)
+    now[0] = 5.0
+    tables.add_to_window("fresh", 1, 1.0)  # the 1201st call: no purge yet
+    for _ in range(1024):
+        tables.acquire_slot("live", "h", 1, 10.0)
+    assert set(tables._windows) == {"fresh"} and set(tables._slots) == {"live"}

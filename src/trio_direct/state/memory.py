@@ -45,8 +45,10 @@ class MemoryTables:
         self.clock = clock
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
         self._bytes = 0
-        self._windows: dict[str, tuple[int, int]] = {}
+        #: key -> (window index, total, window end); key -> holder -> lease end.
+        self._windows: dict[str, tuple[int, int, float]] = {}
         self._slots: dict[str, dict[str, float]] = {}
+        self._calls = 0
 
     def _live(self, key: str) -> _Entry | None:
         entry = self._entries.get(key)
@@ -110,15 +112,27 @@ class MemoryTables:
         self._bytes -= len(item_id) + len(value)
         return True
 
+    def _purge(self, now: float) -> None:
+        """Every 1024 counter calls, drop the windows that ended and the slot tables nobody holds
+        (as the other backends' rows and keys expire)."""
+        self._calls += 1
+        if self._calls % 1024:
+            return
+        self._windows = {k: w for k, w in self._windows.items() if w[2] > now}
+        self._slots = {k: h for k, h in self._slots.items() if any(end > now for end in h.values())}
+
     def add_to_window(self, key: str, amount: int, window_s: float) -> tuple[int, float]:
-        index, reset_in = window_position(self.clock(), window_s)
-        current, total = self._windows.get(key, (index, 0))
+        now = self.clock()
+        self._purge(now)
+        index, reset_in = window_position(now, window_s)
+        current, total, _ = self._windows.get(key, (index, 0, 0.0))
         total = (total if current == index else 0) + amount
-        self._windows[key] = (index, total)
+        self._windows[key] = (index, total, now + reset_in)
         return total, reset_in
 
     def acquire_slot(self, key: str, holder: str, limit: int, lease_s: float) -> tuple[bool, int]:
         now = self.clock()
+        self._purge(now)
         holders = {h: expiry for h, expiry in self._slots.get(key, {}).items() if expiry > now}
         acquired = holder in holders or len(holders) < limit
         if acquired:
