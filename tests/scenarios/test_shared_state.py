@@ -186,3 +186,19 @@ async def test_two_frontends_share_responses_and_the_fleet_and_survive_a_databas
             assert again.output_text == "Your name is Ada."
 
     await trio.to_thread.run_sync(after)
+
+
+async def test_the_workers_of_one_serve_share_stored_responses_with_no_store_named(nursery):
+    """The default for `--workers N`: a SQLite file of the run, so any worker retrieves any response."""
+    serve = await start_serve(nursery, "--mock-speedup", "inf")
+    assert serve.base
+    async with httpx.AsyncClient(timeout=30) as http:
+        model = (await http.get(serve.base + "/v1/models")).json()["data"][0]["id"]
+
+    def create_then_retrieve() -> None:
+        with client(serve.base) as fresh:
+            ids = [fresh.responses.create(model=model, input="Hello", max_output_tokens=4).id for _ in range(10)]
+            assert all(fresh.responses.retrieve(response_id).id == response_id for response_id in ids)
+
+    await trio.to_thread.run_sync(create_then_retrieve)
+    assert any("workers share their state in sqlite://" in line for line in serve.log)

@@ -143,6 +143,8 @@ def test_unknown_kinds_fail_listing_the_known_ones() -> None:
     with pytest.raises(UnknownStore, match=r"known: memory, postgres://\.\.\., postgresql://\.\.\., redis"):
         check_url("mongodb://db/x")
     check_url("sqlite:///var/lib/trio-direct/state.db")
+    with pytest.raises(UnknownStore, match="give the database file"):
+        check_url("sqlite://")
     assert redacted_url("postgresql://app:secret@db:5432/x") == "postgresql://app:***@db:5432/x"
 
 

@@ -825,6 +825,10 @@ async def run_frontend(
                 settings = PoolSettings.parse(config.served_model_name, config.model_path, config.kv_cache_block_size)
             except ValueError as error:
                 raise FleetError(str(error)) from None
+            try:
+                check_url(config.state_store or "memory")
+            except UnknownStore as error:
+                raise FleetError(str(error)) from None
             sources = engine_sources(config)
             static = [("engine-url", url) for url in config.engine_url]
             static += [("prefill-engine-url", url) for url in config.prefill_engine_url]
@@ -832,10 +836,6 @@ async def run_frontend(
                 urls = await start_mock_engines(config.mock_engines, config.mock_speedup, nursery)
                 static = [("engine-url", url) for url in urls]
             template = load_chat_template(Path(config.chat_template)) if config.chat_template else None
-            try:
-                check_url(config.state_store or "memory")
-            except (UnknownStore, ValueError) as error:
-                raise FleetError(str(error)) from None
             state: StateStore = await nursery.start(_hold_state_store, config)
             frontend = Frontend(config, state=state)
             tracing.configure(config.otlp_traces_endpoint)

@@ -64,6 +64,8 @@ def scheme_of(url: str) -> str:
 def check_url(url: str) -> None:
     """`UnknownStore` unless a backend serves `url` (checked at start-up, before anything runs)."""
     scheme = scheme_of(url)
+    if scheme == "sqlite" and not url.split("://", 1)[-1]:
+        raise UnknownStore(f"--state-store {url!r}: give the database file, as sqlite:///PATH")
     if scheme not in BACKENDS:
         raise UnknownStore(
             f"--state-store {redacted_url(url)!r}: unknown kind {scheme!r}; known: "
