@@ -1,6 +1,6 @@
 """Two `trio-direct serve --workers 2` processes on one state store, for each backend: a response
 stored through one is continued, retrieved and deleted through the other; an engine added through
-one's admin API is routed to by the other; the database stopped and started mid-run (errors while
+one's admin API is routed to by the other, and drained by both when the other removes it; the database stopped and started mid-run (errors while
 it is down, full service after, nothing acknowledged lost).
 
 Every request goes over a new connection, so that each lands on any worker of its process."""
@@ -151,6 +151,22 @@ async def test_two_frontends_share_responses_and_the_fleet_and_survive_a_databas
     await trio.to_thread.run_sync(chat_through_second)
     async with open_asyncio_loop():  # the engine client's transport runs on asyncio
         assert (await engine_accounting(added.url))["started"] > 0
+
+    # removed through the second frontend (by its own id for the engine): drained by the first too
+    async with httpx.AsyncClient(timeout=30, headers=admin) as http:
+        listing = (await http.get(second.base + "/admin/engines")).json()["data"]
+        [engine_id] = [e["id"] for e in listing if e["url"] == added.url]
+        assert (await http.delete(f"{second.base}/admin/engines/{engine_id}")).status_code == 200
+
+        async def excluded_by_first() -> bool:
+            async with httpx.AsyncClient(timeout=30, headers=admin) as fresh:
+                body = (await fresh.get(first.base + "/admin/engines")).json()
+            serving = [e for e in body["data"] if e["url"] == added.url and e["state"] == "serving"]
+            return added.url in body["excluded"] and not serving
+
+        with trio.fail_after(60):
+            while not all([await excluded_by_first() for _ in range(6)]):
+                await trio.sleep(0.2)
 
     if server is None:
         return  # SQLite lives in the frontends' host: there is no database server to restart
