@@ -351,6 +351,11 @@ async def supervise(config: ServeConfig) -> int:
                 shared_state = tempfile.mkdtemp(prefix="trio-direct-state-")
                 child = replace(child, state_store=f"sqlite://{shared_state}/state.db")
                 log.info("workers share their state in %s for this run (--state-store keeps it)", child.state_store)
+            elif config.state_store.strip().lower() == "memory":
+                log.warning(
+                    "--state-store memory with %d workers: each worker keeps its own stored responses and admin "
+                    "changes, and answers only for those", config.workers,
+                )  # fmt: skip
             if child.load_poll_interval != config.load_poll_interval:
                 log.info(
                     "kv routing with %d workers: polling engine load every %gs (--load-poll-interval) so each "
