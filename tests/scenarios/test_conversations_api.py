@@ -4,6 +4,7 @@ affected."""
 
 from __future__ import annotations
 
+import httpx
 import openai
 import pytest
 import trio
@@ -96,3 +97,11 @@ async def test_a_state_store_that_is_down_fails_only_the_requests_that_need_it(a
         client.close()
 
     await trio.to_thread.run_sync(use_client)
+    async with httpx.AsyncClient(base_url=fleet.base, timeout=30) as http:
+        scraped = (await http.get("/metrics")).text
+    [count] = [
+        line.split()[-1]
+        for line in scraped.splitlines()
+        if line.startswith("trio_direct_state_store_unavailable_total")
+    ]
+    assert float(count) >= 4  # each request that needed the store

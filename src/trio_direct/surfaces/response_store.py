@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
+from trio_direct import metrics
 from trio_direct.openai import errors
 from trio_direct.openai.errors import OpenAIError
 from trio_direct.state.store import EntryTooLarge, StateStore, StoreUnavailable
@@ -60,6 +61,7 @@ _decode_record = msgspec.msgpack.Decoder(StoredResponse).decode
 def unavailable(error: StoreUnavailable) -> OpenAIError:
     """The 503 a request that needs the state store gets while it is down."""
     log.warning("state store unavailable: %s", error)
+    metrics.STATE_STORE_UNAVAILABLE.inc()
     return errors.service_unavailable("The state store is unavailable; try again shortly.")
 
 
