@@ -86,6 +86,8 @@ async def test_a_state_store_that_is_down_fails_only_the_requests_that_need_it(a
         # streamed: the stream ends with an error event, not `response.completed`
         events = list(client.responses.create(model=fleet.model, input="Tell me the riddle answer", stream=True))
         assert events[-1].type == "response.failed" and not any(e.type == "response.completed" for e in events)
+        assert [e.sequence_number for e in events] == list(range(len(events)))
+        assert events[-3].type == "response.output_item.done" and events[-2].type == "error"
         # what needs no store is served as ever
         unstored = client.responses.create(model=fleet.model, input="Tell me the riddle answer", store=False)
         assert unstored.output_text == "A piano."

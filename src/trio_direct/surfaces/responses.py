@@ -390,7 +390,9 @@ class ResponsesRenderer:
     `response` object. `on_finished` gets the finished response before it goes out, so that it can
     be retrieved as soon as the client has it."""
 
-    __slots__ = ("_blocks", "_fields", "_finish", "_ids", "_on_finished", "_opening", "_plan", "_sequence", "_status")
+    __slots__ = (
+        "_blocks", "_fields", "_finish", "_ids", "_on_finished", "_opening", "_plan", "_sequence", "_status", "_unsent",
+    )  # fmt: skip
 
     def __init__(self, plan: RequestPlan, fields: dict[str, Any], *, on_finished: OnFinished | None = None) -> None:
         self._plan = plan
@@ -403,6 +405,9 @@ class ResponsesRenderer:
         #: The status each output item closed with.
         self._status: dict[int, str] = {}
         self._ids: dict[int, str] = {}
+        #: After `closing`: its items' last events and the sequence number its end event took, in
+        #: case that end is not sent after all (the store refused the response: `failure` follows).
+        self._unsent: tuple[bytes, int] | None = None
 
     # -- the response object --
 
@@ -528,13 +533,20 @@ class ResponsesRenderer:
         response = self._response(status, self._final_output(blocks), usage)
         if self._on_finished is not None:
             self._on_finished(objects.encode(response), blocks)
+        self._unsent = (tail, self._sequence)
         return tail + self._event(f"response.{status}", response=response)
 
     def failure(self, error: OpenAIError) -> bytes:
+        head = b""
+        if self._unsent is not None:  # the closing was rendered but not sent: its items still end
+            head, self._sequence = self._unsent
+            self._unsent = None
         response = self._response("failed", self._final_output(self._blocks.blocks), self._plan.usage(), error)
-        return self._event(
-            "error", code=error.code or error.type, message=error.message, param=error.param
-        ) + self._event("response.failed", response=response)
+        return (
+            head
+            + self._event("error", code=error.code or error.type, message=error.message, param=error.param)
+            + self._event("response.failed", response=response)
+        )
 
     # -- one body --
 
