@@ -7,7 +7,7 @@ transaction in a worker thread (`ThreadRunner`), bounded by the store's timeout:
 - SQLite: one connection per process, in WAL mode (readers never wait for the writer; every
   ``--workers`` process of a host opens the same file), ``synchronous=FULL`` so that what a
   response acknowledged survives a power cut, a busy timeout for the other processes' writes, and
-  ``BEGIN IMMEDIATE`` for read-modify-write calls (slots).
+  ``BEGIN IMMEDIATE`` for every call that writes (reads take no lock).
 - PostgreSQL: psycopg 3 with a `psycopg_pool.ConnectionPool` (each connection checked before use,
   so a restarted server costs no failed call), ``statement_timeout`` and ``connect_timeout`` set to
   the store's timeout; slots take a transaction-scoped advisory lock on their key.
@@ -79,8 +79,9 @@ class Dialect:
     def sql(self, text: str) -> str:
         return text
 
-    def connection(self) -> AbstractContextManager[Any]:
-        """A connection in a transaction, committed on a clean exit, rolled back on an error."""
+    def connection(self, write: bool = True) -> AbstractContextManager[Any]:
+        """A connection in a transaction, committed on a clean exit, rolled back on an error;
+        `write`: the transaction writes (SQLite takes the file's write lock at once)."""
         raise NotImplementedError
 
     def lock(self, cursor: Any, key: str) -> None:
@@ -109,14 +110,14 @@ class SqlStore:
 
     # ---- plumbing -----------------------------------------------------------------------------------
 
-    async def _call(self, work: Callable[[Any, float], T]) -> T:
+    async def _call(self, work: Callable[[Any, float], T], *, write: bool = True) -> T:
         """Run `work(cursor, now)` in one transaction in a thread (migrating first if not done yet)."""
         migrate = not self._migrated
 
         def transaction() -> T:
             if migrate:
                 self._migrate()
-            with self.dialect.connection() as connection:
+            with self.dialect.connection(write) as connection:
                 cursor = connection.cursor()
                 return work(cursor, time.time())
 
@@ -166,7 +167,7 @@ class SqlStore:
     # ---- StateStore ---------------------------------------------------------------------------------
 
     async def ping(self) -> None:
-        await self._call(lambda cursor, now: self._execute(cursor, "SELECT 1").fetchone())
+        await self._call(lambda cursor, now: self._execute(cursor, "SELECT 1").fetchone(), write=False)
 
     async def get(self, key: str) -> bytes | None:
         def work(cursor: Any, now: float) -> bytes | None:
@@ -175,7 +176,7 @@ class SqlStore:
             ).fetchone()
             return bytes(row[0]) if row is not None else None
 
-        return await self._call(work)
+        return await self._call(work, write=False)
 
     async def put(self, key: str, value: bytes, *, ttl: float | None = STORE_TTL) -> None:
         check_size(self.settings, value)
@@ -231,7 +232,7 @@ class SqlStore:
             ).fetchall()
             return [(item_id, bytes(value)) for item_id, value in rows]
 
-        return await self._call(work)
+        return await self._call(work, write=False)
 
     async def delete_item(self, key: str, item_id: str) -> bool:
         def work(cursor: Any, now: float) -> bool:
@@ -309,10 +310,10 @@ class SqliteDialect(Dialect):
         return self._connection
 
     @contextmanager
-    def connection(self) -> Iterator[Any]:
+    def connection(self, write: bool = True) -> Iterator[Any]:
         with self._lock:
             connection = self._connect()
-            connection.execute("BEGIN IMMEDIATE")
+            connection.execute("BEGIN IMMEDIATE" if write else "BEGIN")
             try:
                 yield connection
             except BaseException:
@@ -364,7 +365,7 @@ class PostgresDialect(Dialect):
         return text.replace("?", "%s")
 
     @contextmanager
-    def connection(self) -> Iterator[Any]:
+    def connection(self, write: bool = True) -> Iterator[Any]:
         with self.pool.connection(timeout=self.timeout) as connection:
             yield connection
 
