@@ -208,7 +208,7 @@ _HELP = {
     "answered but not stored",
     "state_store_timeout": "seconds one state store call may take; then the request that needed it gets 503",
     "fleet_sync_interval": "seconds between reads of the admin API's engines from the state store (each "
-    "frontend follows the engines added or removed through any other)",
+    "frontend follows the engines added or removed through any other; 0 = only at start-up)",
 }
 _CHOICES = {
     "engine_api": ("auto", "native", "smg"),

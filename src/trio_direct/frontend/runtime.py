@@ -861,7 +861,8 @@ async def run_frontend(
             shared = frontend.shared_admin = SharedAdmin(state, membership, config.fleet_sync_interval)
             with suppress(StoreUnavailable):
                 await shared.sync_once()
-            nursery.start_soon(shared.run)
+            if config.fleet_sync_interval > 0:
+                nursery.start_soon(shared.run)
             grace = config.discovery_interval if config.discovery_grace is None else config.discovery_grace
             for source in sources:
                 membership.add_source(source.state(grace))
