@@ -829,6 +829,8 @@ async def run_frontend(
                 check_url(config.state_store or "memory")
             except UnknownStore as error:
                 raise FleetError(str(error)) from None
+            if not (config.state_store_timeout > 0 and config.state_store_max_entry_bytes > 0):
+                raise FleetError("--state-store-timeout and --state-store-max-entry-bytes must be > 0")
             sources = engine_sources(config)
             static = [("engine-url", url) for url in config.engine_url]
             static += [("prefill-engine-url", url) for url in config.prefill_engine_url]
