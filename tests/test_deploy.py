@@ -106,7 +106,7 @@ def test_the_frontend_finds_the_engines_tokenizer_by_model_id():
     assert env["HF_HOME"]["value"] in mounts
 
 
-@pytest.mark.parametrize("name", ["sglang", "trio-direct"])
+@pytest.mark.parametrize("name", ["sglang", "trio-direct", "trio-direct-state"])
 def test_each_service_selects_its_deployment_s_pods_and_named_ports(name):
     service, deployment = find("Service", name), find("Deployment", name)
     labels = deployment["spec"]["template"]["metadata"]["labels"]
@@ -173,3 +173,15 @@ def test_the_dockerfile_builds_from_python_slim_installs_the_package_and_serves_
     assert serve_config(yaml.safe_load(cmd)).engine_dns  # the default command follows a DNS name
     copied = [path for instruction, rest in instructions if instruction == "COPY" for path in shlex.split(rest)[:-1]]
     assert copied and all((ROOT / path).exists() for path in copied)
+
+
+def test_the_replicas_share_the_state_store_that_the_manifests_run():
+    env = {e["name"]: e.get("value") for e in container(find("Deployment", "trio-direct")).get("env", [])}
+    url = env["TRIO_DIRECT_STATE_STORE"]
+    assert url.startswith("redis://trio-direct-state.llm.svc.cluster.local:")
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    service = find("Service", "trio-direct-state")
+    assert port in [p["port"] for p in service["spec"]["ports"]]
+    redis = container(find("Deployment", "trio-direct-state"))
+    assert redis["args"][:2] == ["--appendonly", "yes"]  # what was acknowledged survives a restart
+    assert find("Deployment", "trio-direct-state")["spec"]["replicas"] == 1

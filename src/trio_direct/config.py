@@ -93,12 +93,18 @@ class ServeConfig:
     default_max_tokens: int | None = None
     access_log: bool = True
     log_format: str = "text"
+    state_store: str = ""
+    state_store_ttl: float = 30 * 24 * 3600.0
+    state_store_max_entry_bytes: int = 16 * 1024 * 1024
+    state_store_timeout: float = 5.0
+    fleet_sync_interval: float = 2.0
 
 
 _HELP = {
     "host": "address to listen on",
     "port": "port to listen on",
-    "workers": "frontend processes serving the port, each with its own routing state (see docs/operations.md)",
+    "workers": "frontend processes serving the port, each with its own routing state, sharing the state store "
+    "(see docs/operations.md)",
     "engine_url": "gRPC address of an SGLang engine (http://, grpc:// or host:port); repeat for more. "
     "None: start built-in mock engines",
     "prefill_engine_url": "an engine expected to be a prefill engine (checked against its probe); repeat for more",
@@ -189,9 +195,9 @@ _HELP = {
     "engines as given). The frontend then reaches any host a client names: enable it only where that is safe (SSRF)",
     "image_fetch_timeout": "with --allow-image-fetch: seconds one image may take to fetch",
     "image_fetch_max_bytes": "with --allow-image-fetch: largest image fetched",
-    "responses_store_max_items": "Responses API: stored responses kept for previous_response_id and GET, "
-    "least recently used evicted first (0 = store nothing; per process, see docs/api.md)",
-    "responses_store_max_bytes": "Responses API: bound on the stored responses' JSON, all together (LRU eviction)",
+    "responses_store_max_items": "with the memory state store: entries kept (stored responses, conversations), "
+    "oldest written evicted first",
+    "responses_store_max_bytes": "with the memory state store: bound on all entries' bytes together",
     "gc_full_collection_growth": "run a full garbage-collector pass when the heap grew by this fraction since the last "
     "one, like Go's GOGC/100 (0 = CPython's own schedule, which stalls every stream for a full pass every few "
     "seconds under load; see docs/operations.md)",
@@ -203,6 +209,16 @@ _HELP = {
     "access_log": "log one line per request at info: method, path, status, duration, request id, model, engine and "
     "tokens (--no-access-log: off)",
     "log_format": "text (one line per record) or json (one JSON object per line, for log collectors)",
+    "state_store": "where stored responses, conversations and the admin API's engines live, shared by every "
+    "process that names the same store: memory, sqlite:///PATH (one host; WAL), postgresql://USER:PASS@HOST/DB or "
+    "redis://HOST:PORT/DB (several hosts). Empty: memory for one process, a SQLite file shared by the --workers "
+    "of one serve for its lifetime (see docs/operations.md, State)",
+    "state_store_ttl": "seconds a stored response or conversation is kept after its last write (0 = for ever)",
+    "state_store_max_entry_bytes": "largest stored response, conversation item or entry; a larger response is "
+    "answered but not stored",
+    "state_store_timeout": "seconds one state store call may take; then the request that needed it gets 503",
+    "fleet_sync_interval": "seconds between reads of the admin API's engines from the state store (each "
+    "frontend follows the engines added or removed through any other; 0 = only at start-up)",
 }
 _CHOICES = {
     "engine_api": ("auto", "native", "smg"),

@@ -107,6 +107,10 @@ GC_FULL_COLLECTIONS = Counter(
     "trio_direct_gc_full_collections", "Full garbage-collector passes run on heap growth (frontend/gc_policy.py)",
     registry=REGISTRY,
 )  # fmt: skip
+STATE_STORE_UNAVAILABLE = Counter(
+    "trio_direct_state_store_unavailable", "Requests answered 503 because the state store (--state-store) did not "
+    "answer within --state-store-timeout or failed", registry=REGISTRY,
+)  # fmt: skip
 
 
 class FrontendCollector(Collector):

@@ -44,3 +44,19 @@ def test_the_table_is_bounded_and_expired_sessions_leave_as_new_ones_come():
 def test_a_ttl_must_be_positive(ttl):
     with pytest.raises(ValueError):
         SessionAffinity(ttl)
+
+
+def test_a_new_session_picks_the_same_engine_on_every_frontend_and_moves_only_when_its_engine_leaves():
+    from trio_direct.routing.affinity import rendezvous_choice
+
+    engines = [f"10.0.0.{i}:30000/None" for i in range(4)]
+    sessions = [f"chat-{i}" for i in range(200)]
+    chosen = {s: engines[rendezvous_choice(s, engines)] for s in sessions}
+    # another frontend lists the engines in another order: the same engine for every session
+    assert all(engines[::-1][rendezvous_choice(s, engines[::-1])] == chosen[s] for s in sessions)
+    assert len(set(chosen.values())) == 4  # sessions spread over every engine
+    left = engines[1:]
+    for s in sessions:
+        after = left[rendezvous_choice(s, left)]
+        assert after == chosen[s] or chosen[s] == engines[0]  # only the leaving engine's sessions move
+    assert rendezvous_choice("chat", []) == -1

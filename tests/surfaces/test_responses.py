@@ -294,7 +294,7 @@ async def test_a_forced_function_is_guided_decoding_of_its_parameters(tiny_model
         ({"max_output_tokens": 0}, "max_output_tokens"),
         ({"temperature": "hot"}, "temperature"),
         ({"background": True}, "background"),
-        ({"conversation": "conv_1"}, "conversation"),
+        ({"conversation": "conv_1", "previous_response_id": "resp_1"}, "conversation"),
         ({"truncation": "auto"}, "truncation"),
         ({"metadata": {str(i): "v" for i in range(17)}}, "metadata"),
         ({"reasoning": {"effort": "extreme"}}, "reasoning.effort"),

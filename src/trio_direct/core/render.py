@@ -12,7 +12,7 @@ headers) is done once every engine request is on the wire, while the engines com
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import Protocol
 
@@ -127,12 +127,16 @@ async def stream_response(
     *,
     started: float,
     cutter: StreamCutter,
+    settle: Callable[[], Awaitable[None]] | None = None,
 ) -> None:
     """Dispatch `plan` and stream what `renderer` makes of its events.
 
     Failures before the headers went out (no engine, an engine that refused the request) raise
     `OpenAIError`, for the HTTP layer to answer with a status; after that, the stream ends with the
     renderer's `failure`. `started` is the request's arrival (`time.perf_counter()`), for TTFT.
+    `settle` runs after a successful end was rendered and before it is written (a stored response
+    is stored before the client is told it completed); an `OpenAIError` from it ends the stream
+    with that failure instead.
     """
     failure: OpenAIError | None = None
     headers_sent = False
@@ -207,7 +211,16 @@ async def stream_response(
             raise _shutdown_error(cutter)
         failure = failure or _shutdown_error(cutter)
     _count_tokens(plan)
-    await write(renderer.failure(failure) if failure is not None else renderer.closing(plan.usage()))
+    if failure is not None:
+        await write(renderer.failure(failure))
+    else:
+        closing = renderer.closing(plan.usage())
+        if settle is not None:
+            try:
+                await settle()
+            except OpenAIError as error:
+                closing = renderer.failure(error)
+        await write(closing)
     await writer.end()
 
 

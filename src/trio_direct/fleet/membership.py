@@ -158,6 +158,19 @@ class Membership:
     def member(self, engine_id: str) -> Member | None:
         return next((m for m in self.members() if m.id == engine_id), None)
 
+    def member_at(self, address: Address) -> Member | None:
+        """The engine wanted at `address` (not one draining there)."""
+        return self._members.get(address)
+
+    def admin_state(self, address: Address) -> Literal["added", "removed"] | None:
+        """What the admin API last did to `address` here: removed it (sources keep it out), added
+        it (it wants it), or nothing."""
+        if address in self._excluded:
+            return "removed"
+        if ADMIN in self._wanted.get(address, {}):
+            return "added"
+        return None
+
     @property
     def excluded(self) -> list[str]:
         """URLs of engines the admin API removed, which sources do not bring back."""

@@ -20,6 +20,7 @@ import gc
 import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import suppress
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -41,6 +42,7 @@ from trio_direct.fleet.health import EngineHealth
 from trio_direct.fleet.membership import Member, Membership
 from trio_direct.fleet.pool_settings import PoolSettings
 from trio_direct.fleet.probe import ProbedEngine
+from trio_direct.fleet.shared_admin import SharedAdmin
 from trio_direct.fleet.sources import (
     DnsResolver,
     DnsSource,
@@ -65,7 +67,15 @@ from trio_direct.routing.block_hash import RoutingKey
 from trio_direct.routing.busy import UNLIMITED, BusyThreshold, EngineLoads
 from trio_direct.routing.kv_routing import LOAD_MODES, KvRouting
 from trio_direct.routing.policy import Candidates, Route, RoutingPolicy
-from trio_direct.surfaces.response_store import ResponseStore
+from trio_direct.state.memory import MemoryStore
+from trio_direct.state.store import (
+    StateStore,
+    StoreSettings,
+    StoreUnavailable,
+    UnknownStore,
+    check_url,
+    open_state_store,
+)
 from trio_direct.text.chat_template import ChatTemplateError, load_chat_template, render_chat
 from trio_direct.text.harmony import harmony_encoding, is_harmony_model
 from trio_direct.text.tokenizer import ModelTokenizer, TokenizerLoadError
@@ -81,7 +91,11 @@ class Frontend:
     """
 
     def __init__(
-        self, config: ServeConfig, pools: Sequence[ModelPool] = (), membership: Membership | None = None
+        self,
+        config: ServeConfig,
+        pools: Sequence[ModelPool] = (),
+        membership: Membership | None = None,
+        state: StateStore | None = None,
     ) -> None:
         self.config = config
         self._pools = {pool.name: pool for pool in pools}
@@ -90,8 +104,11 @@ class Frontend:
         self.cutter = StreamCutter()
         #: Set once a shutdown began: readiness (`/health`) answers 503 so load balancers move on.
         self.draining = False
-        #: The Responses API's stored responses (`store: true`), for `previous_response_id` and GET.
-        self.responses = ResponseStore(config.responses_store_max_items, config.responses_store_max_bytes)
+        #: The admin API's engine changes, recorded in `state` and followed from it (set by `run_frontend`).
+        self.shared_admin: SharedAdmin | None = None
+        #: What this frontend shares with every other on the same `--state-store`: stored responses,
+        #: conversations, the admin API's engines (`state.store`).
+        self.state: StateStore = state if state is not None else MemoryStore(store_settings(config))
 
     def pools(self) -> list[ModelPool]:
         return list(self._pools.values())
@@ -250,7 +267,9 @@ class ModelPool:
             aggregated = busy.prefer_idle(aggregated, routing_key)
             prefill = busy.prefer_idle(prefill, routing_key)
             decode = busy.prefer_idle(decode, routing_key)
-        return Candidates(aggregated, prefill, decode, key=routing_key, disaggregated=self.disaggregated)
+        return Candidates(
+            aggregated, prefill, decode, key=routing_key, disaggregated=self.disaggregated, name=worker_name
+        )
 
     def healthy(self) -> bool:
         return self.routing.can_route(self.candidates())
@@ -405,8 +424,26 @@ def read_model_config(directory: Path) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+def store_settings(config: ServeConfig) -> StoreSettings:
+    """The state store's settings from the `--state-store-*` flags (and, for `memory`, the bounds
+    of `--responses-store-max-items` and `--responses-store-max-bytes`)."""
+    return StoreSettings(
+        ttl=config.state_store_ttl,
+        max_entry_bytes=config.state_store_max_entry_bytes,
+        timeout=config.state_store_timeout,
+        memory_max_bytes=config.responses_store_max_bytes,
+        memory_max_entries=config.responses_store_max_items,
+    )
+
+
 def routing_key(worker: Worker) -> RoutingKey:
     return RoutingKey(worker.engine.id, worker.dp_rank)
+
+
+def worker_name(worker: Worker) -> str:
+    """A worker as every frontend names it (engine ids are each frontend's own): address and rank."""
+    card = worker.engine.card
+    return f"{card.host.lower()}:{card.port}/{worker.dp_rank}"
 
 
 #: Longest session key kept; longer ones are used by their first characters only.
@@ -807,6 +844,12 @@ async def run_frontend(
                 settings = PoolSettings.parse(config.served_model_name, config.model_path, config.kv_cache_block_size)
             except ValueError as error:
                 raise FleetError(str(error)) from None
+            try:
+                check_url(config.state_store or "memory")
+            except UnknownStore as error:
+                raise FleetError(str(error)) from None
+            if not (config.state_store_timeout > 0 and config.state_store_max_entry_bytes > 0):
+                raise FleetError("--state-store-timeout and --state-store-max-entry-bytes must be > 0")
             sources = engine_sources(config)
             static = [("engine-url", url) for url in config.engine_url]
             static += [("prefill-engine-url", url) for url in config.prefill_engine_url]
@@ -814,7 +857,8 @@ async def run_frontend(
                 urls = await start_mock_engines(config.mock_engines, config.mock_speedup, nursery)
                 static = [("engine-url", url) for url in urls]
             template = load_chat_template(Path(config.chat_template)) if config.chat_template else None
-            frontend = Frontend(config)
+            state: StateStore = await nursery.start(_hold_state_store, config)
+            frontend = Frontend(config, state=state)
             tracing.configure(config.otlp_traces_endpoint)
             # One watch over every pool's streams and engine calls (SSE keep-alives, hung engines).
             watch = StreamWatch(keepalive=config.sse_keepalive, stall_timeout=config.stream_idle_timeout)
@@ -834,6 +878,12 @@ async def run_frontend(
             await nursery.start(membership.run)
             if static:
                 await _start_static_engines(config, static, channels, pools, membership)
+            # The admin API's engines, shared by every frontend on the store: follow them from now on.
+            shared = frontend.shared_admin = SharedAdmin(state, membership, config.fleet_sync_interval)
+            with suppress(StoreUnavailable):
+                await shared.sync_once()
+            if config.fleet_sync_interval > 0:
+                nursery.start_soon(shared.run)
             grace = config.discovery_interval if config.discovery_grace is None else config.discovery_grace
             for source in sources:
                 membership.add_source(source.state(grace))
@@ -855,6 +905,15 @@ async def run_frontend(
         finally:
             channels.close()
             nursery.cancel_scope.cancel()
+
+
+async def _hold_state_store(config: ServeConfig, *, task_status: trio.TaskStatus[StateStore]) -> None:
+    """Open `--state-store` and keep it open until cancelled."""
+    url = config.state_store or "memory"
+    async with open_state_store(url, store_settings(config)) as store:
+        log.info("state store: %s", store.url)
+        task_status.started(store)
+        await trio.sleep_forever()
 
 
 async def _start_static_engines(

@@ -3,8 +3,10 @@
 The supervisor binds `--host/--port` once (port 0 allowed), then runs N `trio-direct serve` children
 that inherit the listening socket (served as hypercorn's ``fd://`` bind): the kernel hands each new
 connection to whichever child accepts it first, on every platform and with port 0. Each child is a
-complete frontend with its own fleet view, health checks and KV index (from the engines' events);
-in kv mode it learns the load the other children put on the engines from `GetLoad` polling.
+complete frontend with its own health checks and KV index (from the engines' events); in kv mode
+it learns the load the other children put on the engines from `GetLoad` polling. Stored responses,
+conversations and the admin API's engine changes are shared through the state store: the one
+`--state-store` names, else a SQLite file in a temporary directory for this run.
 
 Each child gets a control socket (a socketpair end). The child writes ``ready`` on it once it
 accepts connections, and reads it until end-of-file: EOF means "drain and exit", whether the
@@ -23,9 +25,11 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 from collections.abc import Mapping
 from contextlib import suppress
 from dataclasses import dataclass, fields, replace
@@ -333,6 +337,7 @@ async def supervise(config: ServeConfig) -> int:
         reason = error.strerror or error
         print(f"trio-direct serve: error: cannot listen on {config.host}:{config.port}: {reason}", file=sys.stderr)
         return 2  # as with one worker: a setting to fix, found before anything started
+    shared_state: str | None = None
     try:
         log.info("listening on %s; starting %d workers", http_address(listener), config.workers)
         async with open_asyncio_loop(), trio.open_nursery() as nursery:
@@ -341,11 +346,16 @@ async def supervise(config: ServeConfig) -> int:
                 # One fleet for all children: the supervisor runs the built-in mock engines.
                 mocks = await start_mock_engines(config.mock_engines, config.mock_speedup, nursery)
             child = worker_config(config, mocks)
-            if config.admin_api_key:
+            if not config.state_store:
+                # The workers share stored responses and admin changes through one SQLite file,
+                # for as long as this serve runs (name one with --state-store to keep them).
+                shared_state = tempfile.mkdtemp(prefix="trio-direct-state-")
+                child = replace(child, state_store=f"sqlite://{shared_state}/state.db")
+                log.info("workers share their state in %s for this run (--state-store keeps it)", child.state_store)
+            elif config.state_store.strip().lower() == "memory":
                 log.warning(
-                    "--admin-api-key with %d workers: each worker has a fleet of its own; the admin API answers for "
-                    "the worker that takes the connection and changes only its fleet (change every worker's with "
-                    "--engine-file or --engine-dns)", config.workers,
+                    "--state-store memory with %d workers: each worker keeps its own stored responses and admin "
+                    "changes, and answers only for those", config.workers,
                 )  # fmt: skip
             if child.load_poll_interval != config.load_poll_interval:
                 log.info(
@@ -357,6 +367,8 @@ async def supervise(config: ServeConfig) -> int:
             return status
     finally:
         listener.close()
+        if shared_state is not None:
+            shutil.rmtree(shared_state, ignore_errors=True)
 
 
 __all__ = [

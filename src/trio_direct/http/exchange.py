@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs
 
 import msgspec
 import trio
@@ -162,8 +163,16 @@ class Exchange:
         await self.start(status, head)
         await self.end(payload)
 
-    async def respond(self, pool: ModelPool, plan: RequestPlan, renderer: Renderer) -> None:
-        """Serve a planned generation once admitted: SSE events as they come, or one body at the end."""
+    async def respond(
+        self,
+        pool: ModelPool,
+        plan: RequestPlan,
+        renderer: Renderer,
+        *,
+        settle: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        """Serve a planned generation once admitted: SSE events as they come, or one body at the end.
+        `settle` runs once the output is complete, before its end is written (`stream_response`)."""
         priority = request_priority(self.body)
         if priority is not None:
             plan.priority = priority
@@ -174,10 +183,10 @@ class Exchange:
             trace.planned()
         await self.admit(pool, priority, trace)
         if trace is None:
-            await self._respond(pool, plan, renderer)
+            await self._respond(pool, plan, renderer, settle)
         else:
             with trace.child("response", stream=plan.stream):
-                await self._respond(pool, plan, renderer)
+                await self._respond(pool, plan, renderer, settle)
 
     async def admit(self, pool: ModelPool, priority: int | None = None, trace: Any = None) -> None:
         """Wait for this request's turn (`core.admission`): a slot, and an engine of `pool` below
@@ -192,14 +201,27 @@ class Exchange:
         with trace.child("queue", priority=priority or 0):
             await admission.admit(ticket, priority, pool)
 
-    async def _respond(self, pool: ModelPool, plan: RequestPlan, renderer: Renderer) -> None:
+    async def _respond(
+        self,
+        pool: ModelPool,
+        plan: RequestPlan,
+        renderer: Renderer,
+        settle: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
         cutter = self.frontend.cutter
         if plan.stream:
-            await stream_response(pool, plan, renderer, self, started=self.started, cutter=cutter)
+            await stream_response(pool, plan, renderer, self, started=self.started, cutter=cutter, settle=settle)
             return
         body = await unary_response(pool, plan, renderer, cutter=cutter)
         metrics.TTFT.labels(plan.model).observe(time.perf_counter() - self.started)
+        if settle is not None:
+            await settle()
         await self.json(200, body)
+
+    def query(self, name: str) -> str | None:
+        """The first value of query parameter `name`, if given."""
+        values = parse_qs(self.scope.get("query_string", b"").decode("latin-1")).get(name)
+        return values[0] if values else None
 
 
 async def _shielded_last(send: Send, message: dict[str, Any]) -> None:

@@ -3,7 +3,7 @@
 `decode_responses_request` turns body bytes into a `ResponsesRequest` and rejects, with an OpenAI
 400 naming the `param` (``input[2].content[0].type``), anything malformed or out of range, and every
 Responses feature this text-only server cannot honour (hosted tools, images and files, background
-mode, server-side conversations, ``truncation: "auto"``, ...), rather than dropping it. Unknown keys
+mode, ``truncation: "auto"``, ...), rather than dropping it. Unknown keys
 are ignored as OpenAI does. Accepted and without effect: `include` (there is no encrypted reasoning
 to include), `reasoning.summary` (reasoning is whatever the model writes, split out by the reasoning
 parser), `prompt_cache_key`, `service_tier`, `stream_options`, `text.verbosity`.
@@ -29,6 +29,8 @@ __all__ = [
     "MessageItem",
     "ReasoningItem",
     "ResponsesRequest",
+    "check_metadata",
+    "decode_items",
     "decode_responses_request",
 ]
 
@@ -167,6 +169,10 @@ class ReasoningConfig(msgspec.Struct, kw_only=True):
 # The request
 
 
+class ConversationRef(msgspec.Struct, kw_only=True):
+    id: str
+
+
 class ResponsesRequest(SGLangExtensions, kw_only=True):
     """`POST /v1/responses`."""
 
@@ -186,6 +192,9 @@ class ResponsesRequest(SGLangExtensions, kw_only=True):
     store: bool = True
     stream: bool = False
     previous_response_id: str | None = None
+    #: A conversation (``/v1/conversations``) whose items precede this input, and which this
+    #: response's input and output items are appended to.
+    conversation: str | ConversationRef | None = None
     truncation: Literal["auto", "disabled"] | None = None
     top_logprobs: int | None = None
     include: list[str] | None = None
@@ -199,7 +208,6 @@ class ResponsesRequest(SGLangExtensions, kw_only=True):
 #: Responses features that need capabilities this server does not have: refused, never dropped.
 _UNSUPPORTED = {
     "background": "'background' mode is not supported: responses are served while the client waits.",
-    "conversation": "'conversation' (server-side conversations) is not supported; use 'previous_response_id'.",
     "prompt": "'prompt' (stored prompt templates) is not supported.",
     "max_tool_calls": "'max_tool_calls' is not supported (no hosted tools run here).",
 }
@@ -263,6 +271,10 @@ def _check(request: ResponsesRequest) -> None:
             f"but got {request.max_output_tokens}.",
             param="max_output_tokens",
         )
+    if request.conversation is not None and request.previous_response_id is not None:
+        raise invalid_request(
+            "'previous_response_id' cannot be used together with 'conversation'.", param="conversation"
+        )
     if request.truncation == "auto":
         raise invalid_request(
             "'truncation: auto' is not supported: a conversation that does not fit the context is refused.",
@@ -300,6 +312,37 @@ def _check_item(item: InputItem, param: str) -> None:
                         param=f"{param}.{field}[{j}].type",
                         code="unsupported_parameter",
                     )
+
+
+def decode_items(raw: Any, param: str) -> list[InputItem]:
+    """Items a client sends outside `input` (a conversation's `items`), checked as input items are."""
+    if not isinstance(raw, list):
+        raise invalid_request(f"Invalid type for '{param}': expected an array of items.", param=param)
+    raw = [
+        {**item, "type": "message"} if isinstance(item, dict) and "type" not in item and "role" in item else item
+        for item in raw
+    ]
+    try:
+        items = msgspec.convert(raw, list[InputItem])
+    except msgspec.ValidationError as exc:
+        raise validation_error(str(exc).replace("$", param, 1)) from None
+    except RecursionError:
+        raise invalid_request("The JSON body of your request is nested too deeply.") from None
+    for i, item in enumerate(items):
+        _check_item(item, f"{param}[{i}]")
+    return items
+
+
+def check_metadata(metadata: Any) -> dict[str, str]:
+    """`metadata` as OpenAI takes it (at most 16 string pairs, bounded lengths); {} for none."""
+    if metadata is None:
+        return {}
+    if not isinstance(metadata, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
+    ):
+        raise invalid_request("Invalid 'metadata': expected an object of string values.", param="metadata")
+    _check_metadata(metadata)
+    return metadata
 
 
 def _check_metadata(metadata: dict[str, str] | None) -> None:

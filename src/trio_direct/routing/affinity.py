@@ -10,6 +10,11 @@ session's last request (each request renews it). The caller decides when a pin i
 honoured (engine unhealthy, over its load threshold) and then records the new engine. Memory is
 bounded: past ``max_sessions`` the sessions idle longest go first.
 
+A session with no live pin (its first request, or one whose engine left) goes to its
+*rendezvous* engine (`rendezvous_choice`: the highest hash of session key and engine address among
+the engines offered), which every frontend computes alike: the workers of a host and the replicas
+of a deployment send one session to one engine without sharing the table.
+
 Sans-IO: the clock is injectable (``time.monotonic`` by default).
 """
 
@@ -17,9 +22,11 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 
-__all__ = ["DEFAULT_MAX_SESSIONS", "SessionAffinity"]
+import xxhash
+
+__all__ = ["DEFAULT_MAX_SESSIONS", "SessionAffinity", "rendezvous_choice"]
 
 DEFAULT_MAX_SESSIONS = 100_000
 
@@ -70,3 +77,15 @@ class SessionAffinity:
             if expiry > now:
                 break
             sessions.popitem(last=False)
+
+
+def rendezvous_choice(session: str, names: Sequence[str]) -> int:
+    """The index of `session`'s engine among `names` (stable engine names, e.g. addresses): the
+    highest hash of (session, name). The same on every frontend for the same names; when an engine
+    leaves, only its own sessions move (rendezvous hashing). -1 for no names."""
+    best, best_score = -1, -1
+    for index, name in enumerate(names):
+        score = xxhash.xxh3_64_intdigest(f"{session}\x00{name}".encode())
+        if score > best_score:
+            best, best_score = index, score
+    return best

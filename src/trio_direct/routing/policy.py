@@ -12,8 +12,9 @@ by prefix overlap and load, the decode pool by load; least-load and power-of-two
 
 A request with a session key (`SessionAffinity`) goes to the aggregated engine its session went
 to last, unless that engine is no longer offered (unhealthy) or is busy (`KvRouting.busy`: KV
-cache use over `--engine-busy-threshold`); then it is routed as any other and its session follows
-the new engine. Disaggregated requests are routed without affinity: their prefix lives with the
+cache use over `--engine-busy-threshold`); a session with no such engine goes to its rendezvous
+engine among those offered and not busy (`rendezvous_choice`, the same on every frontend), and
+its session follows it. Disaggregated requests are routed without affinity: their prefix lives with the
 prefill engine KV-aware routing picks.
 """
 
@@ -23,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from trio_direct.routing.affinity import SessionAffinity
+from trio_direct.routing.affinity import SessionAffinity, rendezvous_choice
 from trio_direct.routing.block_hash import RoutingKey
 from trio_direct.routing.kv_router import Decision
 from trio_direct.routing.kv_routing import KvRouting
@@ -44,6 +45,9 @@ class Candidates(Generic[W]):
     key: Callable[[W], RoutingKey]
     #: Prefill engines are configured (healthy or not): the fleet serves disaggregated.
     disaggregated: bool = False
+    #: A worker's name that every frontend gives it alike (its engine's address and rank), for the
+    #: sessions' rendezvous choice; None: `key`'s text.
+    name: Callable[[W], str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,12 +110,12 @@ class RoutingPolicy:
         aggregated = candidates.aggregated
         if not aggregated:
             raise NoWorkerAvailable("no healthy engine")
-        pinned = self._pinned(session_key, aggregated, candidates.key)
+        pinned, held = self._pinned(session_key, aggregated, candidates)
         if kv is not None:
             worker, decision = kv.choose(kv.router, aggregated, candidates.key, token_ids, request_id, pinned)
-            route = Route(worker, None, decision, sticky=pinned is not None)
+            route = Route(worker, None, decision, sticky=held)
         elif pinned is not None:
-            route = Route(next(w for w in aggregated if candidates.key(w) == pinned), None, sticky=True)
+            route = Route(next(w for w in aggregated if candidates.key(w) == pinned), None, sticky=held)
         else:
             route = Route(self._router.choose(aggregated), None)
         if session_key is not None and self.affinity is not None and request_id is not None:
@@ -119,17 +123,25 @@ class RoutingPolicy:
         return route
 
     def _pinned(
-        self, session_key: str | None, workers: Sequence[W], key: Callable[[W], RoutingKey]
-    ) -> RoutingKey | None:
-        """The engine the session sticks to, if it is offered and not busy."""
+        self, session_key: str | None, workers: Sequence[W], candidates: Candidates[W]
+    ) -> tuple[RoutingKey | None, bool]:
+        """(the session's engine, whether its pin held): the engine it sticks to, if offered and not
+        busy; else its rendezvous engine among the offered ones that are not busy (the same choice
+        on every frontend); (None, False) without a session or affinity."""
         if session_key is None or self.affinity is None:
-            return None
+            return None, False
+        key = candidates.key
         pinned = self.affinity.get(session_key)
-        if pinned is None or all(key(w) != pinned for w in workers):
-            return None
-        if self.kv is not None and isinstance(pinned, RoutingKey) and self.kv.busy(pinned):
-            return None
-        return pinned  # type: ignore[return-value]
+        if pinned is not None and any(key(w) == pinned for w in workers) and not self._busy(pinned):
+            return pinned, True  # type: ignore[return-value]
+        free = [w for w in workers if not self._busy(key(w))]
+        if not free:
+            return None, False
+        name = candidates.name or (lambda w: str(key(w)))
+        return key(free[rendezvous_choice(session_key, [name(w) for w in free])]), False
+
+    def _busy(self, pinned: object) -> bool:
+        return self.kv is not None and isinstance(pinned, RoutingKey) and self.kv.busy(pinned)
 
     def can_route(self, candidates: Candidates[W]) -> bool:
         """Whether `choose` would find a route now (health), recording nothing."""

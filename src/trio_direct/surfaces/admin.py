@@ -9,6 +9,9 @@
 - ``DELETE /admin/engines/{id}``: the engine drains and leaves; sources do not bring it back until it
   is added here again. 200 with its entry (``draining``).
 
+Changes are recorded in the state store and followed by every frontend sharing it (every worker,
+every replica: `fleet.shared_admin`); while the store is down they fail with 503 and change nothing.
+
 The HTTP layer checks the key (``Authorization: Bearer KEY``, in constant time) and answers 404 for
 these paths when no key is set; errors are in OpenAI's envelope.
 """
@@ -21,6 +24,8 @@ import msgspec
 
 from trio_direct.fleet.engine_list import EngineListError, parse_engine_spec
 from trio_direct.openai import errors
+from trio_direct.state.store import StoreUnavailable
+from trio_direct.surfaces.response_store import unavailable
 
 if TYPE_CHECKING:
     from trio_direct.fleet.membership import Membership
@@ -59,14 +64,23 @@ async def add_engine(exchange: Exchange) -> None:
     except EngineListError as error:
         param = next((key for key in ("url", "model", "role") if key in str(error)), None)
         raise errors.invalid_request(f"Cannot add this engine: {error}.", param=param) from None
-    member, created = membership.add(spec)
+    shared = exchange.frontend.shared_admin
+    try:
+        member, created = await shared.add(spec) if shared is not None else membership.add(spec)
+    except StoreUnavailable as error:
+        raise unavailable(error) from None
     report = next(entry for entry in exchange.frontend.engine_report() if entry["id"] == member.id)
     await exchange.json(201 if created else 200, msgspec.json.encode(report))
 
 
 async def remove_engine(exchange: Exchange) -> None:
     engine_id = exchange.params["id"]
-    member = _membership(exchange).remove(engine_id)
+    membership = _membership(exchange)
+    shared = exchange.frontend.shared_admin
+    try:
+        member = await shared.remove(engine_id) if shared is not None else membership.remove(engine_id)
+    except StoreUnavailable as error:
+        raise unavailable(error) from None
     if member is None:
         raise errors.not_found(f"No engine {engine_id!r} (GET /admin/engines lists them).")
     report = next((e for e in exchange.frontend.engine_report() if e["id"] == member.id), None)

@@ -1,87 +1,160 @@
-"""The Responses API's stored responses: a bounded, in-memory LRU (sans-IO).
+"""The Responses and Conversations APIs' state, kept in the frontend's state store.
 
-With `store` (OpenAI's default) a finished response is kept so that `GET /v1/responses/{id}` returns
-it and a later request's `previous_response_id` continues its conversation. Each entry holds the
-response object as it was sent and the conversation up to and including its output, as the
-chat-style messages the next turn is planned from (each entry is whole: evicting one never breaks
-another).
+A stored response (`store: true`, OpenAI's default) is one entry under ``response:ID``: the
+response object as it was sent, the conversation up to and including its output as the chat-style
+messages the next turn is planned from (`previous_response_id`), and its input items
+(``GET /v1/responses/ID/input_items``). Each entry is whole: deleting one never breaks another.
 
-The store is bounded twice: at most `max_items` entries and `max_bytes` of stored JSON
-(``--responses-store-max-items``, ``--responses-store-max-bytes``); past either bound the least
-recently used entries go first (a `get` counts as a use). An entry larger than `max_bytes` on its
-own is not kept. The store lives in one frontend process: replicas and ``--workers N`` processes do
-not share it, so a `previous_response_id` must come back to the process that answered it.
+A conversation (``/v1/conversations``) is an entry under ``conversation:ID`` (its object: id,
+creation time, metadata) and the item list under the same key (messages, function calls and
+outputs, reasoning, in order); a response made with ``conversation`` reads those items as its
+history and appends its input and output items when it completes.
+
+Everything lives in the `StateStore` that ``--state-store`` names, so every worker and replica
+sharing it sees the same responses and conversations, for ``--state-store-ttl`` after their last
+write. A store that cannot answer turns into a 503 in OpenAI's envelope for the request that needed
+it (`unavailable`).
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from dataclasses import dataclass
-from typing import Any
+import logging
+import secrets
+import time
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 import msgspec
 
-__all__ = ["ResponseStore", "StoredResponse"]
+from trio_direct import metrics
+from trio_direct.openai import errors
+from trio_direct.openai.errors import OpenAIError
+from trio_direct.state.store import EntryTooLarge, StateStore, StoreUnavailable
+
+__all__ = ["ConversationStore", "ResponseStore", "StoredResponse", "new_item_id", "unavailable"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
-@dataclass(frozen=True, slots=True)
-class StoredResponse:
-    """One stored response: its object (JSON, as sent) and its conversation (JSON messages)."""
+class StoredResponse(msgspec.Struct, array_like=True):
+    """One stored response: its object (JSON, as sent), its conversation (JSON chat messages) and
+    its input items (JSON)."""
 
     body: bytes
     conversation_json: bytes
-
-    @property
-    def size(self) -> int:
-        return len(self.body) + len(self.conversation_json)
+    input_items_json: bytes = b"[]"
 
     def conversation(self) -> list[dict[str, Any]]:
         """The chat-style messages of the conversation, this response's output last (a fresh copy)."""
         return msgspec.json.decode(self.conversation_json)
 
+    def input_items(self) -> list[dict[str, Any]]:
+        return msgspec.json.decode(self.input_items_json)
+
+
+_encode_record = msgspec.msgpack.Encoder().encode
+_decode_record = msgspec.msgpack.Decoder(StoredResponse).decode
+
+
+def unavailable(error: StoreUnavailable) -> OpenAIError:
+    """The 503 a request that needs the state store gets while it is down."""
+    log.warning("state store unavailable: %s", error)
+    metrics.STATE_STORE_UNAVAILABLE.inc()
+    return errors.service_unavailable("The state store is unavailable; try again shortly.")
+
+
+async def _guarded(call: Awaitable[T]) -> T:
+    try:
+        return await call
+    except StoreUnavailable as error:
+        raise unavailable(error) from None
+
+
+def new_item_id(prefix: str) -> str:
+    return prefix + secrets.token_hex(16)
+
 
 class ResponseStore:
-    """Stored responses by id, least recently used first out."""
+    """Stored responses by id (see the module doc)."""
 
-    def __init__(self, max_items: int, max_bytes: int) -> None:
-        self.max_items = max_items
-        self.max_bytes = max_bytes
-        self._entries: OrderedDict[str, StoredResponse] = OrderedDict()
-        self._bytes = 0
-        #: Entries evicted to make room (for the operator's curiosity and the tests).
-        self.evicted = 0
+    def __init__(self, state: StateStore) -> None:
+        self.state = state
 
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    @property
-    def stored_bytes(self) -> int:
-        """The stored JSON's size, all entries together."""
-        return self._bytes
-
-    def put(self, response_id: str, body: bytes, conversation: list[dict[str, Any]]) -> bool:
-        """Keep a response (replacing one of the same id); False when it alone exceeds the bounds."""
-        entry = StoredResponse(body, msgspec.json.encode(conversation))
-        self.delete(response_id)
-        if self.max_items <= 0 or entry.size > self.max_bytes:
+    async def put(
+        self, response_id: str, body: bytes, conversation: list[dict[str, Any]], input_items: list[dict[str, Any]]
+    ) -> bool:
+        """Keep a response; False when it is above the store's byte cap (it is then not kept)."""
+        record = StoredResponse(body, msgspec.json.encode(conversation), msgspec.json.encode(input_items))
+        try:
+            await _guarded(self.state.put("response:" + response_id, _encode_record(record)))
+        except EntryTooLarge as error:
+            log.warning("response %s is not stored: %s (--state-store-max-entry-bytes)", response_id, error)
             return False
-        self._entries[response_id] = entry
-        self._bytes += entry.size
-        while len(self._entries) > self.max_items or self._bytes > self.max_bytes:
-            _, oldest = self._entries.popitem(last=False)
-            self._bytes -= oldest.size
-            self.evicted += 1
         return True
 
-    def get(self, response_id: str) -> StoredResponse | None:
-        entry = self._entries.get(response_id)
-        if entry is not None:
-            self._entries.move_to_end(response_id)
-        return entry
+    async def get(self, response_id: str) -> StoredResponse | None:
+        raw = await _guarded(self.state.get("response:" + response_id))
+        return _decode_record(raw) if raw is not None else None
 
-    def delete(self, response_id: str) -> bool:
-        entry = self._entries.pop(response_id, None)
-        if entry is None:
-            return False
-        self._bytes -= entry.size
-        return True
+    async def delete(self, response_id: str) -> bool:
+        return await _guarded(self.state.delete("response:" + response_id))
+
+
+class ConversationStore:
+    """Conversations and their items (see the module doc)."""
+
+    def __init__(self, state: StateStore) -> None:
+        self.state = state
+
+    @staticmethod
+    def _key(conversation_id: str) -> str:
+        return "conversation:" + conversation_id
+
+    async def create(self, metadata: dict[str, str], items: list[dict[str, Any]]) -> dict[str, Any]:
+        conversation_id = new_item_id("conv_")
+        conversation: dict[str, Any] = {
+            "id": conversation_id,
+            "object": "conversation",
+            "created_at": int(time.time()),
+            "metadata": metadata,
+        }
+        key = self._key(conversation_id)
+        try:
+            if items:
+                await _guarded(self.state.add_items(key, [(item["id"], msgspec.json.encode(item)) for item in items]))
+            await _guarded(self.state.put(key, msgspec.json.encode(conversation)))
+        except EntryTooLarge as error:
+            raise errors.invalid_request(f"An item is too large to store: {error}.", param="items") from None
+        return conversation
+
+    async def get(self, conversation_id: str) -> dict[str, Any] | None:
+        raw = await _guarded(self.state.get(self._key(conversation_id)))
+        return msgspec.json.decode(raw) if raw is not None else None
+
+    async def update(self, conversation_id: str, metadata: dict[str, str]) -> dict[str, Any] | None:
+        conversation = await self.get(conversation_id)
+        if conversation is None:
+            return None
+        conversation["metadata"] = metadata
+        await _guarded(self.state.put(self._key(conversation_id), msgspec.json.encode(conversation)))
+        return conversation
+
+    async def delete(self, conversation_id: str) -> bool:
+        return await _guarded(self.state.delete(self._key(conversation_id)))
+
+    async def items(self, conversation_id: str) -> list[dict[str, Any]]:
+        return [msgspec.json.decode(raw) for _, raw in await _guarded(self.state.items(self._key(conversation_id)))]
+
+    async def add_items(self, conversation: dict[str, Any], items: list[dict[str, Any]]) -> None:
+        """Append `items` (each with its id) and keep the conversation as long as its items."""
+        key = self._key(conversation["id"])
+        try:
+            await _guarded(self.state.add_items(key, [(item["id"], msgspec.json.encode(item)) for item in items]))
+        except EntryTooLarge as error:
+            raise errors.invalid_request(f"An item is too large to store: {error}.", param="items") from None
+        await _guarded(self.state.put(key, msgspec.json.encode(conversation)))
+
+    async def delete_item(self, conversation_id: str, item_id: str) -> bool:
+        return await _guarded(self.state.delete_item(self._key(conversation_id), item_id))

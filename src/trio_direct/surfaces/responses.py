@@ -44,18 +44,22 @@ from trio_direct.surfaces.chat import plan_chat
 from trio_direct.surfaces.conversation import assistant_message, chat_equivalent, chat_tool, chat_tool_call
 from trio_direct.surfaces.images import require_image_support, responses_image_part
 from trio_direct.surfaces.output_blocks import BlockSequencer, BlockStep, OutputBlock, blocks_of
+from trio_direct.surfaces.response_store import ConversationStore, ResponseStore, new_item_id
 
 if TYPE_CHECKING:
     from trio_direct.frontend.runtime import ModelPool
     from trio_direct.http.exchange import Exchange
-    from trio_direct.surfaces.response_store import ResponseStore
 
 __all__ = [
     "ResponsesRenderer",
     "chat_request",
     "create",
     "delete",
+    "input_item_objects",
+    "input_items",
     "input_messages",
+    "item_page",
+    "item_structs",
     "plan_response",
     "response_fields",
     "retrieve",
@@ -70,10 +74,12 @@ async def create(exchange: Exchange) -> None:
     frontend = exchange.frontend
     pool = frontend.pool(request.model)
     exchange.label(pool.name, request.stream)
-    store: ResponseStore = frontend.responses
+    store = ResponseStore(frontend.state)
+    conversations = ConversationStore(frontend.state)
     history: list[dict[str, Any]] = []
+    conversation: dict[str, Any] | None = None
     if request.previous_response_id is not None:
-        previous = store.get(request.previous_response_id)
+        previous = await store.get(request.previous_response_id)
         if previous is None:
             raise errors.OpenAIError(
                 f"Previous response with id '{request.previous_response_id}' not found.",
@@ -83,21 +89,45 @@ async def create(exchange: Exchange) -> None:
                 code="previous_response_not_found",
             )
         history = previous.conversation()
+    elif request.conversation is not None:
+        conversation_id = request.conversation if isinstance(request.conversation, str) else request.conversation.id
+        conversation = await conversations.get(conversation_id)
+        if conversation is None:
+            raise errors.OpenAIError(
+                f"Conversation with id '{conversation_id}' not found.",
+                status=404,
+                type="invalid_request_error",
+                param="conversation",
+            )
+        history = input_messages(item_structs(await conversations.items(conversation_id), "conversation"))
     turn = input_messages(request.input, history)
     plan = await plan_response(pool, request, history + turn, session_key=exchange.session_key(request.user))
-    on_finished = None
-    if request.store:
-        conversation = history + turn
+    fields = response_fields(request)
+    if conversation is not None:
+        fields["conversation"] = {"id": conversation["id"]}
+    if not request.store and conversation is None:
+        await exchange.respond(pool, plan, ResponsesRenderer(plan, fields))
+        return
+    finished: list[tuple[bytes, list[OutputBlock]]] = []
+    inputs = input_item_objects(request.input)
 
-        def on_finished(body: bytes, blocks: list[OutputBlock]) -> None:
-            store.put(plan.id, body, [*conversation, assistant_message(blocks)])
+    async def settle() -> None:
+        """Store the finished response (and grow its conversation) before the client has it."""
+        if not finished:
+            return
+        body, blocks = finished[-1]
+        if request.store:
+            await store.put(plan.id, body, [*history, *turn, assistant_message(blocks)], inputs)
+        if conversation is not None:
+            await conversations.add_items(conversation, [*inputs, *msgspec.json.decode(body)["output"]])
 
-    await exchange.respond(pool, plan, ResponsesRenderer(plan, response_fields(request), on_finished=on_finished))
+    renderer = ResponsesRenderer(plan, fields, on_finished=lambda body, blocks: finished.append((body, blocks)))
+    await exchange.respond(pool, plan, renderer, settle=settle)
 
 
 async def retrieve(exchange: Exchange) -> None:
     response_id = exchange.params["response_id"]
-    stored = exchange.frontend.responses.get(response_id)
+    stored = await ResponseStore(exchange.frontend.state).get(response_id)
     if stored is None:
         raise _unknown(response_id)
     await exchange.json(200, stored.body)
@@ -105,13 +135,83 @@ async def retrieve(exchange: Exchange) -> None:
 
 async def delete(exchange: Exchange) -> None:
     response_id = exchange.params["response_id"]
-    if not exchange.frontend.responses.delete(response_id):
+    if not await ResponseStore(exchange.frontend.state).delete(response_id):
         raise _unknown(response_id)
     await exchange.json(200, objects.deleted_body(response_id))
 
 
+async def input_items(exchange: Exchange) -> None:
+    """`GET /v1/responses/{id}/input_items`: the items the response was made from, a page at a time."""
+    response_id = exchange.params["response_id"]
+    stored = await ResponseStore(exchange.frontend.state).get(response_id)
+    if stored is None:
+        raise _unknown(response_id)
+    await exchange.json(200, objects.encode(item_page(exchange, stored.input_items())))
+
+
 def _unknown(response_id: str) -> OpenAIError:
     return errors.not_found(f"Response with id '{response_id}' not found.")
+
+
+# ---- items ----------------------------------------------------------------------------------------
+
+_ITEM_ID_PREFIXES = {"message": "msg_", "function_call": "fc_", "function_call_output": "fco_", "reasoning": "rs_"}
+
+
+def input_item_objects(input: str | list[InputItem]) -> list[dict[str, Any]]:
+    """This turn's input as Responses item objects, each with an id (as `input_items` and a
+    conversation's items list them)."""
+    items: list[InputItem] = [MessageItem(role="user", content=input)] if isinstance(input, str) else list(input)
+    out = []
+    for item in items:
+        fields = {k: v for k, v in msgspec.to_builtins(item).items() if v is not None}
+        if isinstance(item, MessageItem):
+            if isinstance(item.content, str):
+                part = "output_text" if item.role == "assistant" else "input_text"
+                fields["content"] = [{"type": part, "text": item.content}]
+                if item.role == "assistant":
+                    fields["content"][0]["annotations"] = []
+            fields.setdefault("status", "completed")
+        fields.setdefault("id", new_item_id(_ITEM_ID_PREFIXES.get(fields["type"], "item_")))
+        out.append(fields)
+    return out
+
+
+def item_structs(items: list[dict[str, Any]], param: str) -> list[InputItem]:
+    """Stored item objects as the input items they can be read back as."""
+    try:
+        return msgspec.convert(items, list[InputItem])
+    except msgspec.ValidationError as error:
+        raise errors.invalid_request(f"Invalid item in '{param}': {error}.", param=param) from None
+
+
+def item_page(exchange: Exchange, items: list[dict[str, Any]]) -> dict[str, Any]:
+    """One page of `items` as OpenAI lists them: `order` (desc by default), `after` an id, `limit`
+    (1 to 100, 20 by default)."""
+    order = exchange.query("order") or "desc"
+    if order not in ("asc", "desc"):
+        raise errors.invalid_request("Invalid value for 'order': expected 'asc' or 'desc'.", param="order")
+    try:
+        limit = int(exchange.query("limit") or 20)
+    except ValueError:
+        limit = 0
+    if not 1 <= limit <= 100:
+        raise errors.invalid_request("Invalid value for 'limit': expected an integer from 1 to 100.", param="limit")
+    ordered = items if order == "asc" else items[::-1]
+    after = exchange.query("after")
+    if after is not None:
+        position = next((i for i, item in enumerate(ordered) if item.get("id") == after), None)
+        if position is None:
+            raise errors.invalid_request(f"No item with id '{after}'.", param="after")
+        ordered = ordered[position + 1 :]
+    page = ordered[:limit]
+    return {
+        "object": "list",
+        "data": page,
+        "first_id": page[0]["id"] if page else None,
+        "last_id": page[-1]["id"] if page else None,
+        "has_more": len(ordered) > limit,
+    }
 
 
 # ---- planning -------------------------------------------------------------------------------------
@@ -290,7 +390,9 @@ class ResponsesRenderer:
     `response` object. `on_finished` gets the finished response before it goes out, so that it can
     be retrieved as soon as the client has it."""
 
-    __slots__ = ("_blocks", "_fields", "_finish", "_ids", "_on_finished", "_opening", "_plan", "_sequence", "_status")
+    __slots__ = (
+        "_blocks", "_fields", "_finish", "_ids", "_on_finished", "_opening", "_plan", "_sequence", "_status", "_unsent",
+    )  # fmt: skip
 
     def __init__(self, plan: RequestPlan, fields: dict[str, Any], *, on_finished: OnFinished | None = None) -> None:
         self._plan = plan
@@ -303,6 +405,9 @@ class ResponsesRenderer:
         #: The status each output item closed with.
         self._status: dict[int, str] = {}
         self._ids: dict[int, str] = {}
+        #: After `closing`: its items' last events and the sequence number its end event took, in
+        #: case that end is not sent after all (the store refused the response: `failure` follows).
+        self._unsent: tuple[bytes, int] | None = None
 
     # -- the response object --
 
@@ -428,13 +533,20 @@ class ResponsesRenderer:
         response = self._response(status, self._final_output(blocks), usage)
         if self._on_finished is not None:
             self._on_finished(objects.encode(response), blocks)
+        self._unsent = (tail, self._sequence)
         return tail + self._event(f"response.{status}", response=response)
 
     def failure(self, error: OpenAIError) -> bytes:
+        head = b""
+        if self._unsent is not None:  # the closing was rendered but not sent: its items still end
+            head, self._sequence = self._unsent
+            self._unsent = None
         response = self._response("failed", self._final_output(self._blocks.blocks), self._plan.usage(), error)
-        return self._event(
-            "error", code=error.code or error.type, message=error.message, param=error.param
-        ) + self._event("response.failed", response=response)
+        return (
+            head
+            + self._event("error", code=error.code or error.type, message=error.message, param=error.param)
+            + self._event("response.failed", response=response)
+        )
 
     # -- one body --
 
