@@ -3,7 +3,8 @@
 Each runs from its Debian package's binaries (`scripts/install-test-servers.sh` installs them) on an
 ephemeral loopback port, with its data in a temporary directory, and can be stopped and started
 again on the same port and data (the restart scenarios). `find_*` return None when the binaries are
-absent: the tests then skip, saying so.
+absent: the tests then skip, saying so, except under CI (`CI` set), where a missing server fails
+them: CI installs the servers, and a suite that silently skipped them would pass untested.
 """
 
 from __future__ import annotations
@@ -16,8 +17,19 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import NoReturn
 
-__all__ = ["PostgresServer", "RedisServer", "free_port", "postgres_binaries", "redis_binary"]
+__all__ = ["PostgresServer", "RedisServer", "free_port", "missing_server", "postgres_binaries", "redis_binary"]
+
+
+def missing_server(name: str) -> NoReturn:
+    """Skip the test that needs `name` (fail it under CI, which must have installed it)."""
+    import pytest
+
+    why = f"{name} is not installed (scripts/install-test-servers.sh installs it)"
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        pytest.fail(why)
+    pytest.skip(why)
 
 
 def free_port() -> int:

@@ -21,7 +21,7 @@ import httpx
 import openai
 import pytest
 import trio
-from state_servers import PostgresServer, RedisServer, postgres_binaries, redis_binary
+from state_servers import PostgresServer, RedisServer, missing_server, postgres_binaries, redis_binary
 from support import engine_accounting, start_mock_engine, wait_until
 from surface_scenarios import SCRIPTS
 
@@ -85,12 +85,12 @@ def database(
     if request.param == "redis":
         binary = redis_binary()
         if binary is None:
-            pytest.skip("redis-server is not installed (scripts/install-test-servers.sh installs it)")
+            missing_server("redis-server")
         server = RedisServer(binary)
     else:
         binaries = postgres_binaries()
         if binaries is None:
-            pytest.skip("PostgreSQL is not installed (scripts/install-test-servers.sh installs it)")
+            missing_server("PostgreSQL")
         server = PostgresServer(binaries)
     server.start()
     try:

@@ -6,14 +6,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from state_servers import PostgresServer, RedisServer, postgres_binaries, redis_binary
+from state_servers import PostgresServer, RedisServer, missing_server, postgres_binaries, redis_binary
 
 
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[RedisServer]:
     binary = redis_binary()
     if binary is None:
-        pytest.skip("redis-server is not installed (scripts/install-test-servers.sh installs it)")
+        missing_server("redis-server")
     server = RedisServer(binary)
     server.start()
     try:
@@ -26,7 +26,7 @@ def redis_server() -> Iterator[RedisServer]:
 def postgres_server() -> Iterator[PostgresServer]:
     binaries = postgres_binaries()
     if binaries is None:
-        pytest.skip("PostgreSQL is not installed (scripts/install-test-servers.sh installs it)")
+        missing_server("PostgreSQL")
     server = PostgresServer(binaries)
     server.start()
     try:
