@@ -1,0 +1,119 @@
+"""A fair share of a full fleet: who waits in line next, tenant by tenant (sans-IO).
+
+When every slot is taken, the waiters of all tenants form one line, and first come first served
+gives a tenant that sends ten times more requests ten times more slots. `FairLine` serves them by
+weight instead, with self-clocked weighted fair queueing across tenants:
+
+- the highest priority class first: a waiter of a tenant in a higher class goes before any of a
+  lower class;
+- within a class, each tenant's next turn carries a virtual finish tag: ``max(its last tag, the
+  class's virtual time) + 1 / weight`` when it starts waiting, its last tag ``+ 1 / weight`` after
+  each turn while it still has waiters; the tenant with the smallest tag goes next (ties: the earliest
+  arrival). Two tenants of weight 1 with waiters alternate, however many each has waiting; weight 2
+  against weight 1 gets two turns in three. A tenant that had nobody waiting starts again from the
+  class's virtual time: it gets no credit for its idle time, and pays no debt for its past;
+- within a tenant, its own waiters go by their order key (request priority, then arrival).
+
+A waiter may not be able to go even with a slot free (its pool's engines are all busy): `take`
+then tries the tenant's next waiter, and moves on to the other tenants when none of its waiters can
+go, so that a busy pool holds up only those who wait for it.
+
+Each admission costs 1 (a slot), whatever the request's size: slots are what the line shares.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+__all__ = ["FairLine"]
+
+Item = TypeVar("Item", bound=Hashable)
+#: A waiter's place within its tenant's own line: request priority then arrival, the arrival last.
+Order = tuple[int, int]
+
+
+@dataclass(slots=True)
+class _Flow(Generic[Item]):
+    """One tenant's waiters and its place in the class's virtual time."""
+
+    name: str
+    priority: int
+    weight: float
+    finish: float = 0.0
+    #: The finish tag of its next turn: set when it starts waiting, and after each of its turns.
+    tag: float = 0.0
+    orders: list[Order] = field(default_factory=list)
+    items: list[Item] = field(default_factory=list)
+
+
+class FairLine(Generic[Item]):
+    """The waiters of every tenant (see the module docstring). Items must be distinct objects."""
+
+    def __init__(self) -> None:
+        self._flows: dict[str, _Flow[Item]] = {}
+        #: Per priority class: the tag of the last admission, where an idle tenant starts again.
+        self._virtual: dict[int, float] = {}
+        self._where: dict[int, tuple[_Flow[Item], Order]] = {}
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    def __iter__(self):
+        for flow in self._flows.values():
+            yield from flow.items
+
+    def push(self, item: Item, tenant: str, order: Order, *, priority: int = 0, weight: float = 1.0) -> None:
+        """`item` waits, for `tenant` of class `priority` and share `weight` (the latest values win)."""
+        flow = self._flows.get(tenant)
+        if flow is None:
+            flow = self._flows[tenant] = _Flow(tenant, priority, weight, self._virtual.get(priority, 0.0))
+        if not flow.items:  # it starts waiting: from the class's virtual time, no credit for idling
+            flow.priority, flow.weight = priority, weight
+            flow.tag = max(flow.finish, self._virtual.get(priority, 0.0)) + 1.0 / weight
+        index = bisect.bisect(flow.orders, order)
+        flow.orders.insert(index, order)
+        flow.items.insert(index, item)
+        self._where[id(item)] = (flow, order)
+
+    def remove(self, item: Item) -> None:
+        """`item` no longer waits (it left, or was taken)."""
+        flow, order = self._where.pop(id(item))
+        index = bisect.bisect_left(flow.orders, order)
+        del flow.orders[index], flow.items[index]
+        if not flow.items and flow.finish <= self._virtual.get(flow.priority, 0.0):
+            del self._flows[flow.name]  # idle and owed nothing: it would start from the virtual time anyway
+
+    def take(self, count: int, can_go: Callable[[Item], bool]) -> list[Item]:
+        """Up to `count` waiters, in fair order, for which `can_go` is true; they leave the line.
+
+        `can_go` is asked in the order the waiters would be served and may keep its own tally (a
+        pool's headroom that each admission uses up).
+        """
+        taken: list[Item] = []
+        if count <= 0 or not self._where:
+            return taken
+        heap = [self._entry(flow) for flow in self._flows.values() if flow.items]
+        heapq.heapify(heap)
+        while heap and len(taken) < count:
+            _, tag, _, name = heapq.heappop(heap)
+            flow = self._flows[name]
+            item = next((candidate for candidate in flow.items if can_go(candidate)), None)
+            if item is None:
+                continue  # none of its waiters can go now: the others may
+            flow.finish = tag
+            if tag > self._virtual.get(flow.priority, 0.0):
+                self._virtual[flow.priority] = tag
+            self.remove(item)
+            taken.append(item)
+            if flow.items:
+                flow.tag = tag + 1.0 / flow.weight
+                heapq.heappush(heap, self._entry(flow))
+        return taken
+
+    @staticmethod
+    def _entry(flow: _Flow[Item]) -> tuple[int, float, int, str]:
+        return (-flow.priority, flow.tag, flow.orders[0][-1], flow.name)

@@ -1,0 +1,139 @@
+"""The admission line's fair share (`tenants.fair_queue` inside `core.admission`), proven on the sans-IO
+queue with a simulated fleet: no clock, no server, every share counted exactly."""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections import Counter
+
+from trio_direct.core.admission import ADMITTED, AdmissionQueue, Ticket
+from trio_direct.tenants.fair_queue import FairLine
+
+
+def simulate(
+    in_flight: dict[str, int],
+    *,
+    slots: int = 16,
+    weights: dict[str, float] | None = None,
+    classes: dict[str, int] | None = None,
+    completions: int = 20_000,
+    seed: int = 7,
+) -> Counter:
+    """Each tenant keeps `in_flight[name]` requests outstanding (a new one arrives as one ends);
+    each served request takes a random service time. Returns the completions per tenant."""
+    weights = weights or {}
+    classes = classes or {}
+    rng = random.Random(seed)
+    queue = AdmissionQueue(max_active=slots, max_queued=10_000)
+    now = 0.0
+    running: list[tuple[float, int, Ticket]] = []  # (ends at, tie, ticket)
+    tie = 0
+    done: Counter = Counter()
+
+    def start(ticket: Ticket) -> None:
+        nonlocal tie
+        tie += 1
+        heapq.heappush(running, (now + rng.uniform(0.5, 1.5), tie, ticket))
+
+    def send(tenant: str) -> None:
+        ticket = queue.arrive(tenant, classes.get(tenant, 0), weights.get(tenant, 1.0))
+        assert ticket is not None
+        ticket.wake = lambda: start(ticket)
+        if queue.wait(ticket, 0, None):
+            start(ticket)
+
+    for tenant, count in in_flight.items():
+        for _ in range(count):
+            send(tenant)
+    while sum(done.values()) < completions:
+        now, _, ticket = heapq.heappop(running)
+        assert ticket.state == ADMITTED
+        done[ticket.tenant] += 1
+        queue.leave(ticket)  # admits the next waiter (its wake starts it)
+        send(ticket.tenant)
+    assert queue.active == slots
+    return done
+
+
+def share(done: Counter, tenant: str) -> float:
+    return done[tenant] / sum(done.values())
+
+
+def test_a_tenant_sending_ten_times_more_gets_half_the_slots_not_ten_elevenths():
+    done = simulate({"steady": 9, "flood": 90})
+    assert 0.45 <= share(done, "steady") <= 0.5  # 9 in flight of 16 slots: never more than it asks
+
+
+def test_without_tenants_the_line_is_first_come_first_served_and_the_flood_wins():
+    # The same load as one tenant: what the line did before it was fair (the baseline of the test above).
+    done = simulate({"": 99})
+    assert done[""] == 20_000
+    line: FairLine[object] = FairLine()
+    items = [object() for _ in range(5)]
+    for seq, item in enumerate(items):
+        line.push(item, "", (0, seq))
+    assert line.take(5, lambda _: True) == items
+
+
+def test_weights_share_the_slots_in_proportion():
+    done = simulate({"gold": 90, "silver": 90}, weights={"gold": 2, "silver": 1})
+    assert abs(share(done, "gold") - 2 / 3) < 0.02
+    done = simulate({"a": 90, "b": 90, "c": 90})
+    assert all(abs(share(done, name) - 1 / 3) < 0.02 for name in "abc")
+
+
+def test_a_higher_priority_class_goes_first_and_a_lower_one_gets_what_is_left():
+    line: FairLine[str] = FairLine()
+    for seq in range(3):
+        line.push(f"batch{seq}", "batch", (0, seq), weight=100)
+    line.push("interactive", "interactive", (0, 9), priority=1)
+    assert line.take(2, lambda _: True) == ["interactive", "batch0"]  # first, whatever the weights
+    # Under load, interactive is first in line each time it has a waiter: more than its fair half
+    # of the completions (its next request arrives only after its last freed its slot to batch).
+    shared = simulate({"batch": 90, "interactive": 10})
+    first = simulate({"batch": 90, "interactive": 10}, classes={"interactive": 1})
+    assert share(shared, "interactive") <= 0.5 < 0.55 < share(first, "interactive") <= 10 / 16
+
+
+def test_a_tenant_back_from_idle_gets_no_credit_for_its_idle_time():
+    line: FairLine[object] = FairLine()
+    flood = [object() for _ in range(100)]
+    for seq, item in enumerate(flood):
+        line.push(item, "flood", (0, seq))
+    assert line.take(50, lambda _: True) == flood[:50]  # alone: it takes every turn
+    late = [object() for _ in range(10)]
+    for seq, item in enumerate(late, start=100):
+        line.push(item, "late", (0, seq))
+    order = line.take(20, lambda _: True)
+    # from now on they alternate: the late tenant does not get 50 turns in a row for the ones it missed
+    assert order == [x for pair in zip(flood[50:60], late) for x in pair]
+
+
+def test_within_a_tenant_request_priority_then_arrival():
+    line: FairLine[str] = FairLine()
+    line.push("low-early", "t", (0, 1))
+    line.push("high-late", "t", (-5, 2))
+    line.push("low-late", "t", (0, 3))
+    assert line.take(3, lambda _: True) == ["high-late", "low-early", "low-late"]
+
+
+def test_a_waiter_whose_pool_is_busy_holds_up_neither_its_tenant_nor_the_others():
+    line: FairLine[str] = FairLine()
+    line.push("a-busy-pool", "a", (0, 1))
+    line.push("a-free-pool", "a", (0, 2))
+    line.push("b-busy-pool", "b", (0, 3))
+    line.push("b-free-pool", "b", (0, 4))
+    assert line.take(4, lambda item: "free" in item) == ["a-free-pool", "b-free-pool"]
+    assert len(line) == 2 and sorted(line) == ["a-busy-pool", "b-busy-pool"]
+
+
+def test_a_waiter_that_leaves_is_out_of_the_line_and_idle_tenants_are_forgotten():
+    line: FairLine[str] = FairLine()
+    line.push("x", "gone", (0, 1))
+    line.remove("x")
+    assert len(line) == 0 and not line._flows
+    for seq in range(1000):
+        line.push(f"r{seq}", f"tenant-{seq}", (0, seq))
+    assert len(line.take(1000, lambda _: True)) == 1000
+    assert not line._flows  # a thousand token-named tenants leave nothing behind
