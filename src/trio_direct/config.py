@@ -90,6 +90,11 @@ class ServeConfig:
     mock_engines: int = 2
     mock_speedup: float = 1.0
     log_level: str = "info"
+    tenants_file: str | None = None
+    jwt_jwks_url: str | None = None
+    jwt_issuer: str | None = None
+    jwt_audience: str | None = None
+    jwt_tenant_claim: str = "sub"
 
 
 _HELP = {
@@ -193,6 +198,13 @@ _HELP = {
     "mock_engines": "number of built-in mock engines started when no --engine-url is given",
     "mock_speedup": "timing divisor of the built-in mock engines (inf = as fast as possible)",
     "log_level": "debug, info, warning or error",
+    "tenants_file": "YAML file of tenants: their API keys (SHA-256), models, priority class, weight and limits; "
+    "re-read when it changes (see docs/operations.md, Tenants)",
+    "jwt_jwks_url": "accept JWT bearer tokens signed by a key of this JWKS (fetched, cached, fetched again for an "
+    "unknown kid); the tenant is the --jwt-tenant-claim claim",
+    "jwt_issuer": "with --jwt-jwks-url: the `iss` tokens must carry",
+    "jwt_audience": "with --jwt-jwks-url: the `aud` tokens must carry",
+    "jwt_tenant_claim": "with --jwt-jwks-url: the claim that names the tenant",
 }
 _CHOICES = {
     "engine_api": ("auto", "native", "smg"),

@@ -95,6 +95,24 @@ GC_FULL_COLLECTIONS = Counter(
     "trio_direct_gc_full_collections", "Full garbage-collector passes run on heap growth (frontend/gc_policy.py)",
     registry=REGISTRY,
 )  # fmt: skip
+# Per tenant (`tenants`): the label is a tenant of --tenants-file (at most 100 names), "anonymous", or
+# "other" (tenants named only by JWTs, names past the bound), so its values stay bounded.
+TENANT_REQUESTS = Counter(
+    "trio_direct_tenant_requests", "Generation requests admitted past the tenant's limits, by tenant", ["tenant"],
+    registry=REGISTRY,
+)  # fmt: skip
+TENANT_TOKENS = Counter(
+    "trio_direct_tenant_tokens", "Tokens by tenant and kind (input, output)", ["tenant", "kind"], registry=REGISTRY
+)
+TENANT_REFUSALS = Counter(
+    "trio_direct_tenant_refusals", "Requests refused by tenant and reason (concurrent_requests, requests_per_minute, "
+    "tokens_per_minute: the tenant's limits, 429; unauthorized: no valid key or token, 401, tenant 'other')",
+    ["tenant", "reason"], registry=REGISTRY,
+)  # fmt: skip
+TENANT_QUEUE_WAIT = Histogram(
+    "trio_direct_tenant_queue_wait_seconds", "Time requests waited in the admission queue, by tenant", ["tenant"],
+    buckets=_QUEUE_BUCKETS, registry=REGISTRY,
+)  # fmt: skip
 
 
 class FrontendCollector(Collector):

@@ -84,6 +84,8 @@ class Ticket:
     tenant: str = ""
     tenant_priority: int = 0
     weight: float = 1.0
+    #: Its tenant's metrics label (bounded: `tenants.access.MetricLabels`); "" for no per-tenant metrics.
+    label: str = ""
 
     @property
     def order(self) -> tuple[int, int]:
@@ -248,7 +250,10 @@ class Admission:
         metrics.QUEUE_DEPTH.set(queue.queued)
         with trio.move_on_after(self.timeout):
             await event.wait()
-        metrics.QUEUE_WAIT.observe(time.perf_counter() - ticket.since)
+        waited = time.perf_counter() - ticket.since
+        metrics.QUEUE_WAIT.observe(waited)
+        if ticket.label:
+            metrics.TENANT_QUEUE_WAIT.labels(ticket.label).observe(waited)
         if ticket.state == ADMITTED:
             return
         self.leave(ticket)

@@ -61,6 +61,8 @@ class RequestContext:
     tag: str = ""
     #: The request's `tracing.RequestTrace`, when tracing is on.
     trace: Any = None
+    #: The tenant it is served for (`tenants`), for logs and traces ("anonymous" without tenants).
+    tenant: str = ""
 
     @classmethod
     def for_client_id(cls, value: bytes | None) -> RequestContext:

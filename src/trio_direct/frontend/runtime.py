@@ -65,6 +65,7 @@ from trio_direct.routing.busy import UNLIMITED, BusyThreshold, EngineLoads
 from trio_direct.routing.kv_routing import LOAD_MODES, KvRouting
 from trio_direct.routing.policy import Candidates, Route, RoutingPolicy
 from trio_direct.surfaces.response_store import ResponseStore
+from trio_direct.tenants import access as tenant_access
 from trio_direct.text.chat_template import ChatTemplateError, load_chat_template, render_chat
 from trio_direct.text.harmony import harmony_encoding, is_harmony_model
 from trio_direct.text.tokenizer import ModelTokenizer, TokenizerLoadError
@@ -96,9 +97,10 @@ class Frontend:
         return list(self._pools.values())
 
     def pool(self, model: str) -> ModelPool:
-        """The pool serving `model`; an OpenAI 404 for a model nobody serves."""
+        """The pool serving `model`; an OpenAI 404 for a model nobody serves, or one the current
+        request's tenant may not use."""
         pool = self._pools.get(model)
-        if pool is None:
+        if pool is None or not tenant_access.may_use(model):  # a model a tenant may not use: as if absent
             raise errors.model_not_found(model)
         return pool
 

@@ -23,6 +23,7 @@ from trio_direct.core.plan import RequestPlan
 from trio_direct.core.render import Renderer, stream_response, unary_response
 from trio_direct.frontend.runtime import session_key
 from trio_direct.openai import errors
+from trio_direct.tenants.limiter import Grant
 
 if TYPE_CHECKING:
     from trio_direct.frontend.runtime import Frontend, ModelPool
@@ -72,7 +73,7 @@ class Exchange:
 
     __slots__ = (
         "scope", "_send", "body", "params", "started", "_frontend", "status", "headers_sent", "ended",
-        "extra_headers", "model", "stream", "admission", "ticket",
+        "extra_headers", "model", "stream", "admission", "ticket", "grant", "plan",
     )  # fmt: skip
 
     def __init__(
@@ -102,6 +103,9 @@ class Exchange:
         #: A generation request's place in admission (set by the HTTP layer for counted routes).
         self.admission: Admission | None = None
         self.ticket: Ticket | None = None
+        #: Its account with its tenant's limits (`tenants.limiter`), and the plan whose tokens it is charged.
+        self.grant: Grant | None = None
+        self.plan: RequestPlan | None = None
 
     @property
     def frontend(self) -> Frontend:
@@ -142,6 +146,22 @@ class Exchange:
 
     async def send(self, data: bytes) -> None:
         await self._send({"type": "http.response.body", "body": data, "more_body": True})
+        grant = self.grant
+        if grant is not None and grant.metered and grant.charge_due(time.monotonic()):
+            await self._charge(grant)  # a stream's tokens count against its tenant as they go
+
+    async def _charge(self, grant: Grant) -> None:
+        usage = self.usage()
+        if usage is not None:
+            await grant.charge(usage[0] + usage[1])
+
+    def usage(self) -> tuple[int, int] | None:
+        """(prompt, completion) tokens of the planned generation so far; None before it is planned."""
+        plan = self.plan
+        if plan is None:
+            return None
+        usage = plan.usage()
+        return usage.prompt_tokens, usage.completion_tokens
 
     async def end(self, data: bytes = b"") -> None:
         self.ended = True
@@ -172,6 +192,9 @@ class Exchange:
         trace = plan.trace
         if trace is not None:
             trace.planned()
+        self.plan = plan
+        if self.grant is not None and self.grant.metered:
+            await self._charge(self.grant)  # the prompt, once known
         await self.admit(pool, priority, trace)
         if trace is None:
             await self._respond(pool, plan, renderer)
