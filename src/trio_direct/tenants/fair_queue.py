@@ -2,16 +2,20 @@
 
 When every slot is taken, the waiters of all tenants form one line, and first come first served
 gives a tenant that sends ten times more requests ten times more slots. `FairLine` serves them by
-weight instead, with self-clocked weighted fair queueing across tenants:
+weight instead, with start-time fair queueing (SFQ, a weighted fair queueing that needs no
+knowledge of service times) across tenants:
 
 - the highest priority class first: a waiter of a tenant in a higher class goes before any of a
   lower class;
-- within a class, each tenant's next turn carries a virtual finish tag: ``max(its last tag, the
-  class's virtual time) + 1 / weight`` when it starts waiting, its last tag ``+ 1 / weight`` after
-  each turn while it still has waiters; the tenant with the smallest tag goes next (ties: the earliest
-  arrival). Two tenants of weight 1 with waiters alternate, however many each has waiting; weight 2
-  against weight 1 gets two turns in three. A tenant that had nobody waiting starts again from the
-  class's virtual time: it gets no credit for its idle time, and pays no debt for its past;
+- within a class, each tenant's next turn carries a virtual start tag: ``max(the end of its last
+  turn, the class's virtual time)`` when it starts waiting, the end of its last turn while it still
+  has waiters, a turn lasting ``1 / weight``; the tenant with the smallest tag goes next (ties: the
+  earliest arrival), and the class's virtual time becomes that tag. Two tenants of weight 1 with
+  waiters alternate, however many each has waiting; weight 2 against weight 1 gets two turns in
+  three. A tenant that had nobody waiting starts again from the class's virtual time: it gets no
+  credit for its idle time and pays no debt for its past, and it goes at the next turn (start
+  tags, rather than finish tags, give a tenant that sends little a short wait behind one that
+  floods);
 - within a tenant, its own waiters go by their order key (request priority, then arrival).
 
 A waiter may not be able to go even with a slot free (its pool's engines are all busy): `take`
@@ -34,6 +38,8 @@ __all__ = ["FairLine"]
 Item = TypeVar("Item", bound=Hashable)
 #: A waiter's place within its tenant's own line: request priority then arrival, the arrival last.
 Order = tuple[int, int]
+#: Past this many tenants known, idle ones are forgotten after a `take`.
+_PRUNE_AT = 64
 
 
 @dataclass(slots=True)
@@ -43,8 +49,9 @@ class _Flow(Generic[Item]):
     name: str
     priority: int
     weight: float
+    #: The end of its last turn (its start tag + 1 / weight).
     finish: float = 0.0
-    #: The finish tag of its next turn: set when it starts waiting, and after each of its turns.
+    #: The start tag of its next turn: set when it starts waiting, and after each of its turns.
     tag: float = 0.0
     orders: list[Order] = field(default_factory=list)
     items: list[Item] = field(default_factory=list)
@@ -55,7 +62,7 @@ class FairLine(Generic[Item]):
 
     def __init__(self) -> None:
         self._flows: dict[str, _Flow[Item]] = {}
-        #: Per priority class: the tag of the last admission, where an idle tenant starts again.
+        #: Per priority class: the start tag of the last admission, where an idle tenant starts again.
         self._virtual: dict[int, float] = {}
         self._where: dict[int, tuple[_Flow[Item], Order]] = {}
 
@@ -73,7 +80,7 @@ class FairLine(Generic[Item]):
             flow = self._flows[tenant] = _Flow(tenant, priority, weight, self._virtual.get(priority, 0.0))
         if not flow.items:  # it starts waiting: from the class's virtual time, no credit for idling
             flow.priority, flow.weight = priority, weight
-            flow.tag = max(flow.finish, self._virtual.get(priority, 0.0)) + 1.0 / weight
+            flow.tag = max(flow.finish, self._virtual.get(priority, 0.0))
         index = bisect.bisect(flow.orders, order)
         flow.orders.insert(index, order)
         flow.items.insert(index, item)
@@ -104,15 +111,24 @@ class FairLine(Generic[Item]):
             item = next((candidate for candidate in flow.items if can_go(candidate)), None)
             if item is None:
                 continue  # none of its waiters can go now: the others may
-            flow.finish = tag
+            flow.finish = tag + 1.0 / flow.weight
             if tag > self._virtual.get(flow.priority, 0.0):
                 self._virtual[flow.priority] = tag
             self.remove(item)
             taken.append(item)
             if flow.items:
-                flow.tag = tag + 1.0 / flow.weight
+                flow.tag = flow.finish
                 heapq.heappush(heap, self._entry(flow))
+        if len(self._flows) > _PRUNE_AT:
+            self._prune()
         return taken
+
+    def _prune(self) -> None:
+        """Forget the tenants with nobody waiting whose last turn has ended in virtual time: they
+        would start from the virtual time anyway (tenants named by tokens come and go)."""
+        virtual = self._virtual
+        for name in [n for n, f in self._flows.items() if not f.items and f.finish <= virtual.get(f.priority, 0.0)]:
+            del self._flows[name]
 
     @staticmethod
     def _entry(flow: _Flow[Item]) -> tuple[int, float, int, str]:
