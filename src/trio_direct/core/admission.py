@@ -6,9 +6,10 @@ refused at once (429 with Retry-After). With M = 0 (the default) a request past 
 once, as without a queue.
 
 Who goes next is fair between tenants (`tenants.fair_queue.FairLine`): the tenant of the highest
-priority class first, tenants of one class by weight (weighted fair queueing, so that a tenant
-sending ten times more requests gets its weight's share of the slots, not ten elevenths), and each
-tenant's own waiters by their request's `priority`, then by arrival. Without tenants every request
+priority class first, then within a class the tenant holding the fewest slots for its weight
+(weighted fair queueing between equals), so that a tenant sending ten times more requests gets its
+weight's share of the slots, not ten elevenths; each tenant's own waiters by their request's
+`priority`, then by arrival. Without tenants every request
 is the same tenant's: highest `priority` first, then arrival.
 
 A request is counted from its arrival, before its body is read (`arrive`), so that a flood of bodies
@@ -117,6 +118,7 @@ class AdmissionQueue:
         if self._slot_free() and not self.queued:
             state = ADMITTED
             self.active += 1
+            self._line.hold(tenant, priority=tenant_priority, weight=weight)
         elif self.queued < self.max_queued:
             state = RESERVED
             self.queued += 1
@@ -138,6 +140,7 @@ class AdmissionQueue:
             if self.queued >= self.max_queued:  # every engine busy and nowhere to wait
                 raise LookupError("every engine is busy")
             self.active -= 1  # give the slot back: whoever it can serve may take it
+            self._line.release(ticket.tenant)
             self.queued += 1
         elif ticket.state != RESERVED:
             raise RuntimeError(f"a ticket {ticket.state} cannot wait")
@@ -151,6 +154,7 @@ class AdmissionQueue:
         state, ticket.state = ticket.state, LEFT
         if state == ADMITTED:
             self.active -= 1
+            self._line.release(ticket.tenant)
         elif state == RESERVED:
             self.queued -= 1
         elif state == WAITING:
