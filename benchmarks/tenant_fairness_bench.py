@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import trio
-
 from loadgen import Children, SseConnection, free_port, wait_http
 
 SLOTS = 16
@@ -148,21 +147,23 @@ def summary(tenants: list[Tenant]) -> dict:
     return out
 
 
-async def main_async(args: argparse.Namespace) -> int:
-    out = Path(args.out)
+KEYS = {"steady": "key-steady", "flood": "key-flood"}
+
+
+def write_tenants_file(out: Path) -> Path:
+    """Two tenants of weight 1, no limits: only the fair line tells them apart."""
     out.mkdir(parents=True, exist_ok=True)
     tenants_file = out / "tenants.yaml"
-    keys = {"steady": "key-steady", "flood": "key-flood"}
-    tenants_file.write_text(
-        json.dumps(
-            {
-                "tenants": [
-                    {"name": name, "api_keys_sha256": [hashlib.sha256(key.encode()).hexdigest()], "weight": 1}
-                    for name, key in keys.items()
-                ]
-            }
-        )
-    )
+    tenants = [
+        {"name": name, "api_keys_sha256": [hashlib.sha256(key.encode()).hexdigest()], "weight": 1}
+        for name, key in KEYS.items()
+    ]
+    tenants_file.write_text(json.dumps({"tenants": tenants}))
+    return tenants_file
+
+
+async def main_async(args: argparse.Namespace, out: Path, tenants_file: Path) -> int:
+    keys = KEYS
     results: dict = {"slots": SLOTS, "steady_in_flight": STEADY, "flood_in_flight": FLOOD, "seconds": args.seconds}
     phases: dict[str, list[Tenant]] = {}
     with Children() as children:
@@ -208,8 +209,7 @@ async def main_async(args: argparse.Namespace) -> int:
     }
     passed = fair["share"] >= 0.4 and fair["ttft_p50_ms"] < 3 * unloaded
     results["check"]["passed"] = passed
-    (out / "tenant_fairness.json").write_text(json.dumps(results, indent=2) + "\n")
-    plot(phases, results, out / "tenant_fairness.png")
+    await trio.to_thread.run_sync(write_results, out, phases, results)
     print(
         f"{'phase':9s} {'tenant':7s} {'done':>6s} {'share':>6s} {'slots':>6s} {'TTFT p50':>9s} {'p90':>8s} {'service':>10s} {'failed':>6s}"
     )
@@ -228,6 +228,11 @@ async def main_async(args: argparse.Namespace) -> int:
         f"{check['steady_ttft_p50_vs_unloaded_fifo']:.2f}x fifo -> {'PASS' if passed else 'FAIL'}"
     )
     return 0 if passed else 1
+
+
+def write_results(out: Path, phases: dict[str, list[Tenant]], results: dict) -> None:
+    (out / "tenant_fairness.json").write_text(json.dumps(results, indent=2) + "\n")
+    plot(phases, results, out / "tenant_fairness.png")
 
 
 def plot(phases: dict[str, list[Tenant]], results: dict, path: Path) -> None:
@@ -264,7 +269,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=15.0, help="length of each phase")
     parser.add_argument("--speedup", type=float, default=1.0, help="the mock engines' --mock-speedup")
     parser.add_argument("--out", default="benchmarks/results/tenant_fairness")
-    sys.exit(trio.run(main_async, parser.parse_args()))
+    args = parser.parse_args()
+    out = Path(args.out)
+    sys.exit(trio.run(main_async, args, out, write_tenants_file(out)))
 
 
 if __name__ == "__main__":
