@@ -264,3 +264,34 @@ async def test_jwt_bearer_tokens_from_a_jwks_name_their_tenant(aio_loop, nursery
     ):
         with pytest.raises(openai.AuthenticationError):
             await client(base, token).chat.completions.create(**chat())
+
+
+async def test_the_tenant_is_in_the_requests_trace(aio_loop, nursery, tmp_path):
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from trio_direct import tracing
+
+    exporter = InMemorySpanExporter()
+    tracing.configure(exporter=exporter)
+    try:
+        base, _ = await serve(nursery, tmp_path, tenants_yaml(tenant("alpha", "key-alpha")))
+        await client(base, "key-alpha").chat.completions.create(**chat())
+        with trio.fail_after(10):
+            while not any(s.name == "POST /v1/chat/completions" for s in exporter.get_finished_spans()):
+                await trio.sleep(0.01)
+        (root,) = [s for s in exporter.get_finished_spans() if s.name == "POST /v1/chat/completions"]
+        assert root.attributes["trio_direct.tenant"] == "alpha"
+    finally:
+        tracing.disable()
+
+
+async def test_a_malformed_tenants_file_stops_the_start_naming_what_is_wrong(aio_loop, tmp_path):
+    from trio_direct.config import parse_serve_args
+    from trio_direct.fleet.fleet import FleetError
+    from trio_direct.frontend.serve import serve as serve_frontend
+
+    path = tmp_path / "tenants.yaml"
+    path.write_text("tenants:\n  - name: alpha\n    api_keys_sha256: [not-a-digest]\n")
+    config = parse_serve_args(["--port", "0", "--tenants-file", str(path)], environ={})
+    with pytest.raises(FleetError, match=r"--tenants-file: .*tenant 0: alpha: 'api_keys_sha256'"):
+        await serve_frontend(config)
