@@ -36,6 +36,8 @@ SLOTS = 16
 STEADY, FLOOD = 9, 90
 MAX_TOKENS = 24
 MODEL = "tiny"
+#: The start of each phase left out of the counts: both tenants' first requests arrive at once.
+RAMP_UP_S = 2.0
 
 
 @dataclass
@@ -53,8 +55,11 @@ class Tenant:
     slots: list[tuple[float, int]] = field(default_factory=list)
 
 
-async def one_client(port: int, tenant: Tenant, until: float) -> None:
-    """One request in flight at a time, back to back, on one keep-alive connection."""
+async def one_client(port: int, tenant: Tenant, counted: tuple[float, float]) -> None:
+    """One request in flight at a time, back to back, on one keep-alive connection, until the end of
+    the `counted` window; only requests that end within it count (the ramp-up, and the requests
+    still queued at the end, which finish after it, say nothing of the steady state)."""
+    since, until = counted
     body = {
         "model": MODEL,
         "messages": [{"role": "user", "content": "Tell me about fairness."}],
@@ -84,10 +89,12 @@ async def one_client(port: int, tenant: Tenant, until: float) -> None:
             finally:
                 if state["status"] == 200:
                     tenant.serving -= 1
+            ended = time.monotonic()
             if state["status"] == 200 and state["first"] is not None:
-                tenant.ttft.append(state["first"])
-                tenant.service.append(time.monotonic() - state["headers"])
-                tenant.completed += 1
+                if since <= ended <= until:
+                    tenant.ttft.append(state["first"])
+                    tenant.service.append(ended - state["headers"])
+                    tenant.completed += 1
             else:
                 tenant.failed += 1
                 await trio.sleep(0.05)
@@ -110,7 +117,7 @@ async def run_phase(port: int, tenants: list[Tenant], seconds: float) -> float:
         nursery.start_soon(sample)
         for tenant in tenants:
             for _ in range(tenant.in_flight):
-                nursery.start_soon(one_client, port, tenant, until)
+                nursery.start_soon(one_client, port, tenant, (start + RAMP_UP_S, until))
     return time.monotonic() - start
 
 
@@ -142,7 +149,7 @@ def summary(tenants: list[Tenant]) -> dict:
             "ttft_p50_ms": 1000 * statistics.median(ttft) if ttft else None,
             "ttft_p90_ms": 1000 * ttft[int(0.9 * (len(ttft) - 1))] if ttft else None,
             "service_p50_ms": 1000 * statistics.median(tenant.service) if tenant.service else None,
-            "mean_slots": statistics.fmean(n for _, n in tenant.slots[10:]) if len(tenant.slots) > 10 else None,
+            "mean_slots": statistics.fmean(n for t, n in tenant.slots if t >= RAMP_UP_S) if tenant.slots else None,
         }
     return out
 
