@@ -59,6 +59,7 @@ def test_the_file_names_each_tenant_its_keys_models_class_and_limits():
             "also a key of 'a'",
         ),
         ("tenants: [{name: 'a b'}]", "name"),
+        ("tenants: [{name: anonymous}]", "reserved"),
         ("tenants: [{name: a, weight: 0}]", "weight"),
         ("tenants: [{name: a, limits: {requests_per_minute: -1}}]", "requests_per_minute"),
         ("[1, 2]", "tenants"),

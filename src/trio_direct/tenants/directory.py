@@ -47,6 +47,8 @@ _LIMIT_FIELDS = ("concurrent_requests", "requests_per_minute", "tokens_per_minut
 _HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
 #: A tenant name goes into metrics labels, log lines, trace attributes and counter keys.
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+#: Metrics labels of the callers the file does not name (`tenants.access.MetricLabels`).
+RESERVED_NAMES = frozenset({"anonymous", "other"})
 
 
 class TenantFileError(ValueError):
@@ -162,6 +164,8 @@ def parse_tenant(entry: Any) -> Tenant:
     name = entry.get("name")
     if not isinstance(name, str) or _NAME.fullmatch(name) is None:
         raise TenantFileError("'name' must be 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit")
+    if name in RESERVED_NAMES:
+        raise TenantFileError(f"{name!r} is reserved (metrics label callers outside the file with it)")
     keys = entry.get("api_keys_sha256", [])
     if not isinstance(keys, list) or not all(isinstance(key, str) and _HEX_DIGEST.fullmatch(key) for key in keys):
         raise TenantFileError(f"{name}: 'api_keys_sha256' must be a list of lower-case hex SHA-256 digests (64 digits)")
