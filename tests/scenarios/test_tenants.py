@@ -295,3 +295,17 @@ async def test_a_malformed_tenants_file_stops_the_start_naming_what_is_wrong(aio
     config = parse_serve_args(["--port", "0", "--tenants-file", str(path)], environ={})
     with pytest.raises(FleetError, match=r"--tenants-file: .*tenant 0: alpha: 'api_keys_sha256'"):
         await serve_frontend(config)
+
+
+async def test_a_stored_response_is_its_tenants_own(aio_loop, nursery, tmp_path):
+    base, _ = await serve(nursery, tmp_path, tenants_yaml(tenant("alpha", "key-alpha"), tenant("beta", "key-beta")))
+    alpha, beta = client(base, "key-alpha"), client(base, "key-beta")
+    stored = await alpha.responses.create(model=MODEL, input="Hello", max_output_tokens=4, store=True)
+    assert (await alpha.responses.retrieve(stored.id)).id == stored.id
+    with pytest.raises(openai.NotFoundError):
+        await beta.responses.retrieve(stored.id)
+    with pytest.raises(openai.NotFoundError):
+        await beta.responses.create(model=MODEL, input="Go on", max_output_tokens=4, previous_response_id=stored.id)
+    with pytest.raises(openai.NotFoundError):
+        await beta.responses.delete(stored.id)
+    await alpha.responses.delete(stored.id)

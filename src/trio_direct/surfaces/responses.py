@@ -44,6 +44,8 @@ from trio_direct.surfaces.chat import plan_chat
 from trio_direct.surfaces.conversation import assistant_message, chat_equivalent, chat_tool, chat_tool_call
 from trio_direct.surfaces.images import require_image_support, responses_image_part
 from trio_direct.surfaces.output_blocks import BlockSequencer, BlockStep, OutputBlock, blocks_of
+from trio_direct.tenants import access as tenant_access
+from trio_direct.tenants.directory import ANONYMOUS
 
 if TYPE_CHECKING:
     from trio_direct.frontend.runtime import ModelPool
@@ -73,7 +75,7 @@ async def create(exchange: Exchange) -> None:
     store: ResponseStore = frontend.responses
     history: list[dict[str, Any]] = []
     if request.previous_response_id is not None:
-        previous = store.get(request.previous_response_id)
+        previous = store.get(_stored_key(request.previous_response_id))
         if previous is None:
             raise errors.OpenAIError(
                 f"Previous response with id '{request.previous_response_id}' not found.",
@@ -90,14 +92,14 @@ async def create(exchange: Exchange) -> None:
         conversation = history + turn
 
         def on_finished(body: bytes, blocks: list[OutputBlock]) -> None:
-            store.put(plan.id, body, [*conversation, assistant_message(blocks)])
+            store.put(_stored_key(plan.id), body, [*conversation, assistant_message(blocks)])
 
     await exchange.respond(pool, plan, ResponsesRenderer(plan, response_fields(request), on_finished=on_finished))
 
 
 async def retrieve(exchange: Exchange) -> None:
     response_id = exchange.params["response_id"]
-    stored = exchange.frontend.responses.get(response_id)
+    stored = exchange.frontend.responses.get(_stored_key(response_id))
     if stored is None:
         raise _unknown(response_id)
     await exchange.json(200, stored.body)
@@ -105,9 +107,16 @@ async def retrieve(exchange: Exchange) -> None:
 
 async def delete(exchange: Exchange) -> None:
     response_id = exchange.params["response_id"]
-    if not exchange.frontend.responses.delete(response_id):
+    if not exchange.frontend.responses.delete(_stored_key(response_id)):
         raise _unknown(response_id)
     await exchange.json(200, objects.deleted_body(response_id))
+
+
+def _stored_key(response_id: str) -> str:
+    """A stored response is its tenant's (`tenants`): another tenant neither reads, continues nor
+    deletes it, as if it did not exist."""
+    tenant = tenant_access.CURRENT.get()
+    return response_id if tenant is ANONYMOUS else f"{tenant.name}/{response_id}"
 
 
 def _unknown(response_id: str) -> OpenAIError:
