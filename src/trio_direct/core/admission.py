@@ -9,8 +9,8 @@ Who goes next is fair between tenants (`tenants.fair_queue.FairLine`): the tenan
 priority class first, then within a class the tenant holding the fewest slots for its weight
 (weighted fair queueing between equals), so that a tenant sending ten times more requests gets its
 weight's share of the slots, not ten elevenths; each tenant's own waiters by their request's
-`priority`, then by arrival. Without tenants every request
-is the same tenant's: highest `priority` first, then arrival.
+`priority`, then by arrival. Without tenants every request is the same tenant's: highest
+`priority` first, then arrival.
 
 A request is counted from its arrival, before its body is read (`arrive`), so that a flood of bodies
 cannot overrun the limit; it takes its place in the line once its body is decoded and planned, when
