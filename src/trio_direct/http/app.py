@@ -176,6 +176,12 @@ def create_app(
             await exchange.json(error.status, route.error_body(error), headers=headers)
             metrics.REQUESTS.labels(model="", endpoint=route.endpoint, stream="", status="429").inc()
             return
+        except Exception as failure:  # noqa: BLE001 - a shared store out of reach: the limits cannot be checked
+            log.error("tenant limits cannot be checked: %s", failure)
+            error = errors.service_unavailable("The server cannot check this key's rate limits right now.")
+            await exchange.json(error.status, route.error_body(error), headers=[(b"retry-after", b"1")])
+            metrics.REQUESTS.labels(model="", endpoint=route.endpoint, stream="", status="503").inc()
+            return
         exchange.extra_headers += grant.headers
         ticket = admission.arrive(tenant.name, tenant.priority, tenant.weight)
         if ticket is None:
@@ -284,8 +290,10 @@ async def _settle(grant: Grant, exchange: Exchange) -> None:
             usage = exchange.usage()
             if usage is not None:
                 await grant.charge(usage[0] + usage[1])
-        finally:
             await grant.end()
+        except Exception as failure:  # noqa: BLE001 - a shared store out of reach: its leases expire
+            log.warning("the tenant counters failed at the end of a request: %s", failure)
+            return
     if scope.cancelled_caught:
         log.warning("the tenant counters did not answer in %gs: a slot is freed when its lease ends", _SETTLE_TIMEOUT)
 

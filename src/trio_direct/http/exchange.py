@@ -10,6 +10,7 @@ HTTP layer writes them in the route's own envelope.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -33,6 +34,8 @@ __all__ = ["Exchange", "Receive", "Scope", "Send", "request_priority"]
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+log = logging.getLogger(__name__)
 
 _JSON = (b"content-type", b"application/json")
 
@@ -152,8 +155,12 @@ class Exchange:
 
     async def _charge(self, grant: Grant) -> None:
         usage = self.usage()
-        if usage is not None:
+        if usage is None:
+            return
+        try:
             await grant.charge(usage[0] + usage[1])
+        except Exception as failure:  # noqa: BLE001 - a shared store out of reach never cuts a stream
+            log.warning("cannot count tokens against the tenant's limit: %s", failure)
 
     def usage(self) -> tuple[int, int] | None:
         """(prompt, completion) tokens of the planned generation so far; None before it is planned."""
