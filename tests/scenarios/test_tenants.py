@@ -19,7 +19,7 @@ import openai
 import pytest
 import trio
 from jwks_server import JwksServer, SigningKey
-from support import start_frontend
+from support import start_frontend, start_mock_engine
 
 MODEL = "tiny"
 
@@ -309,3 +309,17 @@ async def test_a_stored_response_is_its_tenants_own(aio_loop, nursery, tmp_path)
     with pytest.raises(openai.NotFoundError):
         await beta.responses.delete(stored.id)
     await alpha.responses.delete(stored.id)
+
+
+async def test_embedding_tokens_count_against_the_tenants_tokens(aio_loop, nursery, tmp_path):
+    engine = await start_mock_engine(nursery, "--is-embedding", "--speedup", "inf")
+    path = tmp_path / "tenants.yaml"
+    path.write_text(tenants_yaml(tenant("alpha", "key", tokens_per_minute=1000)))
+    base = await start_frontend(
+        nursery, "--engine-url", engine.url, "--served-model-name", MODEL, "--tenants-file", str(path)
+    )
+    alpha = client(base, "key")
+    first = await alpha.embeddings.with_raw_response.create(model=MODEL, input="one two three four five")
+    used = first.parse().usage.prompt_tokens
+    second = await alpha.embeddings.with_raw_response.create(model=MODEL, input="six")
+    assert used > 0 and int(second.headers["x-ratelimit-remaining-tokens"]) == 1000 - used

@@ -76,7 +76,7 @@ class Exchange:
 
     __slots__ = (
         "scope", "_send", "body", "params", "started", "_frontend", "status", "headers_sent", "ended",
-        "extra_headers", "model", "stream", "admission", "ticket", "grant", "plan",
+        "extra_headers", "model", "stream", "admission", "ticket", "grant", "plan", "counted",
     )  # fmt: skip
 
     def __init__(
@@ -109,6 +109,8 @@ class Exchange:
         #: Its account with its tenant's limits (`tenants.limiter`), and the plan whose tokens it is charged.
         self.grant: Grant | None = None
         self.plan: RequestPlan | None = None
+        #: (prompt, completion) tokens of a request answered without a plan (`count_usage`).
+        self.counted: tuple[int, int] | None = None
 
     @property
     def frontend(self) -> Frontend:
@@ -162,11 +164,16 @@ class Exchange:
         except Exception as failure:  # noqa: BLE001 - a shared store out of reach never cuts a stream
             log.warning("cannot count tokens against the tenant's limit: %s", failure)
 
+    def count_usage(self, prompt_tokens: int, completion_tokens: int = 0) -> None:
+        """The tokens of a request that is not answered through `respond` (embeddings), for its
+        tenant's limits and metrics."""
+        self.counted = (prompt_tokens, completion_tokens)
+
     def usage(self) -> tuple[int, int] | None:
         """(prompt, completion) tokens of the planned generation so far; None before it is planned."""
         plan = self.plan
         if plan is None:
-            return None
+            return self.counted
         usage = plan.usage()
         return usage.prompt_tokens, usage.completion_tokens
 

@@ -61,6 +61,7 @@ async def handle(exchange: Exchange) -> None:
         vectors = [truncate_normalized(vector, dimensions) for vector in vectors]
     prompt_tokens = sum(output.prompt_tokens for output in outputs)
     metrics.TOKENS.labels(pool.name, "input").inc(prompt_tokens)
+    exchange.count_usage(prompt_tokens)
     size = sum(len(vector) for vector in vectors)
     args = (pool.name, vectors, prompt_tokens, request.encoding_format)
     if size > _THREAD_THRESHOLD_FLOATS:
