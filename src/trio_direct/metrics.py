@@ -64,7 +64,8 @@ QUEUE_WAIT = Histogram(
 )  # fmt: skip
 ADMISSION_REJECTIONS = Counter(
     "trio_direct_admission_rejections", "Requests refused at admission, by reason (limit: past --max-concurrent-requests "
-    "and --max-queued-requests, 429; busy: every engine busy and the queue full, 429; timeout: --queue-timeout, 503)",
+    "and --max-queued-requests, 429; busy: every engine busy and the queue full, 429; timeout: --queue-timeout, 503; "
+    "displaced: its place in a full queue went to a tenant with fewer waiting, 429)",
     ["reason"], registry=REGISTRY,
 )  # fmt: skip
 STALLED_ENGINES = Counter(

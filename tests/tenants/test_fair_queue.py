@@ -7,7 +7,11 @@ import heapq
 import random
 from collections import Counter
 
-from trio_direct.core.admission import ADMITTED, AdmissionQueue, Ticket
+import trio
+import trio.testing
+
+from trio_direct.core.admission import ADMITTED, DISPLACED, RESERVED, Admission, AdmissionQueue, Ticket
+from trio_direct.openai.errors import OpenAIError
 from trio_direct.tenants.fair_queue import FairLine
 
 
@@ -169,3 +173,56 @@ def test_a_waiter_that_leaves_is_out_of_the_line_and_idle_tenants_are_forgotten(
         line.push(f"x{seq}", "x", (0, 2000 + seq))
     assert serve_one_at_a_time(line, {f"x{seq}": "x" for seq in range(3)}, 3) == ["x0", "x1", "x2"]
     assert len(line._flows) <= 1  # a thousand token-named tenants leave nothing behind
+
+
+def test_a_full_queue_makes_room_for_a_tenant_with_fewer_waiting_at_the_floods_expense():
+    queue = AdmissionQueue(max_active=2, max_queued=4)
+    running = [queue.arrive("flood"), queue.arrive("flood")]
+    assert all(ticket.state == ADMITTED for ticket in running)
+    woken: list[Ticket] = []
+    flood = []
+    for _ in range(4):
+        ticket = queue.arrive("flood")
+        assert ticket is not None
+        ticket.wake = lambda ticket=ticket: woken.append(ticket)
+        assert not queue.wait(ticket, 0, None)
+        flood.append(ticket)
+    assert queue.arrive("flood") is None  # full, and the flood has the most waiting: refused at once
+    steady = queue.arrive("steady")
+    assert steady is not None and steady.state == RESERVED  # in, in place of the flood's last
+    assert woken == [flood[-1]] and flood[-1].state == DISPLACED
+    second = queue.arrive("steady")
+    assert second is not None and woken == [flood[-1], flood[-2]]  # steady 2 vs flood 2: still room
+    assert queue.arrive("steady") is None  # steady 3 against flood 2: it would be the heavier one
+    assert queue.queued == 4
+    queue.leave(flood[-1])  # a displaced request's end frees nothing more
+    assert queue.queued == 4 and queue.active == 2
+    assert not queue.wait(steady, 0, None)
+    queue.leave(running[0])
+    assert steady.state == ADMITTED  # the steady tenant holds fewer slots: it goes first
+
+
+async def test_a_displaced_request_is_answered_429():
+    admission = Admission(max_active=1, max_queued=2, timeout=30)
+    running = admission.arrive("flood")
+    waiting = [admission.arrive("flood"), admission.arrive("flood")]
+    assert running is not None and None not in waiting
+    outcome: dict = {}
+
+    async def wait(ticket) -> None:
+        try:
+            await admission.admit(ticket, None, None)
+            outcome[ticket.seq] = 200
+        except OpenAIError as error:
+            outcome[ticket.seq] = error.status
+
+    async with trio.open_nursery() as nursery:
+        for ticket in waiting:
+            nursery.start_soon(wait, ticket)
+            await trio.testing.wait_all_tasks_blocked()
+        assert admission.arrive("steady") is not None
+        await trio.testing.wait_all_tasks_blocked()
+        assert outcome == {waiting[1].seq: 429}  # the flood's last waiter
+        admission.leave(waiting[1])
+        admission.leave(running)
+    assert outcome == {waiting[1].seq: 429, waiting[0].seq: 200}

@@ -12,6 +12,10 @@ weight's share of the slots, not ten elevenths; each tenant's own waiters by the
 `priority`, then by arrival. Without tenants every request is the same tenant's: highest
 `priority` first, then arrival.
 
+The room in the line is shared fairly too: with the line full, a request of a tenant that has fewer
+requests queued for its weight than another takes the place of that tenant's last waiter, which is
+answered 429 (`displaced`); otherwise it is refused at once (429).
+
 A request is counted from its arrival, before its body is read (`arrive`), so that a flood of bodies
 cannot overrun the limit; it takes its place in the line once its body is decoded and planned, when
 its `priority` and its model are known (`AdmissionQueue.wait`), and it is dispatched only once it
@@ -57,6 +61,7 @@ ADMITTED = "admitted"  #: holds a slot
 RESERVED = "reserved"  #: counted against the queue, its body not planned yet
 WAITING = "waiting"  #: in the line
 LEFT = "left"  #: ended (served, refused, timed out or gone)
+DISPLACED = "displaced"  #: its place in the line went to a tenant with fewer waiting (429)
 
 
 class Gate(Protocol):
@@ -104,6 +109,8 @@ class AdmissionQueue:
         self.queued = 0
         #: The line: fair between tenants, each tenant's own by `Ticket.order`.
         self._line: FairLine[Ticket] = FairLine()
+        #: Per tenant with tickets counted against `max_queued`: (how many, its weight).
+        self._queued_by: dict[str, list[float]] = {}
         self._seq = itertools.count()
 
     @property
@@ -119,12 +126,43 @@ class AdmissionQueue:
             state = ADMITTED
             self.active += 1
             self._line.hold(tenant, priority=tenant_priority, weight=weight)
-        elif self.queued < self.max_queued:
+        elif self.queued < self.max_queued or self._displace_for(tenant, weight):
             state = RESERVED
             self.queued += 1
+            self._count(tenant, 1, weight)
         else:
             return None
         return Ticket(state, seq=next(self._seq), tenant=tenant, tenant_priority=tenant_priority, weight=weight)
+
+    def _count(self, tenant: str, delta: int, weight: float = 1.0) -> None:
+        entry = self._queued_by.get(tenant)
+        if entry is None:
+            entry = self._queued_by[tenant] = [0, weight]
+        entry[0] += delta
+        if entry[0] <= 0:
+            del self._queued_by[tenant]
+
+    def _displace_for(self, tenant: str, weight: float) -> bool:
+        """The line is full: make room for `tenant` if another tenant has more queued for its
+        weight than `tenant` would have with this request. That tenant's last waiter gives up its
+        place (its request is answered 429), so that a tenant flooding the queue cannot keep the
+        others out of it."""
+        mine = (self._queued_by.get(tenant, (0, weight))[0] + 1) / weight
+        heaviest, most = None, mine
+        for name, (count, their_weight) in self._queued_by.items():
+            if name != tenant and count / their_weight > most and self._line.last(name) is not None:
+                heaviest, most = name, count / their_weight
+        if heaviest is None:
+            return False
+        victim = self._line.last(heaviest)
+        assert victim is not None
+        self._line.remove(victim)
+        victim.state = DISPLACED
+        self.queued -= 1
+        self._count(victim.tenant, -1)
+        if victim.wake is not None:
+            victim.wake()
+        return True
 
     def wait(self, ticket: Ticket, priority: int, gate: Gate | None) -> bool:
         """The request is planned: True when it may be dispatched now; otherwise it is in the line
@@ -142,6 +180,7 @@ class AdmissionQueue:
             self.active -= 1  # give the slot back: whoever it can serve may take it
             self._line.release(ticket.tenant)
             self.queued += 1
+            self._count(ticket.tenant, 1, ticket.weight)
         elif ticket.state != RESERVED:
             raise RuntimeError(f"a ticket {ticket.state} cannot wait")
         ticket.state = WAITING
@@ -157,9 +196,11 @@ class AdmissionQueue:
             self._line.release(ticket.tenant)
         elif state == RESERVED:
             self.queued -= 1
+            self._count(ticket.tenant, -1)
         elif state == WAITING:
             self._line.remove(ticket)
             self.queued -= 1
+            self._count(ticket.tenant, -1)
         else:
             return
         self._admit_waiting()
@@ -191,6 +232,7 @@ class AdmissionQueue:
         for ticket in self._line.take(free, can_go):
             self.active += 1
             self.queued -= 1
+            self._count(ticket.tenant, -1)
             ticket.state, ticket.cleared = ADMITTED, True
             if ticket.wake is not None:
                 ticket.wake()
@@ -260,6 +302,12 @@ class Admission:
             metrics.TENANT_QUEUE_WAIT.labels(ticket.label).observe(waited)
         if ticket.state == ADMITTED:
             return
+        if ticket.state == DISPLACED:
+            ticket.state = LEFT
+            metrics.ADMISSION_REJECTIONS.labels("displaced").inc()
+            raise errors.rate_limited(
+                "The queue is full: this request gave its place to another tenant's; retry later."
+            )
         self.leave(ticket)
         metrics.ADMISSION_REJECTIONS.labels("timeout").inc()
         log.info("request waited %gs in the admission queue; answered 503", self.timeout)

@@ -94,6 +94,11 @@ class FairLine(Generic[Item]):
         if not flow.held and not flow.items and flow.finish <= self._virtual.get(flow.priority, 0.0):
             del self._flows[tenant]
 
+    def last(self, tenant: str) -> Item | None:
+        """`tenant`'s waiter that would go last (its lowest request priority, latest arrival)."""
+        flow = self._flows.get(tenant)
+        return flow.items[-1] if flow is not None and flow.items else None
+
     def held(self, tenant: str) -> int:
         flow = self._flows.get(tenant)
         return flow.held if flow is not None else 0
