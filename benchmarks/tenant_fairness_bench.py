@@ -171,7 +171,13 @@ def write_tenants_file(out: Path) -> Path:
 
 async def main_async(args: argparse.Namespace, out: Path, tenants_file: Path) -> int:
     keys = KEYS
-    results: dict = {"slots": SLOTS, "steady_in_flight": STEADY, "flood_in_flight": FLOOD, "seconds": args.seconds}
+    results: dict = {
+        "queue": args.queue,
+        "slots": SLOTS,
+        "steady_in_flight": STEADY,
+        "flood_in_flight": FLOOD,
+        "seconds": args.seconds,
+    }
     phases: dict[str, list[Tenant]] = {}
     with Children() as children:
         engines = [
@@ -184,7 +190,7 @@ async def main_async(args: argparse.Namespace, out: Path, tenants_file: Path) ->
                 sys.executable, "-m", "trio_direct", "serve", "--port", str(port), "--log-level", "warning",
                 *(arg for engine in engines for arg in ("--engine-url", f"grpc://127.0.0.1:{engine}")),
                 "--served-model-name", MODEL, "--max-concurrent-requests", str(SLOTS),
-                "--max-queued-requests", "512", "--queue-timeout", "120", "--tenants-file", str(tenants_file),
+                "--max-queued-requests", str(args.queue), "--queue-timeout", "120", "--tenants-file", str(tenants_file),
             ],
             stdout=subprocess.DEVNULL,
         )  # fmt: skip
@@ -275,6 +281,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=15.0, help="length of each phase")
     parser.add_argument("--speedup", type=float, default=1.0, help="the mock engines' --mock-speedup")
+    parser.add_argument("--queue", type=int, default=512, help="--max-queued-requests (below 83 the flood fills it)")
     parser.add_argument("--out", default="benchmarks/results/tenant_fairness")
     args = parser.parse_args()
     out = Path(args.out)
