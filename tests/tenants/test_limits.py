@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 
 import pytest
+import trio
+import trio.lowlevel
 
 from trio_direct.tenants.counters import LocalCounters
 from trio_direct.tenants.directory import TenantFileError, parse_tenants
@@ -153,13 +155,46 @@ async def test_a_tenant_without_limits_costs_no_counting():
 def test_slot_leases_expire_for_a_frontend_that_died_holding_them():
     clock = Clock()
     counters = LocalCounters(clock)
-    assert counters.acquire("k", "dead", 1, 30) == (True, 1)
-    assert counters.acquire("k", "alive", 1, 30) == (False, 1)
-    assert counters.acquire("k", "dead", 1, 30) == (True, 1)  # renewing is taking it again
+    assert counters.acquire_slot("k", "dead", 1, 30) == (True, 1)
+    assert counters.acquire_slot("k", "alive", 1, 30) == (False, 1)
+    assert counters.acquire_slot("k", "dead", 1, 30) == (True, 1)  # renewing is taking it again
     clock.now += 31
-    assert counters.acquire("k", "alive", 1, 30) == (True, 1)
+    assert counters.acquire_slot("k", "alive", 1, 30) == (True, 1)
 
 
 def test_reset_durations_read_as_openai_writes_them():
     seconds = (0.02, 0.9991, 1, 59.2, 60, 360, 361.5)
     assert [format_reset(s) for s in seconds] == [b"20ms", b"1000ms", b"1s", b"1m0s", b"1m0s", b"6m0s", b"6m2s"]
+
+
+class AsyncCounters(LocalCounters):
+    """The same counts behind coroutines, as a store reached over the network answers."""
+
+    async def add_to_window(self, key: str, amount: int, window_s: float) -> tuple[int, float]:  # type: ignore[override]
+        await trio.lowlevel.checkpoint()
+        return super().add_to_window(key, amount, window_s)
+
+    async def acquire_slot(self, key: str, holder: str, limit: int, lease_s: float) -> tuple[bool, int]:  # type: ignore[override]
+        await trio.lowlevel.checkpoint()
+        return super().acquire_slot(key, holder, limit, lease_s)
+
+    async def release_slot(self, key: str, holder: str) -> None:  # type: ignore[override]
+        await trio.lowlevel.checkpoint()
+        super().release_slot(key, holder)
+
+
+async def test_the_limiter_takes_counters_that_answer_with_coroutines():
+    counters = AsyncCounters(Clock())
+    limiter = TenantLimiter(counters)
+    alpha = parse_tenants(FILE).by_key(b"key-a1")
+    assert alpha is not None
+    first, second = await limiter.begin(alpha, "r1"), await limiter.begin(alpha, "r2")
+    with pytest.raises(RateLimited):
+        await limiter.begin(alpha, "r3")  # two concurrent at most
+    await first.charge(120)
+    await first.end()
+    await second.end()
+    with pytest.raises(RateLimited) as refused:
+        await limiter.begin(alpha, "r4")
+    assert refused.value.limit == "tokens_per_minute"
+    assert counters.held(limiter.key(alpha, "concurrent")) == 0

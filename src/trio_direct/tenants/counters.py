@@ -11,35 +11,47 @@ The limiter (`tenants.limiter`) asks for two things, by key:
 `LocalCounters` keeps them in this process: with several ``--workers`` or replicas each process
 counts on its own, and a tenant gets its limits once per process. A shared state store (Redis,
 PostgreSQL) that implements the same three methods makes them hold across every frontend; the
-limiter takes either unchanged. The methods are coroutines because a shared store answers over the
-network; the local ones never wait.
+limiter takes either unchanged. A method may answer at once or be a coroutine (a shared store
+answers over the network): the limiter awaits what is awaitable (`answer`).
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypeVar
 
-__all__ = ["Counters", "LocalCounters"]
+__all__ = ["Counters", "LocalCounters", "answer"]
+
+T = TypeVar("T")
+
+
+async def answer(value: T | Awaitable[T]) -> T:
+    """A counters method's answer, awaited when it is a coroutine."""
+    if inspect.isawaitable(value):
+        return await value
+    return value
 
 
 class Counters(Protocol):
     """Windows and leased slots shared by everything that enforces the same limits."""
 
-    async def add_to_window(self, key: str, amount: int, window_s: float) -> tuple[int, float]:
+    def add_to_window(self, key: str, amount: int, window_s: float) -> tuple[int, float] | Awaitable[tuple[int, float]]:
         """Add `amount` to `key`'s current fixed window of `window_s` seconds: (the window's total
         after the add, seconds until the window resets)."""
         ...
 
-    async def acquire_slot(self, key: str, holder: str, limit: int, lease_s: float) -> tuple[bool, int]:
+    def acquire_slot(
+        self, key: str, holder: str, limit: int, lease_s: float
+    ) -> tuple[bool, int] | Awaitable[tuple[bool, int]]:
         """Take (or renew) `holder`'s slot of `key` if fewer than `limit` are held: (acquired, the
         number held now). A slot not renewed within `lease_s` seconds is freed."""
         ...
 
-    async def release_slot(self, key: str, holder: str) -> None:
+    def release_slot(self, key: str, holder: str) -> Awaitable[None] | None:
         """Free `holder`'s slot of `key` (nothing if it holds none)."""
         ...
 
@@ -72,8 +84,7 @@ class LocalCounters:
         self._windows: dict[str, _Window] = {}
         self._slots: dict[str, _Slots] = {}
 
-    def add(self, key: str, amount: int, window_s: float) -> tuple[int, float]:
-        """`add_to_window`, synchronously."""
+    def add_to_window(self, key: str, amount: int, window_s: float) -> tuple[int, float]:
         now = self._clock()
         start = math.floor(now / window_s) * window_s
         window = self._windows.get(key)
@@ -88,8 +99,7 @@ class LocalCounters:
         for key in [key for key, window in self._windows.items() if window.start + window_s <= now]:
             del self._windows[key]
 
-    def acquire(self, key: str, holder: str, limit: int, lease_s: float) -> tuple[bool, int]:
-        """`acquire_slot`, synchronously."""
+    def acquire_slot(self, key: str, holder: str, limit: int, lease_s: float) -> tuple[bool, int]:
         now = self._clock()
         slots = self._slots.setdefault(key, _Slots())
         leases = slots.leases
@@ -100,8 +110,7 @@ class LocalCounters:
             return True, len(leases)
         return False, len(leases)
 
-    def release(self, key: str, holder: str) -> None:
-        """`release_slot`, synchronously."""
+    def release_slot(self, key: str, holder: str) -> None:
         slots = self._slots.get(key)
         if slots is None:
             return
@@ -112,12 +121,3 @@ class LocalCounters:
     def held(self, key: str) -> int:
         slots = self._slots.get(key)
         return len(slots.leases) if slots is not None else 0
-
-    async def add_to_window(self, key: str, amount: int, window_s: float) -> tuple[int, float]:
-        return self.add(key, amount, window_s)
-
-    async def acquire_slot(self, key: str, holder: str, limit: int, lease_s: float) -> tuple[bool, int]:
-        return self.acquire(key, holder, limit, lease_s)
-
-    async def release_slot(self, key: str, holder: str) -> None:
-        self.release(key, holder)

@@ -23,7 +23,7 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from trio_direct.tenants.counters import Counters
+from trio_direct.tenants.counters import Counters, answer
 from trio_direct.tenants.directory import Tenant
 
 __all__ = ["Grant", "Quota", "RateLimited", "TenantLimiter", "format_reset", "rate_limit_headers"]
@@ -114,17 +114,17 @@ class Grant:
         new = total_tokens - self.charged
         if new > 0 and self.tenant.limits.tokens_per_minute is not None:
             self.charged = total_tokens
-            await limiter.counters.add_to_window(limiter.key(self.tenant, "tokens"), new, WINDOW_S)
+            await answer(limiter.counters.add_to_window(limiter.key(self.tenant, "tokens"), new, WINDOW_S))
         if self.slot_key is not None and now - self.renewed_at >= SLOT_LEASE_S / 2:
             self.renewed_at = now
             limit = self.tenant.limits.concurrent_requests or 1
-            await limiter.counters.acquire_slot(self.slot_key, self.holder, limit, SLOT_LEASE_S)
+            await answer(limiter.counters.acquire_slot(self.slot_key, self.holder, limit, SLOT_LEASE_S))
 
     async def end(self) -> None:
         """The request ended: its slot is free."""
         if self.limiter is not None and self.slot_key is not None:
             key, self.slot_key = self.slot_key, None
-            await self.limiter.counters.release_slot(key, self.holder)
+            await answer(self.limiter.counters.release_slot(key, self.holder))
 
 
 class TenantLimiter:
@@ -148,7 +148,7 @@ class TenantLimiter:
         try:
             if limits.concurrent_requests is not None:
                 key = self.key(tenant, "concurrent")
-                acquired, _ = await counters.acquire_slot(key, holder, limits.concurrent_requests, SLOT_LEASE_S)
+                acquired, _ = await answer(counters.acquire_slot(key, holder, limits.concurrent_requests, SLOT_LEASE_S))
                 if not acquired:
                     raise RateLimited(
                         f"Tenant {tenant.name!r} is at its limit of {limits.concurrent_requests} concurrent "
@@ -159,10 +159,10 @@ class TenantLimiter:
                     )
                 grant.slot_key = key
             if limits.tokens_per_minute is not None:
-                used, reset = await counters.add_to_window(self.key(tenant, "tokens"), 0, WINDOW_S)
+                used, reset = await answer(counters.add_to_window(self.key(tenant, "tokens"), 0, WINDOW_S))
                 tokens = Quota(limits.tokens_per_minute, max(0, limits.tokens_per_minute - used), reset)
             if limits.requests_per_minute is not None:
-                count, reset = await counters.add_to_window(self.key(tenant, "requests"), 1, WINDOW_S)
+                count, reset = await answer(counters.add_to_window(self.key(tenant, "requests"), 1, WINDOW_S))
                 requests = Quota(limits.requests_per_minute, max(0, limits.requests_per_minute - count), reset)
                 if count > limits.requests_per_minute:
                     raise RateLimited(
