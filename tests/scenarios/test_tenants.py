@@ -259,11 +259,14 @@ async def test_jwt_bearer_tokens_from_a_jwks_name_their_tenant(aio_loop, nursery
         key.token(tenant="alpha", not_before=300),  # not yet valid
         key.token(tenant="alpha", aud="elsewhere"),  # another audience
         SigningKey("k1").token(tenant="alpha"),  # signed by another key
-        SigningKey("k2").token(tenant="alpha"),  # an unknown kid
+        SigningKey("k2").token(tenant="alpha"),  # an unknown kid (k2 is not published yet)
         key.token(tenant="gamma"),  # a tenant the file does not know
     ):
         with pytest.raises(openai.AuthenticationError):
             await client(base, token).chat.completions.create(**chat())
+    rotated = SigningKey("k2")
+    jwks.keys = [key, rotated]  # the provider publishes a new key: its tokens are accepted at once
+    assert (await client(base, rotated.token(tenant="alpha")).chat.completions.create(**chat())).choices
 
 
 async def test_the_tenant_is_in_the_requests_trace(aio_loop, nursery, tmp_path):

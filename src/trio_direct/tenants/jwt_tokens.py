@@ -8,7 +8,8 @@ future, its ``nbf`` (if any) is past, and its ``iss`` and ``aud`` are ``--jwt-is
 
 The key set is fetched once at start and cached; a token whose ``kid`` the cache does not know
 makes it fetch the set again (a provider that rotates its keys publishes the new one before it
-signs with it), at most once per `REFRESH_MIN_S` seconds so that tokens with made-up ``kid`` s
+signs with it). Those fetches draw on a small budget, `REFRESH_BURST` at once and one more every
+`REFRESH_MIN_S` seconds, so that a new key is seen at once while tokens with made-up ``kid`` s
 cannot turn the frontend into a client flooding the provider. The cache is also refreshed every
 `MAX_AGE_S` seconds, so that a key the provider withdrew stops being accepted. The fetch is an
 async HTTP call (httpx on trio): it never blocks the event loop, and concurrent requests with the
@@ -31,6 +32,7 @@ __all__ = ["JwksCache", "JwtVerifier", "TokenRejected", "fetch_jwks", "looks_lik
 log = logging.getLogger(__name__)
 
 REFRESH_MIN_S = 10.0
+REFRESH_BURST = 5
 MAX_AGE_S = 300.0
 FETCH_TIMEOUT_S = 5.0
 #: Clock skew tolerated on exp and nbf.
@@ -74,6 +76,9 @@ class JwksCache:
         self._keys: dict[str, jwt.PyJWK] = {}
         self._fetched_at = -float("inf")
         self._lock = trio.Lock()
+        #: Fetches an unknown kid may still cause now (refilled one per `refresh_min_s`).
+        self._credit = float(REFRESH_BURST)
+        self._credited_at = time.monotonic()
 
     async def key(self, kid: str) -> jwt.PyJWK | None:
         now = time.monotonic()
@@ -81,9 +86,19 @@ class JwksCache:
         stale = now - self._fetched_at >= self._max_age_s
         if key is not None and not stale:
             return key
-        if stale or now - self._fetched_at >= self._refresh_min_s:
+        if stale or self._spend(now):
             await self.refresh(since=self._fetched_at)
         return self._keys.get(kid)
+
+    def _spend(self, now: float) -> bool:
+        """Whether an unknown kid may cause a fetch now (the budget of the module docstring)."""
+        rate = 1.0 / self._refresh_min_s if self._refresh_min_s > 0 else float("inf")
+        self._credit = min(float(REFRESH_BURST), self._credit + (now - self._credited_at) * rate)
+        self._credited_at = now
+        if self._credit < 1:
+            return False
+        self._credit -= 1
+        return True
 
     async def refresh(self, since: float | None = None) -> None:
         """Fetch the set again (unless another task did since `since`); a failure keeps the old keys."""
