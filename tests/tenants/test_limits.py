@@ -38,6 +38,8 @@ def test_the_file_names_each_tenant_its_keys_models_class_and_limits():
     alpha, beta = directory.by_key(b"key-a1"), directory.by_key(b"key-b")
     assert alpha is not None and beta is not None
     assert directory.by_key(b"key-a2") is alpha  # several keys: rotation
+    upper = parse_tenants(f"tenants: [{{name: a, api_keys_sha256: ['{sha('k').upper()}']}}]")
+    assert upper.by_key(b"k") is not None  # upper-case hex is the same digest
     assert directory.by_key(b"key-a3") is None and directory.by_key(sha("key-a1").encode()) is None
     assert alpha.may_use("anything") and beta.may_use("small") and not beta.may_use("large")
     assert (beta.priority, beta.weight, beta.limits.any) == (1, 2.5, False)
@@ -52,7 +54,7 @@ def test_the_file_names_each_tenant_its_keys_models_class_and_limits():
     ("text", "complaint"),
     [
         ("tenants: [{name: a, api_keys_sha256: [abc]}]", "64"),
-        (f"tenants: [{{name: a, api_keys_sha256: ['{sha('k').upper()}']}}]", "lower-case"),
+        ("tenants: [{name: a, api_keys_sha256: ['" + "g" * 64 + "']}]", "hex"),
         ("tenants: [{name: a, limits: {tokens_per_hour: 5}}]", "tokens_per_hour"),
         ("tenants: [{name: a, colour: red}]", "colour"),
         ("tenants: [{name: a}, {name: a}]", "twice"),

@@ -17,7 +17,7 @@ confirmed with `hmac.compare_digest`: what a lookup's timing could reveal is how
 compares to a stored digest, which says nothing about any key.
 
 A missing limit (or 0) means no limit. Anything wrong (an unknown field, a key that is not 64 hex
-digits, a key given to two tenants, a name used twice) is a `TenantFileError` naming the entry: the
+digits (either case), a key given to two tenants, a name used twice) is a `TenantFileError` naming the entry: the
 watcher then keeps the last good directory, so a half-written file never locks every client out.
 """
 
@@ -44,7 +44,7 @@ __all__ = [
 
 _TENANT_FIELDS = frozenset({"name", "api_keys_sha256", "models", "priority", "weight", "limits"})
 _LIMIT_FIELDS = ("concurrent_requests", "requests_per_minute", "tokens_per_minute")
-_HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
+_HEX_DIGEST = re.compile(r"[0-9a-fA-F]{64}")
 #: A tenant name goes into metrics labels, log lines, trace attributes and counter keys.
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 #: Metrics labels of the callers the file does not name (`tenants.access.MetricLabels`).
@@ -168,7 +168,7 @@ def parse_tenant(entry: Any) -> Tenant:
         raise TenantFileError(f"{name!r} is reserved (metrics label callers outside the file with it)")
     keys = entry.get("api_keys_sha256", [])
     if not isinstance(keys, list) or not all(isinstance(key, str) and _HEX_DIGEST.fullmatch(key) for key in keys):
-        raise TenantFileError(f"{name}: 'api_keys_sha256' must be a list of lower-case hex SHA-256 digests (64 digits)")
+        raise TenantFileError(f"{name}: 'api_keys_sha256' must be a list of hex SHA-256 digests (64 digits)")
     models = entry.get("models", ["*"])
     if not isinstance(models, list) or not all(isinstance(model, str) for model in models):
         raise TenantFileError(f"{name}: 'models' must be a list of served model names, or [\"*\"]")
