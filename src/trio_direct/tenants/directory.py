@@ -17,8 +17,9 @@ confirmed with `hmac.compare_digest`: what a lookup's timing could reveal is how
 compares to a stored digest, which says nothing about any key.
 
 A missing limit (or 0) means no limit. Anything wrong (an unknown field, a key that is not 64 hex
-digits (either case), a key given to two tenants, a name used twice) is a `TenantFileError` naming the entry: the
-watcher then keeps the last good directory, so a half-written file never locks every client out.
+digits, in either case; a key given to two tenants, a name used twice) is a `TenantFileError`
+naming the entry: the watcher then keeps the last good directory, so a half-written file never
+locks every client out.
 """
 
 from __future__ import annotations
