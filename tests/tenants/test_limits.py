@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import time
 
 import pytest
 import trio
@@ -10,7 +11,7 @@ import trio.lowlevel
 
 from trio_direct.tenants.counters import LocalCounters
 from trio_direct.tenants.directory import TenantFileError, parse_tenants
-from trio_direct.tenants.limiter import RateLimited, TenantLimiter, format_reset
+from trio_direct.tenants.limiter import SLOT_LEASE_S, RateLimited, TenantLimiter, format_reset
 
 
 def sha(key: str) -> str:
@@ -200,3 +201,22 @@ async def test_the_limiter_takes_counters_that_answer_with_coroutines():
         await limiter.begin(alpha, "r4")
     assert refused.value.limit == "tokens_per_minute"
     assert counters.held(limiter.key(alpha, "concurrent")) == 0
+
+
+async def test_a_long_stream_renews_its_slots_lease():
+    clock = Clock()
+    counters = LocalCounters(clock)
+    limiter = TenantLimiter(counters)
+    tenant = parse_tenants("tenants: [{name: a, limits: {concurrent_requests: 1}}]").by_name("a")
+    assert tenant is not None
+    grant = await limiter.begin(tenant, "long")
+    assert grant.tracked and not grant.metered
+    assert not grant.charge_due(time.monotonic())
+    renew_at = time.monotonic() + SLOT_LEASE_S / 2
+    assert grant.charge_due(renew_at)
+    clock.now += SLOT_LEASE_S - 1
+    grant.renewed_at -= SLOT_LEASE_S / 2  # as if half a lease went by
+    await grant.charge(0)
+    clock.now += SLOT_LEASE_S - 1  # the first lease has run out; the renewed one has not
+    with pytest.raises(RateLimited):
+        await limiter.begin(tenant, "other")

@@ -152,7 +152,7 @@ class Exchange:
     async def send(self, data: bytes) -> None:
         await self._send({"type": "http.response.body", "body": data, "more_body": True})
         grant = self.grant
-        if grant is not None and grant.metered and grant.charge_due(time.monotonic()):
+        if grant is not None and grant.tracked and grant.charge_due(time.monotonic()):
             await self._charge(grant)  # a stream's tokens count against its tenant as they go
 
     async def _charge(self, grant: Grant) -> None:

@@ -101,8 +101,16 @@ class Grant:
         """Whether its tokens count against a limit (else `charge` does nothing)."""
         return self.limiter is not None and self.tenant.limits.tokens_per_minute is not None
 
+    @property
+    def tracked(self) -> bool:
+        """Whether a running stream must report to it: its tokens are metered, or its slot's lease
+        must be renewed."""
+        return self.limiter is not None and (self.slot_key is not None or self.metered)
+
     def charge_due(self, now: float) -> bool:
-        return self.metered and now - self.charged_at >= CHARGE_INTERVAL_S
+        if self.metered and now - self.charged_at >= CHARGE_INTERVAL_S:
+            return True
+        return self.slot_key is not None and now - self.renewed_at >= SLOT_LEASE_S / 2
 
     async def charge(self, total_tokens: int) -> None:
         """The request has used `total_tokens` so far (prompt + completion): charge what is new."""
