@@ -48,8 +48,10 @@ def summary_ms(values: list[float]) -> str:
 class SseConnection:
     """One keep-alive HTTP/1.1 connection (as OpenAI clients keep theirs), reused request after request."""
 
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, host: str, port: int, headers: list[tuple[str, str]] | None = None) -> None:
         self.host, self.port = host, port
+        #: Sent with every request (an API key).
+        self.headers = headers or []
         self._stream: trio.SocketStream | None = None
         self._h11: h11.Connection | None = None
 
@@ -105,6 +107,7 @@ class SseConnection:
             self._h11 = h11.Connection(h11.CLIENT)
         stream, connection = self._stream, self._h11
         headers = [("Host", self.host), ("Content-Type", "application/json"), ("Content-Length", str(len(payload)))]
+        headers += self.headers
         await stream.send_all(
             connection.send(h11.Request(method="POST", target=path, headers=headers))
             + connection.send(h11.Data(data=payload))

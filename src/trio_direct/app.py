@@ -11,11 +11,13 @@ import trio
 
 from trio_direct.config import config_from_env
 from trio_direct.frontend.runtime import Frontend, run_frontend
-from trio_direct.http.app import create_app
+from trio_direct.http.app import create_app, tenants_settings
 from trio_direct.logs import configure_logging
+from trio_direct.tenants.service import Tenants
 
 config = config_from_env()
 configure_logging(config.log_level, log_format=config.log_format, access_log=config.access_log)
+tenants = Tenants.load(tenants_settings(config))
 _frontend: Frontend | None = None
 
 
@@ -27,8 +29,11 @@ async def _start_frontend(*, task_status: trio.TaskStatus[None] = trio.TASK_STAT
     global _frontend
 
     async with trio.open_nursery() as nursery:
-        _frontend = await nursery.start(run_frontend, config)
+        await nursery.start(tenants.run)
+        frontend = await nursery.start(run_frontend, config)
+        tenants.share_counters(frontend.state)
+        _frontend = frontend
         task_status.started()
 
 
-app = create_app(_current, config, start=_start_frontend)
+app = create_app(_current, config, start=_start_frontend, tenants=tenants)

@@ -98,6 +98,11 @@ class ServeConfig:
     state_store_max_entry_bytes: int = 16 * 1024 * 1024
     state_store_timeout: float = 5.0
     fleet_sync_interval: float = 2.0
+    tenants_file: str | None = None
+    jwt_jwks_url: str | None = None
+    jwt_issuer: str | None = None
+    jwt_audience: str | None = None
+    jwt_tenant_claim: str = "sub"
 
 
 _HELP = {
@@ -219,6 +224,13 @@ _HELP = {
     "state_store_timeout": "seconds one state store call may take; then the request that needed it gets 503",
     "fleet_sync_interval": "seconds between reads of the admin API's engines from the state store (each "
     "frontend follows the engines added or removed through any other; 0 = only at start-up)",
+    "tenants_file": "YAML file of tenants: their API keys (SHA-256), models, priority class, weight and limits; "
+    "re-read when it changes (see docs/operations.md, Tenants)",
+    "jwt_jwks_url": "accept JWT bearer tokens signed by a key of this JWKS (fetched, cached, fetched again for an "
+    "unknown kid); the tenant is the --jwt-tenant-claim claim",
+    "jwt_issuer": "with --jwt-jwks-url: the `iss` tokens must carry",
+    "jwt_audience": "with --jwt-jwks-url: the `aud` tokens must carry",
+    "jwt_tenant_claim": "with --jwt-jwks-url: the claim that names the tenant",
 }
 _CHOICES = {
     "engine_api": ("auto", "native", "smg"),

@@ -76,7 +76,8 @@ QUEUE_WAIT = Histogram(
 )  # fmt: skip
 ADMISSION_REJECTIONS = Counter(
     "trio_direct_admission_rejections", "Requests refused at admission, by reason (limit: past --max-concurrent-requests "
-    "and --max-queued-requests, 429; busy: every engine busy and the queue full, 429; timeout: --queue-timeout, 503)",
+    "and --max-queued-requests, 429; busy: every engine busy and the queue full, 429; timeout: --queue-timeout, 503; "
+    "displaced: its place in a full queue went to a tenant with fewer waiting, 429)",
     ["reason"], registry=REGISTRY,
 )  # fmt: skip
 STALLED_ENGINES = Counter(
@@ -110,6 +111,24 @@ GC_FULL_COLLECTIONS = Counter(
 STATE_STORE_UNAVAILABLE = Counter(
     "trio_direct_state_store_unavailable", "Requests answered 503 because the state store (--state-store) did not "
     "answer within --state-store-timeout or failed", registry=REGISTRY,
+)  # fmt: skip
+# Per tenant (`tenants`): the label is a tenant of --tenants-file (at most 100 names), "anonymous", or
+# "other" (tenants named only by JWTs, names past the bound), so its values stay bounded.
+TENANT_REQUESTS = Counter(
+    "trio_direct_tenant_requests", "Generation requests admitted past the tenant's limits, by tenant", ["tenant"],
+    registry=REGISTRY,
+)  # fmt: skip
+TENANT_TOKENS = Counter(
+    "trio_direct_tenant_tokens", "Tokens by tenant and kind (input, output)", ["tenant", "kind"], registry=REGISTRY
+)
+TENANT_REFUSALS = Counter(
+    "trio_direct_tenant_refusals", "Requests refused by tenant and reason (concurrent_requests, requests_per_minute, "
+    "tokens_per_minute: the tenant's limits, 429; unauthorized: no valid key or token, 401, tenant 'other')",
+    ["tenant", "reason"], registry=REGISTRY,
+)  # fmt: skip
+TENANT_QUEUE_WAIT = Histogram(
+    "trio_direct_tenant_queue_wait_seconds", "Time requests waited in the admission queue, by tenant", ["tenant"],
+    buckets=_QUEUE_BUCKETS, registry=REGISTRY,
 )  # fmt: skip
 
 

@@ -1,9 +1,20 @@
 """Admission: how many generation requests are served at once, and who waits, in what order, how long.
 
-`--max-concurrent-requests N` slots; past them, up to `--max-queued-requests M` requests wait, the
-highest `priority` first, then by arrival, for at most `--queue-timeout S` seconds (then 503 with
-Retry-After); past M waiting, a request is refused at once (429 with Retry-After). With M = 0 (the
-default) a request past N is refused at once, as without a queue.
+`--max-concurrent-requests N` slots; past them, up to `--max-queued-requests M` requests wait for
+at most `--queue-timeout S` seconds (then 503 with Retry-After); past M waiting, a request is
+refused at once (429 with Retry-After). With M = 0 (the default) a request past N is refused at
+once, as without a queue.
+
+Who goes next is fair between tenants (`tenants.fair_queue.FairLine`): the tenant of the highest
+priority class first, then within a class the tenant holding the fewest slots for its weight
+(weighted fair queueing between equals), so that a tenant sending ten times more requests gets its
+weight's share of the slots, not ten elevenths; each tenant's own waiters by their request's
+`priority`, then by arrival. Without tenants every request is the same tenant's: highest
+`priority` first, then arrival.
+
+The room in the line is shared fairly too: with the line full, a request of a tenant that has fewer
+requests queued for its weight than another takes the place of that tenant's last waiter, which is
+answered 429 (`displaced`); otherwise it is refused at once (429).
 
 A request is counted from its arrival, before its body is read (`arrive`), so that a flood of bodies
 cannot overrun the limit; it takes its place in the line once its body is decoded and planned, when
@@ -24,7 +35,6 @@ metrics).
 
 from __future__ import annotations
 
-import bisect
 import itertools
 import logging
 import sys
@@ -37,6 +47,7 @@ import trio
 
 from trio_direct import metrics
 from trio_direct.openai import errors
+from trio_direct.tenants.fair_queue import FairLine
 
 __all__ = ["Admission", "AdmissionQueue", "Gate", "Ticket", "UNLIMITED"]
 
@@ -50,6 +61,7 @@ ADMITTED = "admitted"  #: holds a slot
 RESERVED = "reserved"  #: counted against the queue, its body not planned yet
 WAITING = "waiting"  #: in the line
 LEFT = "left"  #: ended (served, refused, timed out or gone)
+DISPLACED = "displaced"  #: its place in the line went to a tenant with fewer waiting (429)
 
 
 class Gate(Protocol):
@@ -74,6 +86,12 @@ class Ticket:
     since: float = 0.0
     #: Its turn came (admitted past the gate): asking again returns at once.
     cleared: bool = False
+    #: Its tenant (the fair share of the line): name, priority class and weight.
+    tenant: str = ""
+    tenant_priority: int = 0
+    weight: float = 1.0
+    #: Its tenant's metrics label (bounded: `tenants.access.MetricLabels`); "" for no per-tenant metrics.
+    label: str = ""
 
     @property
     def order(self) -> tuple[int, int]:
@@ -89,9 +107,10 @@ class AdmissionQueue:
         self.active = 0
         #: Tickets counted against `max_queued`: reserved at arrival or waiting in the line.
         self.queued = 0
-        #: The line, best first (`Ticket.order`).
-        self._line: list[Ticket] = []
-        self._keys: list[tuple[int, int]] = []
+        #: The line: fair between tenants, each tenant's own by `Ticket.order`.
+        self._line: FairLine[Ticket] = FairLine()
+        #: Per tenant with tickets counted against `max_queued`: (how many, its weight).
+        self._queued_by: dict[str, list[float]] = {}
         self._seq = itertools.count()
 
     @property
@@ -101,15 +120,49 @@ class AdmissionQueue:
     def _slot_free(self) -> bool:
         return not self.max_active or self.active < self.max_active
 
-    def arrive(self) -> Ticket | None:
-        """A request arrived: admitted at once, reserved a place in the line, or refused (None)."""
+    def arrive(self, tenant: str = "", tenant_priority: int = 0, weight: float = 1.0) -> Ticket | None:
+        """A request of `tenant` arrived: admitted at once, reserved a place in the line, or refused (None)."""
         if self._slot_free() and not self.queued:
+            state = ADMITTED
             self.active += 1
-            return Ticket(ADMITTED, seq=next(self._seq))
-        if self.queued < self.max_queued:
+            self._line.hold(tenant, priority=tenant_priority, weight=weight)
+        elif self.queued < self.max_queued or self._displace_for(tenant, weight):
+            state = RESERVED
             self.queued += 1
-            return Ticket(RESERVED, seq=next(self._seq))
-        return None
+            self._count(tenant, 1, weight)
+        else:
+            return None
+        return Ticket(state, seq=next(self._seq), tenant=tenant, tenant_priority=tenant_priority, weight=weight)
+
+    def _count(self, tenant: str, delta: int, weight: float = 1.0) -> None:
+        entry = self._queued_by.get(tenant)
+        if entry is None:
+            entry = self._queued_by[tenant] = [0, weight]
+        entry[0] += delta
+        if entry[0] <= 0:
+            del self._queued_by[tenant]
+
+    def _displace_for(self, tenant: str, weight: float) -> bool:
+        """The line is full: make room for `tenant` if another tenant has more queued for its
+        weight than `tenant` would have with this request. That tenant's last waiter gives up its
+        place (its request is answered 429), so that a tenant flooding the queue cannot keep the
+        others out of it."""
+        mine = (self._queued_by.get(tenant, (0, weight))[0] + 1) / weight
+        heaviest, most = None, mine
+        for name, (count, their_weight) in self._queued_by.items():
+            if name != tenant and count / their_weight > most and self._line.last(name) is not None:
+                heaviest, most = name, count / their_weight
+        if heaviest is None:
+            return False
+        victim = self._line.last(heaviest)
+        assert victim is not None
+        self._line.remove(victim)
+        victim.state = DISPLACED
+        self.queued -= 1
+        self._count(victim.tenant, -1)
+        if victim.wake is not None:
+            victim.wake()
+        return True
 
     def wait(self, ticket: Ticket, priority: int, gate: Gate | None) -> bool:
         """The request is planned: True when it may be dispatched now; otherwise it is in the line
@@ -125,13 +178,13 @@ class AdmissionQueue:
             if self.queued >= self.max_queued:  # every engine busy and nowhere to wait
                 raise LookupError("every engine is busy")
             self.active -= 1  # give the slot back: whoever it can serve may take it
+            self._line.release(ticket.tenant)
             self.queued += 1
+            self._count(ticket.tenant, 1, ticket.weight)
         elif ticket.state != RESERVED:
             raise RuntimeError(f"a ticket {ticket.state} cannot wait")
         ticket.state = WAITING
-        index = bisect.bisect(self._keys, ticket.order)
-        self._keys.insert(index, ticket.order)
-        self._line.insert(index, ticket)
+        self._line.push(ticket, ticket.tenant, ticket.order, priority=ticket.tenant_priority, weight=ticket.weight)
         self._admit_waiting()
         return ticket.state == ADMITTED
 
@@ -140,11 +193,14 @@ class AdmissionQueue:
         state, ticket.state = ticket.state, LEFT
         if state == ADMITTED:
             self.active -= 1
+            self._line.release(ticket.tenant)
         elif state == RESERVED:
             self.queued -= 1
+            self._count(ticket.tenant, -1)
         elif state == WAITING:
-            self._remove(ticket)
+            self._line.remove(ticket)
             self.queued -= 1
+            self._count(ticket.tenant, -1)
         else:
             return
         self._admit_waiting()
@@ -153,33 +209,30 @@ class AdmissionQueue:
         """The pools' load changed: admit whoever can go now."""
         self._admit_waiting()
 
-    def _remove(self, ticket: Ticket) -> None:
-        index = bisect.bisect_left(self._keys, ticket.order)
-        del self._keys[index], self._line[index]
-
     def _admit_waiting(self) -> None:
-        """Admit waiters best first while slots are free, skipping those whose pool is busy."""
+        """Admit waiters in fair order while slots are free, skipping those whose pool is busy."""
         if not self._line:
             return
         room: dict[int, int] = {}  # id(gate) -> headroom left in this pass
-        admitted = []
-        for ticket in self._line:
-            if not self._slot_free():
-                break
+
+        def can_go(ticket: Ticket) -> bool:
             gate = ticket.gate
-            if gate is not None:
-                left = room.get(id(gate))
-                if left is None:
-                    left = gate.headroom()
-                if left <= 0:
-                    room[id(gate)] = 0
-                    continue
-                room[id(gate)] = left - 1
+            if gate is None:
+                return True
+            left = room.get(id(gate))
+            if left is None:
+                left = gate.headroom()
+            if left <= 0:
+                room[id(gate)] = 0
+                return False
+            room[id(gate)] = left - 1
+            return True
+
+        free = self.max_active - self.active if self.max_active else len(self._line)
+        for ticket in self._line.take(free, can_go):
             self.active += 1
             self.queued -= 1
-            admitted.append(ticket)
-        for ticket in admitted:
-            self._remove(ticket)
+            self._count(ticket.tenant, -1)
             ticket.state, ticket.cleared = ADMITTED, True
             if ticket.wake is not None:
                 ticket.wake()
@@ -199,9 +252,9 @@ class Admission:
     def __post_init__(self) -> None:
         self.queue = AdmissionQueue(self.max_active, self.max_queued)
 
-    def arrive(self) -> Ticket | None:
+    def arrive(self, tenant: str = "", tenant_priority: int = 0, weight: float = 1.0) -> Ticket | None:
         """At arrival, before the body is read: a ticket, or None to answer 429 at once."""
-        ticket = self.queue.arrive()
+        ticket = self.queue.arrive(tenant, tenant_priority, weight)
         if ticket is None:
             metrics.ADMISSION_REJECTIONS.labels("limit").inc()
         else:
@@ -243,9 +296,18 @@ class Admission:
         metrics.QUEUE_DEPTH.set(queue.queued)
         with trio.move_on_after(self.timeout):
             await event.wait()
-        metrics.QUEUE_WAIT.observe(time.perf_counter() - ticket.since)
+        waited = time.perf_counter() - ticket.since
+        metrics.QUEUE_WAIT.observe(waited)
+        if ticket.label:
+            metrics.TENANT_QUEUE_WAIT.labels(ticket.label).observe(waited)
         if ticket.state == ADMITTED:
             return
+        if ticket.state == DISPLACED:
+            ticket.state = LEFT
+            metrics.ADMISSION_REJECTIONS.labels("displaced").inc()
+            raise errors.rate_limited(
+                "The queue is full: this request gave its place to another tenant's; retry later."
+            )
         self.leave(ticket)
         metrics.ADMISSION_REJECTIONS.labels("timeout").inc()
         log.info("request waited %gs in the admission queue; answered 503", self.timeout)

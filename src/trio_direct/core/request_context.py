@@ -66,6 +66,8 @@ class RequestContext:
     engine: str = ""
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    #: The tenant it is served for (`tenants`), for logs and traces ("anonymous" without tenants).
+    tenant: str = ""
 
     @classmethod
     def for_client_id(cls, value: bytes | None) -> RequestContext:

@@ -76,6 +76,7 @@ from trio_direct.state.store import (
     check_url,
     open_state_store,
 )
+from trio_direct.tenants import access as tenant_access
 from trio_direct.text.chat_template import ChatTemplateError, load_chat_template, render_chat
 from trio_direct.text.harmony import harmony_encoding, is_harmony_model
 from trio_direct.text.tokenizer import ModelTokenizer, TokenizerLoadError
@@ -114,9 +115,10 @@ class Frontend:
         return list(self._pools.values())
 
     def pool(self, model: str) -> ModelPool:
-        """The pool serving `model`; an OpenAI 404 for a model nobody serves."""
+        """The pool serving `model`; an OpenAI 404 for a model nobody serves, or one the current
+        request's tenant may not use."""
         pool = self._pools.get(model)
-        if pool is None:
+        if pool is None or not tenant_access.may_use(model):  # a model a tenant may not use: as if absent
             if not self._pools:  # nothing is served yet (or any more): worth retrying, not a wrong name
                 raise errors.service_unavailable("No engine is serving yet; retry shortly.")
             raise errors.model_not_found(model)
@@ -127,7 +129,7 @@ class Frontend:
         if model is not None:
             return self.pool(model)
         if len(self._pools) == 1:
-            return next(iter(self._pools.values()))
+            return self.pool(next(iter(self._pools)))  # the tenant's permission still applies
         if not self._pools:
             raise errors.service_unavailable("No engine is serving yet; retry shortly.")
         names = ", ".join(sorted(self._pools))

@@ -20,9 +20,12 @@ import trio
 
 from trio_direct.config import ServeConfig
 from trio_direct.engine.transport import open_asyncio_loop
+from trio_direct.fleet.fleet import FleetError
 from trio_direct.frontend.runtime import Frontend, run_frontend
-from trio_direct.http.app import create_app
+from trio_direct.http.app import create_app, tenants_settings
 from trio_direct.http.server import serve_app
+from trio_direct.tenants.directory import TenantFileError
+from trio_direct.tenants.service import Tenants
 
 log = logging.getLogger(__name__)
 
@@ -50,13 +53,18 @@ async def serve(
     Runs until cancelled, or until `shutdown` drains it (see the module docstring). `listen_fd`: an
     inherited listening socket to serve instead of `--host/--port` (see `frontend/supervisor.py`).
     """
+    try:
+        tenants = Tenants.load(tenants_settings(config))
+    except TenantFileError as error:
+        raise FleetError(f"--tenants-file: {error}") from None
     async with open_asyncio_loop(), trio.open_nursery() as nursery:
         # The port listens before any engine is probed: `/live` answers at once, `/health` and the
         # model routes answer 503 with Retry-After until the frontend is up (an orchestrator's
         # liveness probe never kills a frontend that waits for its engines). A port that cannot be
         # bound fails here, before built-in mock engines start.
         started: list[Frontend] = []
-        app = create_app(lambda: started[0] if started else None, config)
+        await nursery.start(tenants.run)  # the JWKS fetched, the tenants file watched
+        app = create_app(lambda: started[0] if started else None, config, tenants=tenants)
         stopping = trio.Event()
 
         async def http_server(*, task_status: trio.TaskStatus[list[str]]) -> None:
@@ -76,6 +84,7 @@ async def serve(
             "listening on %s; /live answers now, /health and the model routes once an engine is up", ", ".join(binds)
         )
         frontend: Frontend = await nursery.start(run_frontend, config)
+        tenants.share_counters(frontend.state)
         started.append(frontend)
         names = ", ".join(repr(p.name) for p in frontend.pools())
         if names:

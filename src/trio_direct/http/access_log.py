@@ -34,6 +34,7 @@ class AccessRecord:
     engine: str | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    tenant: str | None = None
 
     def text(self) -> str:
         """``METHOD PATH STATUS DURATIONms`` then ``name=value`` for every other known field."""

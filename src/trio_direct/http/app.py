@@ -3,8 +3,10 @@
 Every request passes the same rules, written once, in this order: the protocol guard
 (`http/asgi_guard.py`: a declared Content-Length over ``--max-body-bytes`` is a 413 before any body
 is read, Content-Length with Transfer-Encoding a 400 and a closed connection, a WebSocket handshake a
-400), route lookup (404, 405), CORS preflight, API key, "server is starting" (503), admission
-against ``--max-concurrent-requests`` and ``--max-queued-requests`` (429 with Retry-After at once,
+400), route lookup (404, 405), CORS preflight, credentials (401; they name the request's tenant,
+`tenants.access`), "server is starting" (503), the tenant's limits (429 with Retry-After and
+``x-ratelimit-*`` headers, generation routes; see `tenants.limiter`), admission against
+``--max-concurrent-requests`` and ``--max-queued-requests`` (429 with Retry-After at once,
 generation routes; see `core.admission`), the body read within ``--max-body-bytes`` (413 for a
 chunked body that grows past it), the client-disconnect watch, then the handler; whatever it raises
 as `OpenAIError` is written in the route's own error envelope, and anything else is logged and
@@ -50,11 +52,15 @@ from trio_direct.http.routing_table import ErrorFormat, Route, RouteTable, opena
 from trio_direct.logs import REQUEST_ID
 from trio_direct.openai import errors
 from trio_direct.openai.errors import OpenAIError
+from trio_direct.tenants import access as tenant_access
+from trio_direct.tenants.directory import ANONYMOUS, Tenant
+from trio_direct.tenants.limiter import Grant, RateLimited
+from trio_direct.tenants.service import Tenants, TenantsSettings
 
 if TYPE_CHECKING:
     from trio_direct.frontend.runtime import Frontend
 
-__all__ = ["App", "create_app"]
+__all__ = ["App", "create_app", "tenants_settings"]
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +70,19 @@ StartFrontend = Callable[..., Awaitable[None]]
 
 _CORS_METHODS = b"GET, POST, DELETE, OPTIONS"
 _CORS_MAX_AGE = b"600"
+#: Bound on the shielded bookkeeping at a request's end (a shared store's round trips).
+_SETTLE_TIMEOUT = 5.0
+
+
+def tenants_settings(config: ServeConfig) -> TenantsSettings:
+    return TenantsSettings(
+        tenants_file=config.tenants_file,
+        api_key=config.api_key,
+        jwt_jwks_url=config.jwt_jwks_url,
+        jwt_issuer=config.jwt_issuer,
+        jwt_audience=config.jwt_audience,
+        jwt_tenant_claim=config.jwt_tenant_claim,
+    )
 
 
 def create_app(
@@ -72,10 +91,15 @@ def create_app(
     *,
     routes: RouteTable = ROUTES,
     start: StartFrontend | None = None,
+    tenants: Tenants | None = None,
 ) -> App:
     """The ASGI app. `get_frontend` returns None while the frontend is still starting (503s then);
-    `start`, when given, runs the frontend for the lifespan of the app (the hypercorn CLI entry)."""
-    api_key = config.api_key.encode() if config.api_key else None
+    `start`, when given, runs the frontend for the lifespan of the app (the hypercorn CLI entry).
+    `tenants`: who may call and how much (`Tenants.run` keeps its file current); by default read
+    once from `config`."""
+    if tenants is None:
+        tenants = Tenants.load(tenants_settings(config))
+    access, limiter, labels = tenants.access, tenants.limiter, tenants.labels
     admin_key = config.admin_api_key.encode() if config.admin_api_key else None
     if admin_key is None:  # the admin API is off without its key: its paths do not exist (404)
         routes = RouteTable([route for route in routes.routes if not route.admin])
@@ -122,11 +146,27 @@ def create_app(
             else:
                 await exchange.json(404, errors.not_found(f"Not Found: {method} {path}").to_json())
             return
-        key = admin_key if route.admin else api_key
-        if key is not None and not route.open and not _authorized(exchange, route, key):
-            error = errors.unauthorized()
-            await exchange.json(error.status, route.error_body(error), headers=[(b"www-authenticate", b"Bearer")])
-            return
+        tenant = ANONYMOUS
+        if route.admin:
+            if admin_key is not None and not _authorized(exchange, route, admin_key):
+                await _unauthorized(exchange, route)
+                return
+        elif not route.open and access.required:
+            found = await access.identify(_credentials(exchange, route))
+            if found is None:
+                metrics.TENANT_REFUSALS.labels("other", "unauthorized").inc()
+                await _unauthorized(exchange, route)
+                return
+            tenant = found
+        tenant_token = tenant_access.CURRENT.set(tenant)
+        try:
+            await serve_route(route, exchange, receive, tenant, seen)
+        finally:
+            tenant_access.CURRENT.reset(tenant_token)
+
+    async def serve_route(
+        route: Route, exchange: Exchange, receive: Receive, tenant: Tenant, seen: _Seen | None
+    ) -> None:
         if route.needs_frontend and exchange.frontend_or_none is None:
             error = errors.service_unavailable("The server is starting: no engine is ready yet.")
             await exchange.json(error.status, route.error_body(error), headers=[(b"retry-after", b"1")])
@@ -137,31 +177,61 @@ def create_app(
         context = RequestContext.for_client_id(exchange.header(b"x-request-id"))
         if seen is not None:
             seen.context = context
+        context.tenant = tenant.name
         exchange.extra_headers.append((b"x-request-id", context.request_id.encode()))
         context_token, id_token = CURRENT.set(context), REQUEST_ID.set(context.request_id)
         try:
-            await serve_generation(route, exchange, receive, context)
+            await serve_generation(route, exchange, receive, context, tenant)
         finally:
             CURRENT.reset(context_token)
             REQUEST_ID.reset(id_token)
 
-    async def serve_generation(route: Route, exchange: Exchange, receive: Receive, context: RequestContext) -> None:
-        ticket = admission.arrive()
+    async def serve_generation(
+        route: Route, exchange: Exchange, receive: Receive, context: RequestContext, tenant: Tenant
+    ) -> None:
+        label = labels(tenant)
+        try:
+            grant = await limiter.begin(tenant, context.key)
+        except RateLimited as refusal:
+            metrics.TENANT_REFUSALS.labels(label, refusal.limit).inc()
+            error = errors.rate_limited(refusal.message)
+            headers = [refusal.retry_after_header(), *refusal.headers]
+            await exchange.json(error.status, route.error_body(error), headers=headers)
+            metrics.REQUESTS.labels(model="", endpoint=route.endpoint, stream="", status="429").inc()
+            return
+        except Exception as failure:  # noqa: BLE001 - a shared store out of reach: the limits cannot be checked
+            log.error("tenant limits cannot be checked: %s", failure)
+            error = errors.service_unavailable("The server cannot check this key's rate limits right now.")
+            await exchange.json(error.status, route.error_body(error), headers=[(b"retry-after", b"1")])
+            metrics.REQUESTS.labels(model="", endpoint=route.endpoint, stream="", status="503").inc()
+            return
+        exchange.extra_headers += grant.headers
+        ticket = admission.arrive(tenant.name, tenant.priority, tenant.weight)
         if ticket is None:
+            await _settle(grant, exchange)
             error = errors.rate_limited(
                 f"The server is at its limit of {admission.max_active} concurrent requests; retry later."
             )
             await exchange.json(error.status, route.error_body(error), headers=[(b"retry-after", b"1")])
             metrics.REQUESTS.labels(model="", endpoint=route.endpoint, stream="", status="429").inc()
             return
-        exchange.admission, exchange.ticket = admission, ticket
+        ticket.label = label
+        exchange.admission, exchange.ticket, exchange.grant = admission, ticket, grant
+        metrics.TENANT_REQUESTS.labels(label).inc()
         context.trace = tracing.start_request(exchange.scope, context.request_id) if tracing.ENABLED else None
+        if context.trace is not None:
+            context.trace.span.set_attribute("trio_direct.tenant", tenant.name)
         metrics.IN_FLIGHT.inc()
         try:
             await _run(route, exchange, receive, max_body)
         finally:
             admission.leave(ticket)
             metrics.IN_FLIGHT.dec()
+            await _settle(grant, exchange)
+            usage = exchange.usage()
+            if usage is not None:
+                metrics.TENANT_TOKENS.labels(label, "input").inc(usage[0])
+                metrics.TENANT_TOKENS.labels(label, "output").inc(usage[1])
             status = exchange.status if exchange.ended else 499  # 499: the client went away
             stream = "true" if exchange.stream else "false"
             metrics.REQUESTS.labels(
@@ -206,6 +276,7 @@ def _log_access(scope: Scope, seen: _Seen) -> None:
     if context is not None:
         record.engine = context.engine or None
         record.prompt_tokens, record.completion_tokens = context.prompt_tokens, context.completion_tokens
+        record.tenant = context.tenant or None
     log_access(record)
 
 
@@ -261,6 +332,46 @@ async def _cancel_on_disconnect(receive: Receive, scope: trio.CancelScope) -> No
     while (await receive())["type"] != "http.disconnect":
         pass
     scope.cancel()
+
+
+async def _settle(grant: Grant, exchange: Exchange) -> None:
+    """The request's last tokens charged and its tenant slot freed (shielded: it ends however the
+    request did; bounded, as a shared store may not answer)."""
+    if grant.limiter is None:
+        return
+    with trio.CancelScope(shield=True) as scope:
+        scope.deadline = trio.current_time() + _SETTLE_TIMEOUT
+        try:
+            usage = exchange.usage()
+            if usage is not None:
+                await grant.charge(usage[0] + usage[1])
+            await grant.end()
+        except Exception as failure:  # noqa: BLE001 - a shared store out of reach: its leases expire
+            log.warning("the tenant counters failed at the end of a request: %s", failure)
+            return
+    if scope.cancelled_caught:
+        log.warning("the tenant counters did not answer in %gs: a slot is freed when its lease ends", _SETTLE_TIMEOUT)
+
+
+async def _unauthorized(exchange: Exchange, route: Route) -> None:
+    error = errors.unauthorized()
+    await exchange.json(error.status, route.error_body(error), headers=[(b"www-authenticate", b"Bearer")])
+
+
+def _credentials(exchange: Exchange, route: Route) -> list[bytes]:
+    """The keys or tokens a request carries: its `Authorization: Bearer` token (the scheme is
+    case-insensitive, RFC 9110 §11.1), then the route's own API-key headers (Anthropic's `x-api-key`)."""
+    found = []
+    value = exchange.header(b"authorization")
+    if value is not None:
+        scheme, _, token = value.partition(b" ")
+        if scheme.lower() == b"bearer" and token.strip():
+            found.append(token.strip())
+    for name in route.api_key_headers:
+        value = exchange.header(name)
+        if value is not None and value.strip():
+            found.append(value.strip())
+    return found
 
 
 def _authorized(exchange: Exchange, route: Route, expected: bytes) -> bool:

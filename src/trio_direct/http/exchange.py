@@ -10,6 +10,7 @@ HTTP layer writes them in the route's own envelope.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -24,6 +25,7 @@ from trio_direct.core.plan import RequestPlan
 from trio_direct.core.render import Renderer, stream_response, unary_response
 from trio_direct.frontend.runtime import session_key
 from trio_direct.openai import errors
+from trio_direct.tenants.limiter import Grant
 
 if TYPE_CHECKING:
     from trio_direct.frontend.runtime import Frontend, ModelPool
@@ -33,6 +35,8 @@ __all__ = ["Exchange", "Receive", "Scope", "Send", "request_priority"]
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+log = logging.getLogger(__name__)
 
 _JSON = (b"content-type", b"application/json")
 
@@ -73,7 +77,7 @@ class Exchange:
 
     __slots__ = (
         "scope", "_send", "body", "params", "started", "_frontend", "status", "headers_sent", "ended",
-        "extra_headers", "model", "stream", "admission", "ticket",
+        "extra_headers", "model", "stream", "admission", "ticket", "grant", "plan", "counted",
     )  # fmt: skip
 
     def __init__(
@@ -103,6 +107,11 @@ class Exchange:
         #: A generation request's place in admission (set by the HTTP layer for counted routes).
         self.admission: Admission | None = None
         self.ticket: Ticket | None = None
+        #: Its account with its tenant's limits (`tenants.limiter`), and the plan whose tokens it is charged.
+        self.grant: Grant | None = None
+        self.plan: RequestPlan | None = None
+        #: (prompt, completion) tokens of a request answered without a plan (`count_usage`).
+        self.counted: tuple[int, int] | None = None
 
     @property
     def frontend(self) -> Frontend:
@@ -143,6 +152,31 @@ class Exchange:
 
     async def send(self, data: bytes) -> None:
         await self._send({"type": "http.response.body", "body": data, "more_body": True})
+        grant = self.grant
+        if grant is not None and grant.tracked and grant.charge_due(time.monotonic()):
+            await self._charge(grant)  # a stream's tokens count against its tenant as they go
+
+    async def _charge(self, grant: Grant) -> None:
+        usage = self.usage()
+        if usage is None:
+            return
+        try:
+            await grant.charge(usage[0] + usage[1])
+        except Exception as failure:  # noqa: BLE001 - a shared store out of reach never cuts a stream
+            log.warning("cannot count tokens against the tenant's limit: %s", failure)
+
+    def count_usage(self, prompt_tokens: int, completion_tokens: int = 0) -> None:
+        """The tokens of a request that is not answered through `respond` (embeddings), for its
+        tenant's limits and metrics."""
+        self.counted = (prompt_tokens, completion_tokens)
+
+    def usage(self) -> tuple[int, int] | None:
+        """(prompt, completion) tokens of the planned generation so far; None before it is planned."""
+        plan = self.plan
+        if plan is None:
+            return self.counted
+        usage = plan.usage()
+        return usage.prompt_tokens, usage.completion_tokens
 
     async def end(self, data: bytes = b"") -> None:
         self.ended = True
@@ -181,6 +215,9 @@ class Exchange:
         trace = plan.trace
         if trace is not None:
             trace.planned()
+        self.plan = plan
+        if self.grant is not None and self.grant.metered:
+            await self._charge(self.grant)  # the prompt, once known
         await self.admit(pool, priority, trace)
         if trace is None:
             await self._respond(pool, plan, renderer, settle)

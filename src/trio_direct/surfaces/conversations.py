@@ -23,6 +23,7 @@ from trio_direct.openai.requests import decode_object
 from trio_direct.openai.responses_request import check_metadata, decode_items
 from trio_direct.surfaces.response_store import ConversationStore
 from trio_direct.surfaces.responses import input_item_objects, item_page
+from trio_direct.tenants import access as tenant_access
 
 if TYPE_CHECKING:
     from trio_direct.http.exchange import Exchange
@@ -31,7 +32,7 @@ __all__ = ["add_items", "create", "delete", "delete_item", "list_items", "retrie
 
 
 def _store(exchange: Exchange) -> ConversationStore:
-    return ConversationStore(exchange.frontend.state)
+    return ConversationStore(exchange.frontend.state, tenant_access.owner())
 
 
 def _unknown(conversation_id: str) -> errors.OpenAIError:

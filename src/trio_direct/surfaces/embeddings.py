@@ -65,6 +65,7 @@ async def handle(exchange: Exchange) -> None:
     context = CURRENT.get()
     if context is not None:  # the access log's token count
         context.prompt_tokens = prompt_tokens
+    exchange.count_usage(prompt_tokens)
     size = sum(len(vector) for vector in vectors)
     args = (pool.name, vectors, prompt_tokens, request.encoding_format)
     if size > _THREAD_THRESHOLD_FLOATS:

@@ -69,7 +69,7 @@ def _pool_for(frontend: Frontend, model: str | None) -> ModelPool:
     pools = frontend.pools()
     if len(pools) != 1:
         raise errors.invalid_request("This server serves several models: give 'model'.", param="model")
-    return pools[0]
+    return frontend.pool(pools[0].name)  # through `pool`: the tenant's models apply
 
 
 async def plan_generate(pool: ModelPool, request: GenerateRequest, *, session_key: str | None = None) -> RequestPlan:

@@ -1,4 +1,5 @@
-"""`GET /v1/models` and `GET /v1/models/{model}`: the models this frontend serves."""
+"""`GET /v1/models` and `GET /v1/models/{model}`: the models this frontend serves (to the caller's
+tenant: those it may not use are not listed, and are not found)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import time
 from typing import TYPE_CHECKING
 
 from trio_direct.openai import responses
+from trio_direct.tenants.access import may_use
 
 if TYPE_CHECKING:
     from trio_direct.frontend.runtime import ModelPool
@@ -17,7 +19,7 @@ __all__ = ["list_models", "retrieve_model"]
 async def list_models(exchange: Exchange) -> None:
     frontend = exchange.frontend
     created = int(time.time())
-    cards = [_card(pool, created) for pool in frontend.pools()]
+    cards = [_card(pool, created) for pool in frontend.pools() if may_use(pool.name)]
     await exchange.json(200, responses.models_list(cards))
 
 

@@ -76,11 +76,17 @@ def new_item_id(prefix: str) -> str:
     return prefix + secrets.token_hex(16)
 
 
-class ResponseStore:
-    """Stored responses by id (see the module doc)."""
+def _scoped(kind: str, owner: str, object_id: str) -> str:
+    """The store key of a response or conversation: a tenant's (`owner`) are apart from every other's."""
+    return f"{kind}:{owner}/{object_id}" if owner else f"{kind}:{object_id}"
 
-    def __init__(self, state: StateStore) -> None:
+
+class ResponseStore:
+    """Stored responses by id (see the module doc), those of `owner` (a tenant's name; "" for none)."""
+
+    def __init__(self, state: StateStore, owner: str = "") -> None:
         self.state = state
+        self.owner = owner
 
     async def put(
         self, response_id: str, body: bytes, conversation: list[dict[str, Any]], input_items: list[dict[str, Any]]
@@ -88,29 +94,29 @@ class ResponseStore:
         """Keep a response; False when it is above the store's byte cap (it is then not kept)."""
         record = StoredResponse(body, msgspec.json.encode(conversation), msgspec.json.encode(input_items))
         try:
-            await _guarded(self.state.put("response:" + response_id, _encode_record(record)))
+            await _guarded(self.state.put(_scoped("response", self.owner, response_id), _encode_record(record)))
         except EntryTooLarge as error:
             log.warning("response %s is not stored: %s (--state-store-max-entry-bytes)", response_id, error)
             return False
         return True
 
     async def get(self, response_id: str) -> StoredResponse | None:
-        raw = await _guarded(self.state.get("response:" + response_id))
+        raw = await _guarded(self.state.get(_scoped("response", self.owner, response_id)))
         return _decode_record(raw) if raw is not None else None
 
     async def delete(self, response_id: str) -> bool:
-        return await _guarded(self.state.delete("response:" + response_id))
+        return await _guarded(self.state.delete(_scoped("response", self.owner, response_id)))
 
 
 class ConversationStore:
-    """Conversations and their items (see the module doc)."""
+    """Conversations and their items (see the module doc), those of `owner` (a tenant's name; "" for none)."""
 
-    def __init__(self, state: StateStore) -> None:
+    def __init__(self, state: StateStore, owner: str = "") -> None:
         self.state = state
+        self.owner = owner
 
-    @staticmethod
-    def _key(conversation_id: str) -> str:
-        return "conversation:" + conversation_id
+    def _key(self, conversation_id: str) -> str:
+        return _scoped("conversation", self.owner, conversation_id)
 
     async def create(self, metadata: dict[str, str], items: list[dict[str, Any]]) -> dict[str, Any]:
         conversation_id = new_item_id("conv_")

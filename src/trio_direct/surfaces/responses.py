@@ -45,6 +45,7 @@ from trio_direct.surfaces.conversation import assistant_message, chat_equivalent
 from trio_direct.surfaces.images import require_image_support, responses_image_part
 from trio_direct.surfaces.output_blocks import BlockSequencer, BlockStep, OutputBlock, blocks_of
 from trio_direct.surfaces.response_store import ConversationStore, ResponseStore, new_item_id
+from trio_direct.tenants import access as tenant_access
 
 if TYPE_CHECKING:
     from trio_direct.frontend.runtime import ModelPool
@@ -74,8 +75,8 @@ async def create(exchange: Exchange) -> None:
     frontend = exchange.frontend
     pool = frontend.pool(request.model)
     exchange.label(pool.name, request.stream)
-    store = ResponseStore(frontend.state)
-    conversations = ConversationStore(frontend.state)
+    store = ResponseStore(frontend.state, tenant_access.owner())
+    conversations = ConversationStore(frontend.state, tenant_access.owner())
     history: list[dict[str, Any]] = []
     conversation: dict[str, Any] | None = None
     if request.previous_response_id is not None:
@@ -127,7 +128,7 @@ async def create(exchange: Exchange) -> None:
 
 async def retrieve(exchange: Exchange) -> None:
     response_id = exchange.params["response_id"]
-    stored = await ResponseStore(exchange.frontend.state).get(response_id)
+    stored = await ResponseStore(exchange.frontend.state, tenant_access.owner()).get(response_id)
     if stored is None:
         raise _unknown(response_id)
     await exchange.json(200, stored.body)
@@ -135,7 +136,7 @@ async def retrieve(exchange: Exchange) -> None:
 
 async def delete(exchange: Exchange) -> None:
     response_id = exchange.params["response_id"]
-    if not await ResponseStore(exchange.frontend.state).delete(response_id):
+    if not await ResponseStore(exchange.frontend.state, tenant_access.owner()).delete(response_id):
         raise _unknown(response_id)
     await exchange.json(200, objects.deleted_body(response_id))
 
@@ -143,7 +144,7 @@ async def delete(exchange: Exchange) -> None:
 async def input_items(exchange: Exchange) -> None:
     """`GET /v1/responses/{id}/input_items`: the items the response was made from, a page at a time."""
     response_id = exchange.params["response_id"]
-    stored = await ResponseStore(exchange.frontend.state).get(response_id)
+    stored = await ResponseStore(exchange.frontend.state, tenant_access.owner()).get(response_id)
     if stored is None:
         raise _unknown(response_id)
     await exchange.json(200, objects.encode(item_page(exchange, stored.input_items())))
