@@ -90,6 +90,10 @@ class ServeConfig:
     mock_engines: int = 2
     mock_speedup: float = 1.0
     log_level: str = "info"
+    client_write_timeout: float = 30.0
+    body_total_timeout: float = 120.0
+    max_messages: int = 10_000
+    metrics_api_key: str | None = None
 
 
 _HELP = {
@@ -193,6 +197,13 @@ _HELP = {
     "mock_engines": "number of built-in mock engines started when no --engine-url is given",
     "mock_speedup": "timing divisor of the built-in mock engines (inf = as fast as possible)",
     "log_level": "debug, info, warning or error",
+    "client_write_timeout": "seconds a response write may make no progress (a client that stopped reading) before "
+    "the connection is closed and its engine request aborted (0 = no limit)",
+    "body_total_timeout": "seconds a whole request body may take to arrive, however steadily it trickles; then 408 "
+    "and the connection closes (0 = no limit)",
+    "max_messages": "most messages (and most content parts of one message, and input items) one request may carry; "
+    "more are refused 400 before the body is fully decoded",
+    "metrics_api_key": "require this Bearer token on /metrics (which shows the engines' addresses); default: open",
 }
 _CHOICES = {
     "engine_api": ("auto", "native", "smg"),

@@ -95,6 +95,10 @@ GC_FULL_COLLECTIONS = Counter(
     "trio_direct_gc_full_collections", "Full garbage-collector passes run on heap growth (frontend/gc_policy.py)",
     registry=REGISTRY,
 )  # fmt: skip
+HTTP_WRITE_TIMEOUTS = Counter(
+    "trio_direct_http_write_timeouts", "Connections closed because a response write made no progress "
+    "(a client that stopped reading; --client-write-timeout)", registry=REGISTRY,
+)  # fmt: skip
 
 
 class FrontendCollector(Collector):

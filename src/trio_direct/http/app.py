@@ -3,7 +3,8 @@
 Every request passes the same rules, written once, in this order: the protocol guard
 (`http/asgi_guard.py`: a declared Content-Length over ``--max-body-bytes`` is a 413 before any body
 is read, Content-Length with Transfer-Encoding a 400 and a closed connection, a WebSocket handshake a
-400), route lookup (404, 405), CORS preflight, API key, "server is starting" (503), admission
+400), route lookup (404, 405; with ``--api-key`` a request without it gets 401 there, so routes cannot be
+enumerated), CORS preflight, API key (``--metrics-api-key`` guards ``/metrics``), "server is starting" (503), admission
 against ``--max-concurrent-requests`` and ``--max-queued-requests`` (429 with Retry-After at once,
 generation routes; see `core.admission`), the body read within ``--max-body-bytes`` (413 for a
 chunked body that grows past it), the client-disconnect watch, then the handler; whatever it raises
@@ -72,6 +73,7 @@ def create_app(
     `start`, when given, runs the frontend for the lifespan of the app (the hypercorn CLI entry)."""
     api_key = config.api_key.encode() if config.api_key else None
     admin_key = config.admin_api_key.encode() if config.admin_api_key else None
+    metrics_key = config.metrics_api_key.encode() if config.metrics_api_key else None
     if admin_key is None:  # the admin API is off without its key: its paths do not exist (404)
         routes = RouteTable([route for route in routes.routes if not route.admin])
     origins = _origins(config.cors_allow_origins)
@@ -96,6 +98,12 @@ def create_app(
         route = match.route
         exchange = Exchange(scope, send, frontend=get_frontend(), params=match.params, extra_headers=cors or [])
         if route is None:
+            if api_key is not None and not _authorized(exchange, _ANY_KEY_HEADERS, api_key):
+                # Without the key, a path that does not exist looks like one that does: routes cannot
+                # be enumerated by their 404s.
+                error = errors.unauthorized()
+                await exchange.json(error.status, error.to_json(), headers=[(b"www-authenticate", b"Bearer")])
+                return
             if match.allowed:
                 error = errors.OpenAIError(f"Method Not Allowed: {method} {path}", status=405)
                 allow = ", ".join(match.allowed).encode()
@@ -104,7 +112,11 @@ def create_app(
                 await exchange.json(404, errors.not_found(f"Not Found: {method} {path}").to_json())
             return
         key = admin_key if route.admin else api_key
-        if key is not None and not route.open and not _authorized(exchange, route, key):
+        if route.path == "/metrics" and metrics_key is not None:
+            key, guarded = metrics_key, True  # it shows the engines' addresses
+        else:
+            guarded = not route.open
+        if key is not None and guarded and not _authorized(exchange, route.api_key_headers, key):
             error = errors.unauthorized()
             await exchange.json(error.status, route.error_body(error), headers=[(b"www-authenticate", b"Bearer")])
             return
@@ -211,7 +223,11 @@ async def _cancel_on_disconnect(receive: Receive, scope: trio.CancelScope) -> No
     scope.cancel()
 
 
-def _authorized(exchange: Exchange, route: Route, expected: bytes) -> bool:
+#: Where a path that does not exist accepts the API key besides `Authorization: Bearer`.
+_ANY_KEY_HEADERS = (b"x-api-key",)
+
+
+def _authorized(exchange: Exchange, api_key_headers: tuple[bytes, ...], expected: bytes) -> bool:
     """`Authorization: Bearer KEY` (the scheme is case-insensitive, RFC 9110 §11.1), or one of the
     route's own API-key headers (Anthropic's `x-api-key`)."""
     value = exchange.header(b"authorization")
@@ -219,7 +235,7 @@ def _authorized(exchange: Exchange, route: Route, expected: bytes) -> bool:
         scheme, _, token = value.partition(b" ")
         if scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), expected):
             return True
-    for name in route.api_key_headers:
+    for name in api_key_headers:
         value = exchange.header(name)
         if value is not None and hmac.compare_digest(value.strip(), expected):
             return True
