@@ -1,0 +1,142 @@
+"""Hostile clients against a real `trio-direct serve` process, second round: clients that stop
+reading, bodies of a million messages, clients that close right at ``[DONE]``.
+
+Memory is read from /proc (the frontend's resident size); engines are real mock-engine processes
+whose accounting says when they hold no request.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+import subprocess
+import sys
+import time
+from functools import partial
+from pathlib import Path
+
+import httpx
+import pytest
+import trio
+from support import settled_accounts, start_mock_engine
+
+pytestmark = pytest.mark.slow
+
+MB = 1024 * 1024
+JSON = {"content-type": "application/json"}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def rss(pid: int, field: str = "VmRSS") -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise KeyError(field)
+
+
+async def serve(nursery: trio.Nursery, *args: str) -> tuple[trio.Process, str, str]:
+    """`trio-direct serve ARGS` as a process; returns it, its base URL and its model name."""
+    port = free_port()
+    command = [sys.executable, "-m", "trio_direct", "serve", "--port", str(port), "--log-level", "warning", *args]
+    process = await nursery.start(partial(trio.run_process, command, check=False, stderr=subprocess.DEVNULL))
+    base = f"http://127.0.0.1:{port}"
+    async with httpx.AsyncClient(base_url=base, timeout=30) as client:
+        with trio.fail_after(60):
+            while True:
+                try:
+                    if (await client.get("/health")).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                await trio.sleep(0.2)
+        model = (await client.get("/v1/models")).json()["data"][0]["id"]
+        for _ in range(3):  # warm: the first requests load what every later one uses
+            chat = {"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+            assert (await client.post("/v1/chat/completions", json=chat)).status_code == 200
+    return process, base, model
+
+
+async def metric(client: httpx.AsyncClient, name: str) -> float:
+    lines = (await client.get("/metrics")).text.splitlines()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith(name + " "))
+
+
+# ---- a client that stops reading --------------------------------------------------------------------
+
+
+async def test_clients_that_stop_reading_cost_bounded_memory_and_their_engine_requests_end(aio_loop, nursery):
+    engines = [await start_mock_engine(nursery, "--incremental-streaming-output", "--speedup", "inf",
+                                       "--context-length", "200000") for _ in range(2)]  # fmt: skip
+    urls = [engine.url for engine in engines]
+    process, base, model = await serve(
+        nursery, "--engine-url", urls[0], "--engine-url", urls[1], "--client-write-timeout", "2"
+    )
+    host, port = "127.0.0.1", int(base.rsplit(":", 1)[1])
+    body = json.dumps({"model": model, "prompt": "go", "max_tokens": 150_000, "ignore_eos": True,
+                       "stream": True, "logprobs": 5}).encode()  # fmt: skip
+    request = (
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+    )
+    before = rss(process.pid)
+    sockets = []
+    try:
+        for _ in range(20):  # they read nothing at all, ever
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.connect((host, port))
+            sock.sendall(request)
+            sockets.append(sock)
+        started = time.monotonic()
+        # The frontend stops writing to them after 2 s without progress: each engine request ends
+        # (an Abort), within the write timeout + 5 s of the writes stalling.
+        accounts = await settled_accounts(urls, timeout=2 + 5 + 10)
+        idle_after = time.monotonic() - started
+        assert sum(account["started"] for account in accounts) >= 20 + 3
+        assert all(not account["live"] for account in accounts)
+        grew = rss(process.pid) - before
+        async with httpx.AsyncClient(base_url=base, timeout=30) as client:
+            assert await metric(client, "trio_direct_http_write_timeouts_total") == 20
+        print(f"20 non-reading clients: engines idle after {idle_after:.1f}s; RSS grew {grew / MB:.0f} MB")
+        assert grew < 60 * MB, f"RSS grew {grew / MB:.0f} MB"
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+# ---- clients that close right at [DONE] -------------------------------------------------------------
+
+
+async def test_300_clients_closing_at_done_have_every_connection_released_within_2_seconds(nursery):
+    process, base, model = await serve(nursery, "--mock-speedup", "inf", "--keep-alive-timeout", "75")
+    host, port = "127.0.0.1", int(base.rsplit(":", 1)[1])
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8,
+                       "stream": True}).encode()  # fmt: skip
+    request = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+    )
+
+    async def close_at_done(index: int) -> None:
+        stream = await trio.open_tcp_stream(host, port)
+        if index % 2:  # half close with a reset, as a client does that leaves bytes unread
+            stream.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        await stream.send_all(request)
+        received = b""
+        while b"data: [DONE]" not in received:
+            received += await stream.receive_some(65536)
+        stream.socket.close()
+
+    async with trio.open_nursery() as clients:
+        for index in range(300):
+            clients.start_soon(close_at_done, index)
+    async with httpx.AsyncClient(base_url=base, timeout=30) as client:
+        with trio.fail_after(2):
+            while await metric(client, "trio_direct_http_connections") > 1:  # this scrape's own
+                await trio.sleep(0.05)
