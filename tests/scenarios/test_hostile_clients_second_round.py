@@ -140,3 +140,65 @@ async def test_300_clients_closing_at_done_have_every_connection_released_within
         with trio.fail_after(2):
             while await metric(client, "trio_direct_http_connections") > 1:  # this scrape's own
                 await trio.sleep(0.05)
+
+
+# ---- a million messages -----------------------------------------------------------------------------
+
+
+def reset_peak(pid: int) -> None:
+    Path(f"/proc/{pid}/clear_refs").write_text("5")  # VmHWM starts again from the current size
+
+
+async def test_four_million_message_bodies_are_refused_fast_and_never_stall_the_others(nursery):
+    """Four bodies of a million tiny messages each (31 MB; one alone once took 3 s of the event loop
+    and 410 MB): each is a 400 in its API's envelope within a second, memory grows by little more
+    than the bodies, and `/live` answers within 200 ms throughout."""
+    process, base, model = await serve(nursery, "--mock-speedup", "inf")
+    message = {"role": "user", "content": "hi"}
+    compact = {"separators": (",", ":")}  # 31 bytes a message: 31 MB, under the 32 MiB body limit
+    chat = json.dumps({"model": model, "messages": [message] * 1_000_000}, **compact).encode()
+    anthropic = json.dumps({"model": model, "max_tokens": 4, "messages": [message] * 1_000_000}, **compact).encode()
+    replies: list[tuple[httpx.Response, float]] = []
+    slowest = 0.0
+    async with (
+        httpx.AsyncClient(base_url=base, timeout=60) as client,
+        httpx.AsyncClient(base_url=base, timeout=60) as probe,
+    ):
+        before = rss(process.pid)
+        reset_peak(process.pid)
+
+        async def hostile(path: str, content: bytes) -> None:
+            started = time.monotonic()
+            reply = await client.post(path, content=content, headers=JSON)
+            replies.append((reply, time.monotonic() - started))
+
+        async with trio.open_nursery() as senders:
+            for path, content in [("/v1/chat/completions", chat)] * 3 + [("/v1/messages", anthropic)]:
+                senders.start_soon(hostile, path, content)
+            while len(replies) < 4:
+                started = time.monotonic()
+                assert (await probe.get("/live")).status_code == 200
+                slowest = max(slowest, time.monotonic() - started)
+                await trio.sleep(0.02)
+        grew = rss(process.pid, "VmHWM") - before
+        took = [elapsed for _, elapsed in replies]
+        print(f"four 1e6-message bodies: peak grew {grew / MB:.0f} MB; slowest /live {slowest * 1e3:.0f} ms; {took}")
+        assert [reply.status_code for reply, _ in replies] == [400] * 4
+        for reply, _ in replies:
+            if reply.json().get("type") == "error":  # Anthropic's envelope
+                assert reply.json()["error"]["type"] == "invalid_request_error"
+            else:
+                assert reply.json()["error"]["code"] == "too_many_messages"
+        assert len([r for r, _ in replies if r.json().get("type") == "error"]) == 1
+        assert max(took) < 4  # four sent at once over one loop; each alone is refused in well under 1 s
+        assert grew < 4 * 150 * MB, f"peak grew {grew / MB:.0f} MB"
+        assert slowest < 0.2, f"/live took {slowest:.2f}s while the bodies were refused"
+
+        before = rss(process.pid)
+        reset_peak(process.pid)
+        started = time.monotonic()
+        reply = await client.post("/v1/chat/completions", content=chat, headers=JSON)
+        elapsed = time.monotonic() - started
+        grew = rss(process.pid, "VmHWM") - before
+        print(f"one 1e6-message body: refused in {elapsed:.2f}s, peak grew {grew / MB:.0f} MB")
+        assert reply.status_code == 400 and elapsed < 1 and grew < 150 * MB

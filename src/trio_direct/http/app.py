@@ -2,14 +2,16 @@
 
 Every request passes the same rules, written once, in this order: the protocol guard
 (`http/asgi_guard.py`: a declared Content-Length over ``--max-body-bytes`` is a 413 before any body
-is read, Content-Length with Transfer-Encoding a 400 and a closed connection, a WebSocket handshake a
-400), route lookup (404, 405; with ``--api-key`` a request without it gets 401 there, so routes cannot be
-enumerated), CORS preflight, API key (``--metrics-api-key`` guards ``/metrics``), "server is starting" (503), admission
-against ``--max-concurrent-requests`` and ``--max-queued-requests`` (429 with Retry-After at once,
-generation routes; see `core.admission`), the body read within ``--max-body-bytes`` (413 for a
-chunked body that grows past it), the client-disconnect watch, then the handler; whatever it raises
-as `OpenAIError` is written in the route's own error envelope, and anything else is logged and
-answered 500 in that envelope. Nothing answers a bare error page.
+is read, Content-Length with Transfer-Encoding a 400 and a closed connection, a WebSocket handshake
+a 400), route lookup (404, 405; with ``--api-key`` a request without it gets 401 there, so routes
+cannot be enumerated), CORS preflight, API key (``--metrics-api-key`` guards ``/metrics``), "server
+is starting" (503), admission against ``--max-concurrent-requests`` and ``--max-queued-requests``
+(429 with Retry-After at once, generation routes; see `core.admission`), the body read within
+``--max-body-bytes`` (413 for a chunked body that grows past it), its messages and content parts
+counted against ``--max-messages`` before it is decoded (400; `openai.item_counts`, in a thread for
+a large body), the client-disconnect watch, then the handler; whatever it raises as `OpenAIError` is
+written in the route's own error envelope, and anything else is logged and answered 500 in that
+envelope. Nothing answers a bare error page.
 
 A generation request is named on arrival (`core.request_context`: the client's ``X-Request-Id`` or
 a generated id), which every log line about it carries and every response to it returns in
@@ -46,6 +48,7 @@ from trio_direct.http.routing_table import ErrorFormat, Route, RouteTable, opena
 from trio_direct.logs import REQUEST_ID
 from trio_direct.openai import errors
 from trio_direct.openai.errors import OpenAIError
+from trio_direct.openai.item_counts import check_item_counts
 
 if TYPE_CHECKING:
     from trio_direct.frontend.runtime import Frontend
@@ -79,6 +82,8 @@ def create_app(
     origins = _origins(config.cors_allow_origins)
     admission = Admission(config.max_concurrent_requests, config.max_queued_requests, config.queue_timeout)
     max_body = config.max_body_bytes
+    max_items = config.max_messages
+    check_item_counts(b"{}", max_items)  # builds its decoders now, not in the first request
     metrics.watch_frontend(get_frontend)
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
@@ -125,7 +130,7 @@ def create_app(
             await exchange.json(error.status, route.error_body(error), headers=[(b"retry-after", b"1")])
             return
         if route.endpoint is None:
-            await _run(route, exchange, receive, max_body)
+            await _run(route, exchange, receive, max_body, max_items)
             return
         context = RequestContext.for_client_id(exchange.header(b"x-request-id"))
         exchange.extra_headers.append((b"x-request-id", context.request_id.encode()))
@@ -149,7 +154,7 @@ def create_app(
         context.trace = tracing.start_request(exchange.scope, context.request_id) if tracing.ENABLED else None
         metrics.IN_FLIGHT.inc()
         try:
-            await _run(route, exchange, receive, max_body)
+            await _run(route, exchange, receive, max_body, max_items)
         finally:
             admission.leave(ticket)
             metrics.IN_FLIGHT.dec()
@@ -169,13 +174,17 @@ def create_app(
     return ProtocolGuard(app, max_body_bytes=max_body, error_body_for=error_body_for)
 
 
-async def _run(route: Route, exchange: Exchange, receive: Receive, max_body: int) -> None:
+async def _run(route: Route, exchange: Exchange, receive: Receive, max_body: int, max_items: int = 0) -> None:
     """Read the body, watch for the client leaving, run the handler; errors in the route's envelope."""
     try:
         async with trio.open_nursery() as nursery:
             body = await _read_body(receive, max_body)
             if body is None:
                 return  # the client left before sending its request
+            if len(body) > _THREAD_BODY_BYTES:
+                await trio.to_thread.run_sync(check_item_counts, body, max_items)
+            elif body:
+                check_item_counts(body, max_items)
             exchange.body = body
             context = CURRENT.get()
             if context is not None and context.trace is not None:
@@ -193,6 +202,10 @@ async def _run(route: Route, exchange: Exchange, receive: Receive, max_body: int
             exc_info=group.exceptions[0],
         )
         await _answer_error(exchange, route, errors.internal_error())
+
+
+#: Bodies larger than this have their items counted in a thread (the count reads them whole).
+_THREAD_BODY_BYTES = 256 * 1024
 
 
 async def _answer_error(exchange: Exchange, route: Route, error: OpenAIError) -> None:
