@@ -202,3 +202,67 @@ async def test_four_million_message_bodies_are_refused_fast_and_never_stall_the_
         grew = rss(process.pid, "VmHWM") - before
         print(f"one 1e6-message body: refused in {elapsed:.2f}s, peak grew {grew / MB:.0f} MB")
         assert reply.status_code == 400 and elapsed < 1 and grew < 150 * MB
+
+
+# ---- a flood of junk on a dead engine's KV-event port ---------------------------------------------
+
+
+async def test_junk_kv_frames_on_a_dead_engines_port_log_little_and_index_nothing(aio_loop, nursery, caplog):
+    import logging
+
+    import msgspec
+    import zmq
+    from support import start_frontend
+
+    kv_port = free_port()
+    kv = json.dumps({"publisher": "zmq", "endpoint": f"tcp://*:{kv_port}", "topic": ""})
+    dead = await start_mock_engine(nursery, "--speedup", "inf", "--kv-events-config", kv)
+    steady = await start_mock_engine(nursery, "--speedup", "inf", "--kv-events-config", kv.replace(str(kv_port), "0"))
+    base = await start_frontend(
+        nursery, "--router-mode", "kv", "--engine-url", dead.url, "--engine-url", steady.url,
+        "--health-interval", "0.3", "--health-timeout", "0.5",
+    )  # fmt: skip
+    async with httpx.AsyncClient(base_url=base, timeout=30) as client:
+
+        async def counters() -> dict:
+            return (await client.get("/debug/routing")).json()["kv"]["subscribers"]["e0"]
+
+        dead.process.kill()
+        await dead.process.wait()
+        with trio.fail_after(10):
+            while "e0" in {w["engine"] for w in (await client.get("/debug/routing")).json()["workers"]}:
+                await trio.sleep(0.1)
+        before = await counters()
+        caplog.clear()
+        caplog.set_level(logging.INFO, logger="trio_direct.kv_sync")
+
+        ctx = zmq.Context.instance()
+        pub = ctx.socket(zmq.PUB)
+        pub.setsockopt(zmq.SNDHWM, 0)
+        pub.setsockopt(zmq.LINGER, 0)
+        pub.bind(f"tcp://127.0.0.1:{kv_port}")
+        try:
+            stored = msgspec.msgpack.encode(
+                [1.0, [["BlockStored", [123456789], None, [1, 2, 3, 4], 4]], 0]
+            )  # a plausible batch: one fake block
+            junk = [b"\xc1", msgspec.msgpack.encode(42), stored]
+            with trio.fail_after(10):  # until the frontend's SUB has reconnected to this PUB
+                while (await counters())["ignored"] == before["ignored"]:
+                    pub.send_multipart([b"", (0).to_bytes(8, "big"), stored])
+                    await trio.sleep(0.1)
+            sent = 20_000
+            for i in range(sent):
+                seq = (i * 7919) % 5000 if i % 2 else i  # jumps back and forth: gaps and restarts
+                pub.send_multipart([b"", seq.to_bytes(8, "big"), junk[i % len(junk)]])
+            with trio.fail_after(30):
+                while (await counters())["ignored"] - before["ignored"] < sent:
+                    await trio.sleep(0.1)
+        finally:
+            pub.close()
+        after = await counters()
+        assert (after["batches"], after["events"]) == (before["batches"], before["events"])  # nothing indexed
+        lines = [r for r in caplog.records if r.name.startswith("trio_direct.kv_sync")]
+        warnings = [r for r in lines if r.levelno >= logging.WARNING]
+        print(f"20,000 junk frames: {len(warnings)} warning lines, {len(lines)} in all; {after}")
+        assert len(warnings) < 100 and len(lines) < 200
+        assert (await client.get("/health")).status_code == 200
