@@ -144,14 +144,16 @@ _HELP = {
     "router_session_busy_fraction": "a session leaves its engine when the engine's polled KV cache use is at or above "
     "this fraction (engines over --engine-busy-threshold, when set, are left too)",
     "health_interval": "seconds between HealthCheck calls per engine (0 = no health checks)",
-    "health_timeout": "seconds a HealthCheck may take before it counts as failed",
+    "health_timeout": "seconds a HealthCheck may take before it counts as failed; unanswered while the engine's "
+    "open calls produce nothing, the engine is hung: marked down at once, its requests retried or migrated",
     "load_poll_interval": "seconds between GetLoad polls: the engines' load as every frontend sees it, corrected by "
     "this one's own requests since (kv, least-load, power-of-two), and which engines are busy (with "
     "--engine-busy-threshold); 0 = off",
     "tool_call_parser": "tool-call parser name (default: the engines'); alias --dyn-tool-call-parser",
     "reasoning_parser": "reasoning parser name (default: the engines'); alias --dyn-reasoning-parser",
     "graceful_shutdown_timeout": "on SIGTERM/SIGINT: seconds in-flight requests may take to finish before they are aborted",
-    "max_retries": "times a request whose engine cannot be reached is retried on another engine, before its first token",
+    "max_retries": "times a request whose engine cannot be reached or hangs is retried on another engine, before its "
+    "first token",
     "abort_timeout": "seconds an Abort to an engine may take before it is given up",
     "api_key": "require this Bearer token on /v1/* and /debug/* (/health, /live, /metrics stay open)",
     "admin_api_key": "serve the admin API (/admin/engines) to clients sending this Bearer token (off without it)",
