@@ -204,7 +204,7 @@ _HELP = {
     "body_total_timeout": "seconds a whole request body may take to arrive, however steadily it trickles; then 408 "
     "and the connection closes (0 = no limit)",
     "max_messages": "most messages (and most content parts of one message, and input items) one request may carry; "
-    "more are refused 400 before the body is fully decoded",
+    "more are refused 400 before the body is decoded (0 = no cap)",
     "metrics_api_key": "require this Bearer token on /metrics (which shows the engines' addresses); default: open",
 }
 _CHOICES = {

@@ -22,7 +22,7 @@ def body(**fields: object) -> bytes:
     ("fields", "code"),
     [
         ({"messages": [{"role": "user", "content": "hi"}] * 101}, "too_many_messages"),
-        ({"input": ["a"] * 101}, "too_many_messages"),
+        ({"input": [{"role": "user", "content": "a"}] * 101}, "too_many_messages"),
         ({"messages": [{"role": "user", "content": [TEXT] * 101}]}, "too_many_content_parts"),
         ({"messages": [{"role": "user", "content": [TEXT] * 3}] * 34}, "too_many_content_parts"),
         ({"input": [{"role": "user", "content": [TEXT] * 60}] * 2}, "too_many_content_parts"),
@@ -43,6 +43,8 @@ def test_over_the_cap_is_a_400_naming_what_was_counted(fields, code):
         {"messages": "not an array"},  # shapes the full decoder answers
         {"messages": [1, "x", None, {"content": {"a": 1}}]},
         {"prompt": [1] * 1000},  # other arrays are not these items
+        {"input": list(range(1000))},  # an embeddings input of token ids, not items
+        {"input": ["a"] * 1000},
     ],
 )
 def test_at_the_cap_or_of_another_shape_passes(fields):

@@ -231,7 +231,7 @@ class EngineHealth:
         if engine.healthy:
             self._mark_down(engine, reason)
         # Every open call goes, those that came during the check included: none will be answered.
-        calls.fail_calls(engine.client, trio.current_time() + 1.0, f"engine {engine.id} is {reason}")
+        calls.fail_calls(engine.client, math.inf, f"engine {engine.id} is {reason}")
         return True
 
     def _streaming(self, engine: Engine) -> bool:

@@ -3,12 +3,13 @@ is decoded, at a cost that does not grow with how far over the cap it is.
 
 Decoding a JSON body costs time and memory per value: a 31 MB body of a million tiny messages took
 seconds of the event loop and hundreds of megabytes before any rule could refuse it. Here the
-``messages`` (chat, Anthropic) or ``input`` (Responses, embeddings) array is read as an array-like
+``messages`` (chat, Anthropic) or ``input`` (Responses items) array is read as an array-like
 struct with `cap` optional slots whose values stay raw JSON (slices of the body, never decoded):
 msgspec stops at the first element past the last slot, so an array of a million elements costs the
 same as one of `cap` + 1. Each item's ``content``, when it is an array, is read the same way and
 the parts are counted over the whole request. Bodies that are not shaped like that (not an object,
-no such array, an item that is not an object) are left for the full decoder to answer.
+no such array, an item that is not an object, an ``input`` of strings or token ids as embeddings
+take it) are left for the full decoder and the route's own limits.
 """
 
 from __future__ import annotations
@@ -60,8 +61,8 @@ def _filled(slots: Any, cap: int) -> list[msgspec.Raw]:
 
 
 def check_item_counts(body: bytes, cap: int) -> None:
-    """Raise a 400 when the body carries more than `cap` messages (or input items), or more than
-    `cap` content parts in all; `cap` <= 0: no cap."""
+    """Raise a 400 when the body carries more than `cap` messages (or ``input`` items that are
+    objects), or more than `cap` content parts in all; `cap` <= 0: no cap."""
     if cap <= 0:
         return
     messages_decoder, inputs_decoder, item_decoder = _decoders(cap)
@@ -70,9 +71,9 @@ def check_item_counts(body: bytes, cap: int) -> None:
         try:
             slots = getattr(decoder.decode(body), name)
         except msgspec.ValidationError as error:
-            if str(error).startswith(_OVER):
+            if str(error).startswith(_OVER) and (name == "messages" or _items_are_objects(body)):
                 raise _too_many(name, cap) from None
-            return  # another shape: the full decoder answers it
+            return  # another shape (token ids as embeddings input): not these items
         except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
             return
         if slots is None or isinstance(slots, str):
@@ -93,6 +94,27 @@ def check_item_counts(body: bytes, cap: int) -> None:
             parts += len(content) if isinstance(content, list) else len(_filled(content, cap))
             if parts > cap:
                 raise _too_many_parts(cap)
+
+
+class _FirstInput(msgspec.Struct, array_like=True):
+    first: msgspec.Raw = _EMPTY
+
+
+class _Inputs(msgspec.Struct):
+    input: _FirstInput | str | None = None
+
+
+_FIRST_INPUT = msgspec.json.Decoder(_Inputs)
+
+
+def _items_are_objects(body: bytes) -> bool:
+    """Whether ``input`` is an array of objects (Responses items), not of strings or token ids
+    (embeddings): only its first element is kept, the rest is skipped unread."""
+    try:
+        inputs = _FIRST_INPUT.decode(body).input
+    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
+        return False
+    return isinstance(inputs, _FirstInput) and bytes(inputs.first).lstrip().startswith(b"{")
 
 
 def _too_many(param: str, cap: int) -> OpenAIError:
