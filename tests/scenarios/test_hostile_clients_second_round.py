@@ -145,6 +145,17 @@ async def test_300_clients_closing_at_done_have_every_connection_released_within
 # ---- a million messages -----------------------------------------------------------------------------
 
 
+async def loop_stalls(client: httpx.AsyncClient) -> dict[float, float]:
+    """How many times the server's event loop woke a timer later than 100 ms and 250 ms."""
+    lines = (await client.get("/metrics")).text.splitlines()
+
+    def value(prefix: str) -> float:
+        return next(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith(prefix))
+
+    total = value("trio_direct_event_loop_lag_seconds_count")
+    return {limit: total - value(f'trio_direct_event_loop_lag_seconds_bucket{{le="{limit}"}}') for limit in (0.1, 0.25)}
+
+
 def reset_peak(pid: int) -> None:
     Path(f"/proc/{pid}/clear_refs").write_text("5")  # VmHWM starts again from the current size
 
@@ -166,6 +177,7 @@ async def test_four_million_message_bodies_are_refused_fast_and_never_stall_the_
     ):
         before = rss(process.pid)
         reset_peak(process.pid)
+        stalls = await loop_stalls(client)
 
         async def hostile(path: str, content: bytes) -> None:
             started = time.monotonic()
@@ -182,7 +194,11 @@ async def test_four_million_message_bodies_are_refused_fast_and_never_stall_the_
                 await trio.sleep(0.02)
         grew = rss(process.pid, "VmHWM") - before
         took = [elapsed for _, elapsed in replies]
-        print(f"four 1e6-message bodies: peak grew {grew / MB:.0f} MB; slowest /live {slowest * 1e3:.0f} ms; {took}")
+        stalled = {limit: count - stalls[limit] for limit, count in (await loop_stalls(client)).items()}
+        print(
+            f"four 1e6-message bodies: peak grew {grew / MB:.0f} MB; slowest /live {slowest * 1e3:.0f} ms; "
+            f"server loop stalls over 100/250 ms: {stalled[0.1]}/{stalled[0.25]}; {took}"
+        )
         assert [reply.status_code for reply, _ in replies] == [400] * 4
         for reply, _ in replies:
             if reply.json().get("type") == "error":  # Anthropic's envelope
@@ -192,7 +208,11 @@ async def test_four_million_message_bodies_are_refused_fast_and_never_stall_the_
         assert len([r for r, _ in replies if r.json().get("type") == "error"]) == 1
         assert max(took) < 4  # four sent at once over one loop; each alone is refused in well under 1 s
         assert grew < 4 * 150 * MB, f"peak grew {grew / MB:.0f} MB"
-        assert slowest < 0.2, f"/live took {slowest:.2f}s while the bodies were refused"
+        # The server's own loop never stalled past 100 ms (its lag monitor wakes every 20 ms); the
+        # probe's time also counts this test process, which uploads the four bodies meanwhile
+        # (~40 ms on a quiet machine), hence the margin.
+        assert stalled[0.1] == 0, f"the server's event loop stalled over 100 ms {stalled[0.1]} time(s)"
+        assert slowest < 1.0, f"/live took {slowest:.2f}s while the bodies were refused"
 
         before = rss(process.pid)
         reset_peak(process.pid)
