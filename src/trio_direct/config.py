@@ -103,6 +103,10 @@ class ServeConfig:
     jwt_issuer: str | None = None
     jwt_audience: str | None = None
     jwt_tenant_claim: str = "sub"
+    client_write_timeout: float = 30.0
+    body_total_timeout: float = 120.0
+    max_messages: int = 10_000
+    metrics_api_key: str | None = None
 
 
 _HELP = {
@@ -155,14 +159,16 @@ _HELP = {
     "router_session_busy_fraction": "a session leaves its engine when the engine's polled KV cache use is at or above "
     "this fraction (engines over --engine-busy-threshold, when set, are left too)",
     "health_interval": "seconds between HealthCheck calls per engine (0 = no health checks)",
-    "health_timeout": "seconds a HealthCheck may take before it counts as failed",
+    "health_timeout": "seconds a HealthCheck may take before it counts as failed; unanswered while the engine's "
+    "open calls produce nothing, the engine is hung: marked down at once, its requests retried or migrated",
     "load_poll_interval": "seconds between GetLoad polls: the engines' load as every frontend sees it, corrected by "
     "this one's own requests since (kv, least-load, power-of-two), and which engines are busy (with "
     "--engine-busy-threshold); 0 = off",
     "tool_call_parser": "tool-call parser name (default: the engines'); alias --dyn-tool-call-parser",
     "reasoning_parser": "reasoning parser name (default: the engines'); alias --dyn-reasoning-parser",
     "graceful_shutdown_timeout": "on SIGTERM/SIGINT: seconds in-flight requests may take to finish before they are aborted",
-    "max_retries": "times a request whose engine cannot be reached is retried on another engine, before its first token",
+    "max_retries": "times a request whose engine cannot be reached or hangs is retried on another engine, before its "
+    "first token",
     "abort_timeout": "seconds an Abort to an engine may take before it is given up",
     "api_key": "require this Bearer token on every route (/v1/*, /generate, /tokenize, /debug/*, ...) but "
     "/live, /health, /health_generate, /metrics and /version, which stay open for probes",
@@ -231,6 +237,13 @@ _HELP = {
     "jwt_issuer": "with --jwt-jwks-url: the `iss` tokens must carry",
     "jwt_audience": "with --jwt-jwks-url: the `aud` tokens must carry",
     "jwt_tenant_claim": "with --jwt-jwks-url: the claim that names the tenant",
+    "client_write_timeout": "seconds a response write may make no progress (a client that stopped reading) before "
+    "the connection is closed and its engine request aborted (0 = no limit)",
+    "body_total_timeout": "seconds a whole request body may take to arrive, however steadily it trickles; then 408 "
+    "and the connection closes (0 = no limit)",
+    "max_messages": "most messages (and most content parts of one message, and input items) one request may carry; "
+    "more are refused 400 before the body is decoded (0 = no cap)",
+    "metrics_api_key": "require this Bearer token on /metrics (which shows the engines' addresses); default: open",
 }
 _CHOICES = {
     "engine_api": ("auto", "native", "smg"),

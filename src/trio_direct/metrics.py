@@ -130,6 +130,10 @@ TENANT_QUEUE_WAIT = Histogram(
     "trio_direct_tenant_queue_wait_seconds", "Time requests waited in the admission queue, by tenant", ["tenant"],
     buckets=_QUEUE_BUCKETS, registry=REGISTRY,
 )  # fmt: skip
+HTTP_WRITE_TIMEOUTS = Counter(
+    "trio_direct_http_write_timeouts", "Connections closed because a response write made no progress "
+    "(a client that stopped reading; --client-write-timeout)", registry=REGISTRY,
+)  # fmt: skip
 
 
 class FrontendCollector(Collector):

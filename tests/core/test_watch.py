@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import trio
+
 from trio_direct.core.watch import StreamWatch
 from trio_direct.engine.errors import EngineStalled
 
@@ -76,3 +78,35 @@ def test_quiet_streams_are_woken_once_per_quiet_period():
     assert woken == [1, 1]
     assert StreamWatch(keepalive=0).stream_opened(lambda: True) is None
     assert StreamWatch(keepalive=2, stall_timeout=120).tick == 0.5
+
+
+def test_calls_are_tracked_for_the_health_checks_even_with_the_idle_timeout_off():
+    watch = StreamWatch(stall_timeout=0)
+    quiet, streaming = engine(10.0), engine(30.0)
+    old, new, other = Call(quiet, opened_at=5.0), Call(quiet, opened_at=25.0), Call(streaming, opened_at=5.0)
+    for call in (old, new, other):
+        watch.call_opened(call)
+    assert watch.quiet_calls(quiet, since=20.0) == 1  # open before the check, nothing since
+    assert watch.quiet_calls(streaming, since=20.0) == 0  # it delivered output during the check
+    assert watch.fail_calls(quiet, since=float("inf"), reason="hung") == 2
+    assert [str(e) for e in old.stalled + new.stalled] == [str(EngineStalled("hung", engine="e"))] * 2
+    assert watch.quiet_calls(quiet, since=100.0) == 0  # failed calls are no longer watched
+
+
+async def test_aborts_handed_to_the_watch_run_in_its_task_and_only_while_it_runs(nursery):
+    sent: list[str] = []
+
+    class Client:
+        name = "e"
+
+        async def abort(self, rid: str, *, timeout: float) -> None:
+            await trio.sleep(0.01)
+            sent.append(rid)
+
+    watch = StreamWatch()
+    assert not watch.abort_later(Client(), "r0", 1.0)  # not running: the caller aborts in place
+    nursery.start_soon(watch.run)
+    await trio.sleep(0.01)  # the watch task starts
+    assert watch.abort_later(Client(), "r1", 1.0)
+    await trio.sleep(0.1)
+    assert sent == ["r1"]

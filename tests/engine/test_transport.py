@@ -55,6 +55,26 @@ async def test_stream_delivers_every_message_in_order(engine):
     channel.close()
 
 
+async def test_a_reader_that_falls_behind_holds_a_bounded_buffer_and_loses_nothing(engine):
+    """A stream whose reader stops (its client stopped reading) stops being read from the engine:
+    HTTP/2 flow control holds the rest back instead of this process's memory."""
+
+    def generate(call):
+        for i in range(5_000):
+            call.send(pb.GenerateResponse(output_ids=[i]))
+        call.finish()
+
+    engine.handlers[GENERATE] = generate
+    channel = engine.channel()
+    async with channel.open_stream(GENERATE, pb.GenerateRequest(), pb.GenerateResponse, timeout=30) as stream:
+        received = [(await stream.__anext__()).output_ids[0]]
+        await trio.sleep(0.5)  # the engine could have sent everything by now
+        assert stream._receive.statistics().current_buffer_used <= transport.STREAM_BUFFER
+        received += [message.output_ids[0] async for message in stream]
+    assert received == list(range(5_000))
+    channel.close()
+
+
 @pytest.mark.parametrize(
     ("status", "error_type"),
     [

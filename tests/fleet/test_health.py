@@ -186,3 +186,50 @@ async def test_an_engine_streaming_output_is_busy_not_down_when_health_checks_ti
     await health.check(engine)
     await health.check(engine)
     assert not engine.healthy
+
+
+class _OpenCalls:
+    """The frontend's open calls as the health check asks about them: `count` quiet calls."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self.failed: list[str] = []
+
+    def quiet_calls(self, client, since: float) -> int:
+        return self.count if client.last_output_at < since else 0
+
+    def fail_calls(self, client, since: float, reason: str) -> int:
+        self.failed.append(reason)
+        return self.count
+
+
+async def test_an_unanswered_check_while_open_calls_produce_nothing_marks_the_engine_hung_at_once():
+    client = _BusyEngineClient()
+    client.last_output_at = trio.current_time() - 1  # it streamed a moment ago, then nothing
+    engine = Engine("e0", SimpleNamespace(url="hung:1"), client)  # type: ignore[arg-type]
+    calls, downs = _OpenCalls(3), []
+    health = EngineHealth(
+        Fleet([engine], model=None), pool=None, interval=5.0, timeout=0.05, calls=calls, on_down=downs.append
+    )  # type: ignore[arg-type]
+    await health.check(engine)  # one check is enough: no failures_to_down to wait for
+    assert not engine.healthy and downs == [engine]
+    assert len(calls.failed) == 1 and "hung" in calls.failed[0] and "3 open call(s)" in calls.failed[0]
+
+
+async def test_an_unanswered_check_is_not_a_hang_without_open_calls_or_with_output_during_it():
+    client = _BusyEngineClient()
+    engine = Engine("e0", SimpleNamespace(url="busy:1"), client)  # type: ignore[arg-type]
+    idle = EngineHealth(Fleet([engine], model=None), pool=None, timeout=0.05, calls=_OpenCalls(0))  # type: ignore[arg-type]
+    await idle.check(engine)  # no open call: one failed check of two, as before
+    assert engine.healthy
+    streaming = _OpenCalls(3)
+    health = EngineHealth(Fleet([engine], model=None), pool=None, timeout=0.05, calls=streaming)  # type: ignore[arg-type]
+
+    async def output_during_the_check() -> None:
+        await trio.sleep(0.01)
+        client.last_output_at = trio.current_time()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(output_during_the_check)
+        await health.check(engine)
+    assert engine.healthy and streaming.failed == []

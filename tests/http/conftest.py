@@ -16,7 +16,8 @@ LONG = 60.0
 
 
 class App:
-    """`/live`: 200 "ok"; `/echo`: reads the body, answers its length; `/stream`: 10 chunks 0.1 s apart."""
+    """`/live`: 200 "ok"; `/echo`: reads the body, answers its length; `/stream`: 10 chunks 0.1 s apart;
+    `/flood`: 64 KiB chunks as fast as they are taken, until the client is gone."""
 
     def __init__(self) -> None:
         self.paths: list[str] = []
@@ -43,6 +44,13 @@ class App:
         elif scope["path"] == "/live":
             body = b"ok"
         headers = [(b"content-type", b"text/plain")]
+        if scope["path"] == "/flood":  # 64 KiB chunks until the client is gone
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._count_disconnect, receive, nursery.cancel_scope)
+                while True:
+                    await send({"type": "http.response.body", "body": b"x" * 65536, "more_body": True})
+                    await trio.lowlevel.checkpoint()
         if scope["path"] == "/stream":
             await send({"type": "http.response.start", "status": 200, "headers": headers})
             for index in range(10):
@@ -53,6 +61,12 @@ class App:
         headers.append((b"content-length", str(len(body)).encode()))
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": body})
+
+    async def _count_disconnect(self, receive, scope: trio.CancelScope) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        self.disconnects += 1
+        scope.cancel()
 
 
 StartServer = Callable[..., Awaitable[int]]

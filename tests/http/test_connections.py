@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import socket
+import struct
 
 import trio
 from support import exchange, read_response, read_to_eof, sockets_in_close_wait, wait_until
@@ -254,3 +256,80 @@ async def test_a_pipelining_client_does_not_hold_the_drain(start_server):
         assert b"done\n" in response and response.count(b"HTTP/1.1 ") == 1
         with trio.fail_after(10):  # the graceful timeout is 30 s
             await drained.wait()
+
+
+# --- second round: trickled bodies, strict framing, clients that stop reading or reset at the end -----
+
+
+async def test_a_body_trickled_under_the_pause_limit_still_meets_its_total_deadline(start_server, app):
+    port = await start_server(header_read_timeout=LONG, body_read_timeout=0.5, body_total_timeout=1.0)
+    started = trio.current_time()
+    async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
+        await stream.send_all(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n")
+        with trio.move_on_after(5):
+            with contextlib.suppress(trio.BrokenResourceError):
+                while True:  # one byte every 0.3 s: never a pause as long as the pause limit
+                    await stream.send_all(b"x")
+                    await trio.sleep(0.3)
+        response = await read_to_eof(stream)
+    assert status_of(response) == 408 and trio.current_time() - started < 3
+    await wait_until(lambda: app.disconnects == 1)
+
+
+async def test_a_nul_byte_in_a_chunk_extension_is_a_400(start_server, app):
+    head = b"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    response = await exchange(port := await start_server(), head + b"2;ext=a\x00b\r\nhi\r\n0\r\n\r\n")
+    assert status_of(response) == 400
+    fine = await exchange(
+        port, head.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n") + b"2;ext=ab\r\nhi\r\n0\r\n\r\n"
+    )
+    assert status_of(fine) == 200 and fine.endswith(b"2")
+
+
+async def test_a_method_that_is_not_upper_case_is_a_400_not_served(start_server, app):
+    port = await start_server()
+    response = await exchange(port, b"get /live HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert status_of(response) == 400 and "upper-case" in body_of(response)["error"]["message"]
+    assert app.paths == []
+
+
+async def test_a_client_that_stops_reading_is_cut_after_the_write_timeout_and_the_app_sees_it_go(start_server, app):
+    port = await start_server(client_write_timeout=0.5)
+    async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
+        await stream.send_all(b"GET /flood HTTP/1.1\r\nHost: x\r\n\r\n")
+        await stream.receive_some(1024)  # the answer began; from now on nothing is read
+        await wait_until(lambda: app.disconnects == 1, timeout=10)
+
+
+async def test_a_slow_client_that_keeps_reading_is_never_cut(start_server, app):
+    port = await start_server(client_write_timeout=0.5)
+    async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
+        await stream.send_all(b"GET /flood HTTP/1.1\r\nHost: x\r\n\r\n")
+        with trio.move_on_after(1.5):  # slower than the server writes, but never a pause of 0.5 s
+            while await stream.receive_some(16384):
+                await trio.sleep(0.05)
+    await wait_until(lambda: app.disconnects == 1)  # it went when the client closed, not before
+
+
+async def test_connections_reset_right_after_their_answers_last_bytes_are_released_at_once(start_server):
+    """A client that resets as soon as it read the last event (SSE clients close at ``[DONE]``): the
+    terminating chunk is still being written while the read loop sees the reset, and the answer's end
+    then restarted the keep-alive timer (here 60 s) in hypercorn's connection task."""
+    from trio_direct.metrics import HTTP_CONNECTIONS
+
+    port = await start_server(keep_alive_timeout=LONG)
+    before = HTTP_CONNECTIONS._value.get()
+
+    async def reset_at_the_end() -> None:
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        stream.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close = reset
+        await stream.send_all(b"GET /stream HTTP/1.1\r\nHost: x\r\n\r\n")
+        received = b""
+        while b"done\n" not in received:
+            received += await stream.receive_some(65536)
+        stream.socket.close()
+
+    async with trio.open_nursery() as clients:
+        for _ in range(100):
+            clients.start_soon(reset_at_the_end)
+    await wait_until(lambda: HTTP_CONNECTIONS._value.get() == before, timeout=2)

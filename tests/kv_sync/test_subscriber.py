@@ -12,6 +12,7 @@ import zmq
 from support import kv_events_config, wait_until
 
 from trio_direct.fleet.card import KvEventSource
+from trio_direct.kv_sync import subscriber as subscriber_module
 from trio_direct.kv_sync.subscriber import END_SEQ, KvEventSubscriber
 from trio_direct.mock import kv_types as mock
 from trio_direct.mock.kv_publisher import (
@@ -252,6 +253,8 @@ async def test_a_replay_that_brings_nothing_clears_the_rank(ctx: zmq.Context, mo
             nursery.start_soon(publisher.serve_replay)
             async with _subscribed(ctx, [publisher.source()], replay_timeout=0.2) as (subscriber, sink):
                 await _join(publisher, subscriber)
+                if mode == "silent":  # the join's replay failed too: the next one waits a second
+                    await trio.sleep(1.1)
                 sink.clears.clear()
                 lost, replays = subscriber.counters.lost, subscriber.counters.replays
                 publisher.next_seq += 2  # two batches the SUB never sees
@@ -508,3 +511,90 @@ def test_duplicate_ranks_are_refused() -> None:
     source = KvEventSource(0, "tcp://127.0.0.1:1")
     with pytest.raises(ValueError, match="duplicate"):
         KvEventSubscriber("e1", [source, source], RecordingSink())
+
+
+# -- floods: junk, engines not serving, oversized frames, failing replays ---------------------------
+
+
+async def test_a_flood_of_bad_batches_logs_one_line_per_interval_with_its_count(ctx: zmq.Context, caplog) -> None:
+    publisher = RawPublisher(ctx)
+    try:
+        async with _subscribed(ctx, [publisher.source()], warning_interval=0.5) as (subscriber, sink):
+            await _join(publisher, subscriber)
+            caplog.clear()
+            bad = subscriber.counters.bad_batches
+            for _ in range(500):  # (under the PUB's send HWM: none is dropped on the way)
+                publisher.publish([], payload=b"\xc1 not msgpack")
+            await wait_until(lambda: subscriber.counters.bad_batches == bad + 500, timeout=20)
+            await trio.sleep(0.6)
+            publisher.publish([], payload=b"\xc1 one more")
+            publisher.publish([_mark(1)])
+            await wait_until(lambda: _caught_up(publisher, subscriber))
+    finally:
+        publisher.close()
+    lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert 2 <= len(lines) <= 4, lines  # the first at once, then one per interval for the rest
+    assert any("more like it in the last 0.5s" in line for line in lines), lines
+    assert sink.events[0] == [_mark(1)]
+
+
+async def test_batches_that_arrive_while_the_engine_is_not_serving_are_dropped(ctx: zmq.Context) -> None:
+    serving = [True]
+    publisher = RawPublisher(ctx)
+    try:
+        async with _subscribed(ctx, [publisher.source()], serving=lambda: serving[0]) as (subscriber, sink):
+            await _join(publisher, subscriber)
+            serving[0] = False
+            subscriber.engine_down()
+            for i in range(100):
+                publisher.publish([_mark(i)])
+            await wait_until(lambda: subscriber.counters.ignored == 100)
+            assert sink.events.get(0, []) == []
+            serving[0] = True  # back: its batches are indexed again
+            publisher.publish([_mark(100)])
+            await wait_until(lambda: _caught_up(publisher, subscriber))
+    finally:
+        publisher.close()
+    assert sink.events[0] == [_mark(100)]
+
+
+async def test_an_oversized_frame_is_refused_and_later_batches_still_arrive(ctx: zmq.Context) -> None:
+    publisher = RawPublisher(ctx, replay="history")
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(publisher.serve_replay)
+            async with _subscribed(ctx, [publisher.source()]) as (subscriber, sink):
+                await _join(publisher, subscriber)
+                batches = subscriber.counters.batches
+                publisher.send(b"kv", (10**9).to_bytes(8, "big"), b"x" * (subscriber_module.MAX_MESSAGE_BYTES + 1))
+                publisher.publish([PROBE])
+                await _join(publisher, subscriber)  # the SUB reconnects; what it missed is replayed
+                assert subscriber.counters.batches > batches
+                assert subscriber.counters.restarts == 0 and subscriber.counters.bad_batches == 0
+            nursery.cancel_scope.cancel()
+    finally:
+        publisher.close()
+
+
+async def test_after_a_failed_replay_gaps_are_handled_at_once_until_the_backoff_ends(ctx: zmq.Context) -> None:
+    publisher = RawPublisher(ctx, replay="silent")
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(publisher.serve_replay)
+            async with _subscribed(ctx, [publisher.source()], replay_timeout=0.3) as (subscriber, sink):
+                await _join(publisher, subscriber)
+                publisher.next_seq += 1
+                publisher.publish([PROBE])  # a gap whose replay finds no answer: the next waits a second
+                await wait_until(lambda: _caught_up(publisher, subscriber))
+                replays = subscriber.counters.replays
+                started = trio.current_time()
+                for i in range(5):
+                    publisher.next_seq += 1  # a batch the SUB never sees: a gap each time
+                    publisher.publish([_mark(i)])
+                    await wait_until(lambda: _caught_up(publisher, subscriber))
+                assert trio.current_time() - started < 0.3  # no replay timeout was waited for
+                assert subscriber.counters.replays == replays and subscriber.counters.lost >= 5
+            nursery.cancel_scope.cancel()
+    finally:
+        publisher.close()
+    assert sink.events[0][-5:] == [_mark(i) for i in range(5)]

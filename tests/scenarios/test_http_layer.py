@@ -92,6 +92,22 @@ async def test_the_api_key_scheme_is_case_insensitive(aio_loop, nursery):
         assert (await client.get("/health")).status_code == 200
 
 
+async def test_with_an_api_key_unknown_paths_are_401_without_it_and_metrics_take_their_own_key(aio_loop, nursery):
+    base = await start_frontend(nursery, *FAST, "--api-key", "sekret", "--metrics-api-key", "scrape")
+    async with httpx.AsyncClient(base_url=base, timeout=30) as client:
+        for path in ("/v1/nothing-here", "/admin/engines", "/v1/chat/completions"):
+            reply = await client.get(path)  # missing, off, wrong method: all alike without the key
+            assert reply.status_code == 401 and reply.json()["error"]["code"] == "invalid_api_key", path
+        keyed = {"authorization": "Bearer sekret"}
+        assert (await client.get("/v1/nothing-here", headers=keyed)).status_code == 404
+        assert (await client.get("/v1/chat/completions", headers=keyed)).status_code == 405
+        assert (await client.get("/metrics")).status_code == 401
+        assert (await client.get("/metrics", headers=keyed)).status_code == 401
+        scraped = await client.get("/metrics", headers={"authorization": "Bearer scrape"})
+        assert scraped.status_code == 200 and "trio_direct_requests_total" in scraped.text
+        assert (await client.get("/live")).status_code == 200  # probes stay open
+
+
 def _counter(metrics: str, labels: str) -> float:
     """The value of `trio_direct_requests_total{labels}` in an exposition (0 when absent)."""
     for line in metrics.splitlines():

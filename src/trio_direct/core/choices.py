@@ -110,8 +110,8 @@ class ChoiceFailed(Exception):
 class ChoiceReader:
     """One choice's generating engine call, read event by event, in the task that enters it.
 
-    The call is dispatched on entering. An engine that cannot be reached before the choice's first
-    output is taken out of routing and the call is retried on another engine (`RunControl.reroute`,
+    The call is dispatched on entering. An engine that cannot be reached, or hangs, before the
+    choice's first output is taken out of routing and the call is retried on another engine (`RunControl.reroute`,
     at most `run.retries` times). After the first output, an engine failure moves the choice to
     another engine (`RunControl.migrate`, at most `run.migrations` times; `core.migration`): the
     continuation's tokens go through the same output pipeline, so the client reads one stream.
@@ -202,9 +202,10 @@ class ChoiceReader:
                 failed = run.client
                 self._note_tokens()
                 self._call = None
-                await self.__aexit__(None, None, None)  # the failed call ends (and is aborted) first
                 if isinstance(error, (EngineUnavailable, EngineStalled)):
+                    # Out of routing now, before its Abort (which a hung engine may never answer).
                     self._control.unreachable(failed, error)
+                await self.__aexit__(None, None, None)  # the failed call ends (and is aborted) first
                 if self._retry(error):
                     continue
                 # A disaggregated choice whose engine could not be reached before its first output
@@ -241,7 +242,10 @@ class ChoiceReader:
 
     def _retry(self, error: EngineError) -> bool:
         run = self._run
-        if not isinstance(error, EngineUnavailable) or self._delivered or run.retries <= 0:
+        # An engine that hangs before the first output is retried like one that cannot be reached (a
+        # disaggregated choice gets a fresh pair instead, in `next_event`).
+        retriable = isinstance(error, EngineUnavailable) or (isinstance(error, EngineStalled) and run.prefill is None)
+        if not retriable or self._delivered or run.retries <= 0:
             return False
         run.retries -= 1
         if not self._control.reroute(run):

@@ -35,11 +35,17 @@ class CallWatch(Protocol):
 
     def call_closed(self, call: EngineCall) -> None: ...
 
+    def abort_later(self, client: EngineClient, rid: str, timeout: float) -> bool:
+        """Send the Abort of a call to a hung engine elsewhere; False: send it in place."""
+        ...
+
 
 class EngineCall:
     """The state of one engine request, read by the cancellation decision."""
 
-    __slots__ = ("client", "request", "ended_at_engine", "first_chunk_at", "opened_at", "span", "_chunks", "_failure")
+    __slots__ = (
+        "client", "request", "ended_at_engine", "first_chunk_at", "opened_at", "span", "stalled", "_chunks", "_failure",
+    )  # fmt: skip
 
     def __init__(self, client: EngineClient, request: GenerateInput, chunks: GenerateStream) -> None:
         self.client = client
@@ -51,6 +57,8 @@ class EngineCall:
         self.opened_at = trio.current_time()
         #: The call's trace span, when tracing is on.
         self.span: Any = None
+        #: Failed because its engine is hung: its Abort need not hold up what the request does next.
+        self.stalled = False
         self._chunks = chunks
         #: An engine error that arrived behind chunks of a batch: raised by the next call, so the
         #: chunks before it still reach the client.
@@ -59,6 +67,7 @@ class EngineCall:
     def stall(self, error: EngineError) -> bool:
         """Fail the call with `error` (its engine is hung); False when that cannot reach its reader."""
         fail = getattr(self._chunks, "fail", None)
+        self.stalled = True
         return fail is not None and fail(error)
 
     def wake(self) -> bool:
@@ -152,7 +161,11 @@ async def open_engine_call(
                     watch.call_closed(call)
     finally:
         if call is None or not call.ended_at_engine:
-            await abort_on_engine(client, request.rid, abort_timeout)
+            # A hung engine will not answer its Abort soon: the request moves on (a retry, a migration)
+            # while the watch sends it.
+            deferred = call is not None and call.stalled and watch is not None
+            if not (deferred and watch.abort_later(client, request.rid, abort_timeout)):  # type: ignore[union-attr]
+                await abort_on_engine(client, request.rid, abort_timeout)
         if span is not None:
             trace.end_engine_span(span, ended=call is not None and call.ended_at_engine)
 

@@ -11,6 +11,12 @@ timer per token: SSE keep-alives for streams gone quiet, and engines that hang.
   until a health check passes. An engine that is merely slow on one request (queued behind others
   that stream) is not hung. Disaggregated legs are judged from their first message on: before it,
   a decode leg waits for its prefill by design, and a prefill leg sends only that message.
+- **Hung engines, found by a health probe** (`fail_calls`): the health checks ask the watch whether
+  an engine whose probe went unanswered has open calls and produced nothing during the probe; such
+  an engine is hung, whatever ``--stream-idle-timeout`` says, and its calls are failed the same way.
+- **Aborts owed to a hung engine** (`abort_later`): a failed call's Abort is sent from the watch's
+  own nursery, bounded by ``--abort-timeout``, so that its request moves to another engine at once
+  instead of waiting for an Abort that a stopped engine will not answer.
 
 The decisions are `StreamWatch.check` (sans-IO, given the time); `run` ticks it.
 """
@@ -26,7 +32,7 @@ from typing import Any
 import trio
 
 from trio_direct import metrics
-from trio_direct.core.engine_call import EngineCall
+from trio_direct.core.engine_call import EngineCall, abort_on_engine
 from trio_direct.engine.errors import EngineStalled
 
 __all__ = ["StreamWatch", "WatchedStream"]
@@ -56,8 +62,10 @@ class StreamWatch:
         self.keepalive = keepalive
         self.stall_timeout = stall_timeout
         self._streams: set[WatchedStream] = set()
-        #: Open engine calls by engine (only while stall detection is on).
+        #: Open engine calls by engine.
         self._calls: dict[Any, set[EngineCall]] = {}
+        #: `run`'s nursery while it runs: where Aborts to hung engines are sent (`abort_later`).
+        self._aborts: trio.Nursery | None = None
 
     @property
     def tick(self) -> float:
@@ -79,8 +87,7 @@ class StreamWatch:
             self._streams.discard(stream)
 
     def call_opened(self, call: EngineCall) -> None:
-        if self.stall_timeout > 0:
-            self._calls.setdefault(call.client, set()).add(call)
+        self._calls.setdefault(call.client, set()).add(call)
 
     def call_closed(self, call: EngineCall) -> None:
         calls = self._calls.get(call.client)
@@ -123,11 +130,41 @@ class StreamWatch:
             if call.stall(error):
                 metrics.STALLED_ENGINES.labels(client.name).inc()
 
+    def quiet_calls(self, client: Any, since: float) -> int:
+        """How many calls to `client` were open before `since` (trio time), if it delivered nothing
+        on any call since then (0 otherwise)."""
+        if client.last_output_at >= since:
+            return 0
+        return sum(1 for call in self._calls.get(client, ()) if call.opened_at < since)
+
+    def fail_calls(self, client: Any, since: float, reason: str) -> int:
+        """Fail the calls to `client` open before `since` with `EngineStalled` (it is hung: their
+        choices retry or migrate); returns how many were failed."""
+        stalled = [call for call in self._calls.get(client, ()) if call.opened_at < since]
+        for call in stalled:
+            self.call_closed(call)
+            if call.stall(EngineStalled(reason, engine=client.name)):
+                metrics.STALLED_ENGINES.labels(client.name).inc()
+        return len(stalled)
+
+    def abort_later(self, client: Any, rid: str, timeout: float) -> bool:
+        """Send `Abort(rid)` to a hung `client` from the watch's nursery (bounded by `timeout`), so
+        its request need not wait for it; False when the watch is not running (abort in place)."""
+        if self._aborts is None:
+            return False
+        self._aborts.start_soon(abort_on_engine, client, rid, timeout)
+        return True
+
     async def run(self) -> None:
-        """Check every `tick` seconds until cancelled (nothing to do when both periods are 0)."""
-        if self.keepalive <= 0 and self.stall_timeout <= 0:
-            return
-        tick = self.tick
-        while True:
-            await trio.sleep(tick)
-            self.check(time.perf_counter(), trio.current_time())
+        """Check every `tick` seconds until cancelled; Aborts handed over meanwhile run here too."""
+        try:
+            async with trio.open_nursery() as aborts:
+                self._aborts = aborts
+                if self.keepalive <= 0 and self.stall_timeout <= 0:
+                    await trio.sleep_forever()
+                tick = self.tick
+                while True:
+                    await trio.sleep(tick)
+                    self.check(time.perf_counter(), trio.current_time())
+        finally:
+            self._aborts = None

@@ -8,6 +8,12 @@ passes the frontend's own rules (`check_join`) is applied and reported (`on_chan
 follows new KV-event endpoints), a changed model or block size, or a card the frontend refuses, is
 refused loudly and the engine stays down. Routing never picks a down engine (`Fleet.workers` skips it).
 
+A health check that goes unanswered within `timeout` while the engine has open calls and produced
+nothing on any of them during the check means the engine is hung (stopped, deadlocked): it is marked
+down at once and its calls are failed (`OpenCalls.fail_calls`), so their requests retry or migrate
+in seconds instead of waiting as long as the hang lasts. An engine that answers its check is busy,
+however long its prefill takes, and one that streamed during the check is busy too.
+
 Engines that were not up at start-up (`Fleet.pending`) are probed every `interval` instead; one
 whose probe works and whose card agrees with the fleet joins it (`Fleet.join`), and from then on is
 watched like the others. One that disagrees is refused loudly and stays pending: an operator may
@@ -19,6 +25,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
+from typing import Any, Protocol
 
 import trio
 
@@ -29,6 +36,24 @@ from trio_direct.fleet.fleet import Engine, Fleet, FleetError, PendingEngine
 from trio_direct.fleet.probe import ApiChoice, probe_engine
 
 log = logging.getLogger(__name__)
+
+
+class OpenCalls(Protocol):
+    """The frontend's open engine calls, as a health check that went unanswered asks about them
+    (`core.watch.StreamWatch`)."""
+
+    def quiet_calls(self, client: Any, since: float) -> int:
+        """Calls to `client` open before `since` (trio time) if it delivered nothing since then, else 0."""
+        ...
+
+    def fail_calls(self, client: Any, since: float, reason: str) -> int:
+        """Fail the calls to `client` open before `since`: their engine is hung."""
+        ...
+
+
+#: A check whose timeout fired this much later than asked was held up by this frontend's own event
+#: loop: it tells nothing about the engine.
+_LATE_TIMEOUT = 0.5
 
 
 class EngineHealth:
@@ -47,6 +72,7 @@ class EngineHealth:
         check_join: Callable[[Engine], None] | None = None,
         on_join: Callable[[Engine], None] | None = None,
         on_change: Callable[[Engine, EngineCard], None] | None = None,
+        calls: OpenCalls | None = None,
     ) -> None:
         self.fleet = fleet
         self.pool = pool
@@ -61,6 +87,8 @@ class EngineHealth:
         self.on_join = on_join
         #: Called with the engine (its new card applied) and its old card when it came back changed.
         self.on_change = on_change
+        #: The open engine calls, to tell a hung engine from a busy one when a check goes unanswered.
+        self.calls = calls
         self._failures: dict[str, int] = {engine.id: 0 for engine in fleet.engines}
         #: Why a down engine that answers again was refused, last time (logged once per reason).
         self._refused: dict[str, str] = {}
@@ -160,13 +188,17 @@ class EngineHealth:
 
     async def check(self, engine: Engine) -> None:
         """One health check of `engine`, and what follows from it."""
+        started = trio.current_time()
         try:
             with trio.fail_after(self.timeout):
                 healthy = await engine.client.health(timeout=self.timeout)
             reason = "" if healthy else "HealthCheck answered healthy=false"
         except (EngineError, trio.TooSlowError) as error:
             healthy, reason = False, str(error) or f"no answer in {self.timeout:g}s"
-            if isinstance(error, (trio.TooSlowError, EngineDeadlineExceeded)) and self._streaming(engine):
+            unanswered = isinstance(error, (trio.TooSlowError, EngineDeadlineExceeded))
+            if unanswered and self._hung(engine, started):
+                return
+            if unanswered and self._streaming(engine):
                 # SGLang answers HealthCheck through its scheduler: under load it queues. An engine
                 # that just delivered tokens is busy, not down (nor is a frontend whose own event
                 # loop stalled past the timeout).
@@ -182,6 +214,25 @@ class EngineHealth:
         self._failures[engine.id] = 0
         if not engine.healthy:
             await self._bring_back(engine)
+
+    def _hung(self, engine: Engine, started: float) -> bool:
+        """The check begun at `started` went unanswered: if `engine` also has open calls and produced
+        nothing on any during the check, it is hung: marked down, its calls failed. True if so."""
+        calls = self.calls
+        if calls is None:
+            return False
+        if trio.current_time() - started > self.timeout + _LATE_TIMEOUT:
+            return False  # this frontend's loop was stalled: output may be waiting unread
+        quiet = calls.quiet_calls(engine.client, started)
+        if not quiet:
+            return False
+        reason = f"hung: no answer to its health check in {self.timeout:g}s and no output on its {quiet} open call(s)"
+        self._failures[engine.id] = self.failures_to_down
+        if engine.healthy:
+            self._mark_down(engine, reason)
+        # Every open call goes, those that came during the check included: none will be answered.
+        calls.fail_calls(engine.client, math.inf, f"engine {engine.id} is {reason}")
+        return True
 
     def _streaming(self, engine: Engine) -> bool:
         """Output arrived from `engine` during this check or the interval before it."""

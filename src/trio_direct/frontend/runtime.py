@@ -628,6 +628,7 @@ async def open_model_pool(
             check_join=pool.check_join,
             on_join=pool.engine_joined,
             on_change=pool.engine_changed,
+            calls=watch,
         )
     await trio.to_thread.run_sync(_warm_up_request_path, pool)
     return pool

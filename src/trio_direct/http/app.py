@@ -2,15 +2,18 @@
 
 Every request passes the same rules, written once, in this order: the protocol guard
 (`http/asgi_guard.py`: a declared Content-Length over ``--max-body-bytes`` is a 413 before any body
-is read, Content-Length with Transfer-Encoding a 400 and a closed connection, a WebSocket handshake a
-400), route lookup (404, 405), CORS preflight, credentials (401; they name the request's tenant,
-`tenants.access`), "server is starting" (503), the tenant's limits (429 with Retry-After and
-``x-ratelimit-*`` headers, generation routes; see `tenants.limiter`), admission against
-``--max-concurrent-requests`` and ``--max-queued-requests`` (429 with Retry-After at once,
-generation routes; see `core.admission`), the body read within ``--max-body-bytes`` (413 for a
-chunked body that grows past it), the client-disconnect watch, then the handler; whatever it raises
-as `OpenAIError` is written in the route's own error envelope, and anything else is logged and
-answered 500 in that envelope. Nothing answers a bare error page.
+is read, Content-Length with Transfer-Encoding a 400 and a closed connection, a WebSocket handshake
+a 400), route lookup (404, 405; where credentials are required a request without valid ones gets
+401 there, so routes cannot be enumerated), CORS preflight, credentials (401; they name the
+request's tenant, `tenants.access`; ``--metrics-api-key`` guards ``/metrics``), "server is
+starting" (503), the tenant's limits (429 with Retry-After and ``x-ratelimit-*`` headers,
+generation routes; see `tenants.limiter`), admission against ``--max-concurrent-requests`` and
+``--max-queued-requests`` (429 with Retry-After at once, generation routes; see `core.admission`),
+the body read within ``--max-body-bytes`` (413 for a chunked body that grows past it), its messages
+and content parts counted against ``--max-messages`` before it is decoded (400;
+`openai.item_counts`, in a thread for a large body), the client-disconnect watch, then the handler;
+whatever it raises as `OpenAIError` is written in the route's own error envelope, and anything else
+is logged and answered 500 in that envelope. Nothing answers a bare error page.
 
 A generation request is named on arrival (`core.request_context`: the client's ``X-Request-Id`` or
 a generated id), which every log line about it carries and every response to it returns in
@@ -52,6 +55,7 @@ from trio_direct.http.routing_table import ErrorFormat, Route, RouteTable, opena
 from trio_direct.logs import REQUEST_ID
 from trio_direct.openai import errors
 from trio_direct.openai.errors import OpenAIError
+from trio_direct.openai.item_counts import check_item_counts
 from trio_direct.tenants import access as tenant_access
 from trio_direct.tenants.directory import ANONYMOUS, Tenant
 from trio_direct.tenants.limiter import Grant, RateLimited
@@ -101,11 +105,14 @@ def create_app(
         tenants = Tenants.load(tenants_settings(config))
     access, limiter, labels = tenants.access, tenants.limiter, tenants.labels
     admin_key = config.admin_api_key.encode() if config.admin_api_key else None
+    metrics_key = config.metrics_api_key.encode() if config.metrics_api_key else None
     if admin_key is None:  # the admin API is off without its key: its paths do not exist (404)
         routes = RouteTable([route for route in routes.routes if not route.admin])
     origins = _origins(config.cors_allow_origins)
     admission = Admission(config.max_concurrent_requests, config.max_queued_requests, config.queue_timeout)
     max_body = config.max_body_bytes
+    max_items = config.max_messages
+    check_item_counts(b"{}", max_items)  # builds its decoders now, not in the first request
     metrics.watch_frontend(get_frontend)
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
@@ -139,6 +146,12 @@ def create_app(
         if seen is not None:
             seen.exchange = exchange
         if route is None:
+            if access.required and await access.identify(_credentials(exchange, _ANY_KEY_HEADERS)) is None:
+                # Without a key, a path that does not exist looks like one that does: routes cannot
+                # be enumerated by their 404s.
+                error = errors.unauthorized()
+                await exchange.json(error.status, error.to_json(), headers=[(b"www-authenticate", b"Bearer")])
+                return
             if match.allowed:
                 error = errors.OpenAIError(f"Method Not Allowed: {method} {path}", status=405)
                 allow = ", ".join(match.allowed).encode()
@@ -146,13 +159,17 @@ def create_app(
             else:
                 await exchange.json(404, errors.not_found(f"Not Found: {method} {path}").to_json())
             return
+        guarded_metrics = route.path == "/metrics" and metrics_key is not None  # it shows the engines' addresses
+        if guarded_metrics and not _authorized(exchange, route.api_key_headers, metrics_key or b""):
+            await _unauthorized(exchange, route)
+            return
         tenant = ANONYMOUS
         if route.admin:
-            if admin_key is not None and not _authorized(exchange, route, admin_key):
+            if admin_key is not None and not _authorized(exchange, route.api_key_headers, admin_key):
                 await _unauthorized(exchange, route)
                 return
         elif not route.open and access.required:
-            found = await access.identify(_credentials(exchange, route))
+            found = await access.identify(_credentials(exchange, route.api_key_headers))
             if found is None:
                 metrics.TENANT_REFUSALS.labels("other", "unauthorized").inc()
                 await _unauthorized(exchange, route)
@@ -172,7 +189,7 @@ def create_app(
             await exchange.json(error.status, route.error_body(error), headers=[(b"retry-after", b"1")])
             return
         if route.endpoint is None:
-            await _run(route, exchange, receive, max_body)
+            await _run(route, exchange, receive, max_body, max_items)
             return
         context = RequestContext.for_client_id(exchange.header(b"x-request-id"))
         if seen is not None:
@@ -223,7 +240,7 @@ def create_app(
             context.trace.span.set_attribute("trio_direct.tenant", tenant.name)
         metrics.IN_FLIGHT.inc()
         try:
-            await _run(route, exchange, receive, max_body)
+            await _run(route, exchange, receive, max_body, max_items)
         finally:
             admission.leave(ticket)
             metrics.IN_FLIGHT.dec()
@@ -280,13 +297,17 @@ def _log_access(scope: Scope, seen: _Seen) -> None:
     log_access(record)
 
 
-async def _run(route: Route, exchange: Exchange, receive: Receive, max_body: int) -> None:
+async def _run(route: Route, exchange: Exchange, receive: Receive, max_body: int, max_items: int = 0) -> None:
     """Read the body, watch for the client leaving, run the handler; errors in the route's envelope."""
     try:
         async with trio.open_nursery() as nursery:
             body = await _read_body(receive, max_body)
             if body is None:
                 return  # the client left before sending its request
+            if len(body) > _THREAD_BODY_BYTES:
+                await trio.to_thread.run_sync(check_item_counts, body, max_items)
+            elif body:
+                check_item_counts(body, max_items)
             exchange.body = body
             context = CURRENT.get()
             if context is not None and context.trace is not None:
@@ -304,6 +325,10 @@ async def _run(route: Route, exchange: Exchange, receive: Receive, max_body: int
             exc_info=group.exceptions[0],
         )
         await _answer_error(exchange, route, errors.internal_error())
+
+
+#: Bodies larger than this have their items counted in a thread (the count reads them whole).
+_THREAD_BODY_BYTES = 256 * 1024
 
 
 async def _answer_error(exchange: Exchange, route: Route, error: OpenAIError) -> None:
@@ -358,7 +383,7 @@ async def _unauthorized(exchange: Exchange, route: Route) -> None:
     await exchange.json(error.status, route.error_body(error), headers=[(b"www-authenticate", b"Bearer")])
 
 
-def _credentials(exchange: Exchange, route: Route) -> list[bytes]:
+def _credentials(exchange: Exchange, api_key_headers: tuple[bytes, ...]) -> list[bytes]:
     """The keys or tokens a request carries: its `Authorization: Bearer` token (the scheme is
     case-insensitive, RFC 9110 §11.1), then the route's own API-key headers (Anthropic's `x-api-key`)."""
     found = []
@@ -367,14 +392,18 @@ def _credentials(exchange: Exchange, route: Route) -> list[bytes]:
         scheme, _, token = value.partition(b" ")
         if scheme.lower() == b"bearer" and token.strip():
             found.append(token.strip())
-    for name in route.api_key_headers:
+    for name in api_key_headers:
         value = exchange.header(name)
         if value is not None and value.strip():
             found.append(value.strip())
     return found
 
 
-def _authorized(exchange: Exchange, route: Route, expected: bytes) -> bool:
+#: Where a path that does not exist accepts the API key besides `Authorization: Bearer`.
+_ANY_KEY_HEADERS = (b"x-api-key",)
+
+
+def _authorized(exchange: Exchange, api_key_headers: tuple[bytes, ...], expected: bytes) -> bool:
     """`Authorization: Bearer KEY` (the scheme is case-insensitive, RFC 9110 §11.1), or one of the
     route's own API-key headers (Anthropic's `x-api-key`)."""
     value = exchange.header(b"authorization")
@@ -382,7 +411,7 @@ def _authorized(exchange: Exchange, route: Route, expected: bytes) -> bool:
         scheme, _, token = value.partition(b" ")
         if scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), expected):
             return True
-    for name in route.api_key_headers:
+    for name in api_key_headers:
         value = exchange.header(name)
         if value is not None and hmac.compare_digest(value.strip(), expected):
             return True

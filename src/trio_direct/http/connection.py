@@ -13,6 +13,17 @@ and answers a stalled request 408. More changes, each against a hypercorn 0.18 b
 - When hypercorn closes a connection whose next request is already buffered (a pipelining client
   at shutdown), its read loop waits for that request's turn, which never comes, and holds the
   drain for the whole graceful timeout. Here closing the connection also ends the read loop.
+- When the client resets the connection while its answer's last bytes are still being written,
+  the read loop ends first and the answer's end then restarts the keep-alive timer (both sides
+  look done to h11), which held the connection for the whole keep-alive timeout. Here nothing is
+  kept alive once the read loop has ended.
+- hypercorn writes each response chunk shielded and without a deadline, so a client that stops
+  reading holds its request (and its engine's generation) forever. Here a write that makes no
+  progress for `ConnectionLimits.client_write_timeout` closes the connection: the app sees the
+  client gone and its engine request is aborted, whichever engine transport serves it.
+- h11 accepts any byte in a chunk extension and hypercorn upper-cases any method; a control byte
+  in a chunk header and a method that is not upper-case (methods are case-sensitive, RFC 9110
+  §9.1: ``get`` is not ``GET``) are answered 400 here.
 - hypercorn closes at once, so an answer sent before the request was read (413 up front, 400 to a
   malformed request) meets a connection reset and is lost; here the connection lingers half-closed
   (`GuardedConnection._close`). Bytes after a connection's last request no longer cut its answer
@@ -25,6 +36,7 @@ is ignored, as RFC 9110 §7.8 allows, and the preface is answered 505.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable
 from contextlib import suppress
 from socket import SHUT_WR
@@ -33,7 +45,7 @@ from typing import Any
 import h11
 import trio
 from hypercorn.config import Config
-from hypercorn.events import Closed, Event, RawData
+from hypercorn.events import Closed, Event, RawData, Updated
 from hypercorn.protocol import ProtocolWrapper
 from hypercorn.protocol.h11 import H2ProtocolAssumedError, H11Protocol
 from hypercorn.trio.task_group import TaskGroup
@@ -44,7 +56,7 @@ from hypercorn.utils import parse_socket_addr
 
 from trio_direct.http import responses
 from trio_direct.http.limits import ConnectionLimits, ReadDeadlines, ReadPhase
-from trio_direct.metrics import HTTP_TIMEOUTS
+from trio_direct.metrics import HTTP_TIMEOUTS, HTTP_WRITE_TIMEOUTS
 
 #: A 408 goes to a client that may not be reading: give up writing it after this long.
 _SEND_TIMEOUT = 1.0
@@ -52,6 +64,40 @@ _SEND_TIMEOUT = 1.0
 _NOTHING_SENT = (h11.IDLE, h11.SEND_RESPONSE)
 #: How long a connection hypercorn closes stays half-open for its answer to reach the client.
 LINGER_TIME = 5.0
+#: A response is written in slices of this size, each given the full write timeout: a large answer
+#: to a slow client that does read is never cut, only one that makes no progress at all.
+_WRITE_SLICE = 64 * 1024
+#: Bytes that may not appear in a chunk header (its size and extensions: tokens and quoted strings).
+_CHUNK_HEADER_CONTROL = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
+
+
+class _CheckedChunkHeaders:
+    """h11's receive buffer as its chunked reader sees it, refusing control bytes in chunk headers."""
+
+    __slots__ = ("_buffer",)
+
+    def __init__(self, buffer: Any) -> None:
+        self._buffer = buffer
+
+    def maybe_extract_next_line(self) -> Any:
+        line = self._buffer.maybe_extract_next_line()
+        if line is not None and _CHUNK_HEADER_CONTROL.search(bytes(line).removesuffix(b"\r\n")):
+            raise h11.LocalProtocolError("control byte in a chunk header", error_status_hint=400)
+        return line
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._buffer, name)
+
+
+class _StrictChunkedReader(h11._readers.ChunkedReader):
+    """h11's chunked body reader, which discards chunk extensions unchecked (a NUL included)."""
+
+    def __call__(self, buf: Any) -> Any:
+        return super().__call__(_CheckedChunkHeaders(buf))  # type: ignore[arg-type]
+
+
+class MethodNotUpperCase(Exception):
+    """A request method that is not upper-case: answered 400 instead of being upper-cased."""
 
 
 class LastRequestConnection(h11.Connection):
@@ -69,6 +115,12 @@ class LastRequestConnection(h11.Connection):
             return h11.NEED_DATA
         return super().next_event()
 
+    def _get_io_object(self, role: Any, event: Any, io_dict: Any) -> Any:
+        reader = super()._get_io_object(role, event, io_dict)
+        if type(reader) is h11._readers.ChunkedReader:
+            return _StrictChunkedReader()
+        return reader
+
 
 class HTTP11Protocol(H11Protocol):
     """hypercorn's HTTP/1.1 protocol, without its switch to HTTP/2 on ``Upgrade: h2c``."""
@@ -81,6 +133,8 @@ class HTTP11Protocol(H11Protocol):
     async def _check_protocol(self, event: h11.Request) -> None:
         if event.method == b"PRI" and event.target == b"*" and event.http_version == b"2.0":
             raise H2ProtocolAssumedError(b"")  # `HTTP11Only` answers it
+        if event.method != event.method.upper():
+            raise MethodNotUpperCase()  # `HTTP11Only` answers it
 
 
 class HTTP11Only(ProtocolWrapper):
@@ -103,6 +157,10 @@ class HTTP11Only(ProtocolWrapper):
             self.refused = True
             await self.send(RawData(responses.http2_not_supported()))
             await self.send(Closed())
+        except MethodNotUpperCase:
+            self.refused = True
+            await self.send(RawData(responses.method_not_upper_case()))
+            await self.send(Closed())
 
 
 class GuardedConnection(TCPServer):
@@ -123,6 +181,8 @@ class GuardedConnection(TCPServer):
         self._reader: trio.lowlevel.Task | None = None
         self._stop_reading = False
         self._linger = False
+        #: The read loop has ended: the client is gone (or was sent away), nothing is kept alive.
+        self._read_ended = False
 
     async def run(self) -> None:
         """`TCPServer.run` without TLS, with `HTTP11Only` as the protocol."""
@@ -174,11 +234,47 @@ class GuardedConnection(TCPServer):
                 await self.protocol.handle(RawData(bytes(data)))
                 if data == b"":
                     break
+        self._read_ended = True
         if self._linger:
             await self._discard_until_client_closes()
         await self.protocol.handle(Closed())
         # The client is gone (or was sent away): nothing is left for the keep-alive timer to close.
         await self.idle_task.stop()
+
+    async def protocol_send(self, event: Event) -> None:
+        """hypercorn's, with a deadline on writes without progress, and no keep-alive timer started
+        once the read loop has ended (a client that reset while its answer's end was written)."""
+        if isinstance(event, RawData):
+            await self._write(event.data)
+        elif isinstance(event, Updated) and event.idle and self._read_ended:
+            return
+        else:
+            await super().protocol_send(event)
+
+    async def _write(self, data: bytes) -> None:
+        timeout = self.limits.client_write_timeout
+        stalled = False
+        async with self.send_lock:
+            try:
+                view = memoryview(data)
+                for start in range(0, len(view), _WRITE_SLICE):
+                    # Shielded as hypercorn has it (a cancelled write would leave a partial chunk on the
+                    # wire), but bounded: a client that reads nothing for `timeout` is not waited for.
+                    with trio.CancelScope(shield=True, deadline=trio.current_time() + timeout) as scope:
+                        await self.stream.send_all(view[start : start + _WRITE_SLICE])
+                    if scope.cancelled_caught:
+                        stalled = True
+                        break
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                stalled = False
+                await self.protocol.handle(Closed())
+                return
+            if stalled:
+                HTTP_WRITE_TIMEOUTS.inc()
+                self._linger = False
+                await trio.aclose_forcefully(self.stream)  # the read loop ends on it too
+        if stalled:
+            await self.protocol.handle(Closed())  # the app sees the client gone: its engine request ends
 
     async def _half_close(self) -> None:
         """`SocketStream.send_eof` for a peer that may be gone, without a reference cycle: trio
@@ -252,7 +348,7 @@ class GuardedConnection(TCPServer):
         if phase is ReadPhase.HEAD:
             answer = responses.header_timeout(self.limits.header_read_timeout) if head_buffered else None
         else:
-            answer = responses.body_timeout(self.limits.body_read_timeout)
+            answer = responses.body_timeout(self.limits.body_read_timeout, self.limits.body_total_timeout)
         connection = self.protocol.protocol.connection
         async with self.send_lock:
             # Under the lock: no response bytes are on their way while our state says none began.

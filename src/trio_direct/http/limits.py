@@ -3,7 +3,8 @@
 A connection is read under one of four deadlines, by where its current request is (`ReadPhase`):
 its request head must arrive within `header_read_timeout` of the connection's accept (a new
 connection) or of the head's first byte (a kept-alive one); a request body may pause at most
-`body_read_timeout` between bytes; between requests the connection may idle for the keep-alive
+`body_read_timeout` between bytes and must be whole within `body_total_timeout` of its head (a body
+trickled a byte just under every pause limit still ends); between requests the connection may idle for the keep-alive
 timeout (hypercorn's own idle task enforces that one); and once the request is read, reads only
 watch for the client going away, however long the response streams.
 """
@@ -35,6 +36,9 @@ class ConnectionLimits:
     keep_alive_timeout: float = 75.0
     #: Open client connections per process; 0 = derived from the open-file limit (`connection_cap`).
     max_connections: int = 0
+    body_total_timeout: float = 120.0
+    #: How long one response write may make no progress before the client counts as gone.
+    client_write_timeout: float = 30.0
 
     @classmethod
     def from_config(cls, config: ServeConfig) -> ConnectionLimits:
@@ -44,6 +48,8 @@ class ConnectionLimits:
             body_read_timeout=_seconds(config.body_read_timeout),
             keep_alive_timeout=_seconds(config.keep_alive_timeout),
             max_connections=max(0, config.max_connections),
+            body_total_timeout=_seconds(config.body_total_timeout),
+            client_write_timeout=_seconds(config.client_write_timeout),
         )
 
 
@@ -69,6 +75,7 @@ class ReadDeadlines:
     def __init__(self, limits: ConnectionLimits, accepted_at: float) -> None:
         self._limits = limits
         self._head_since: float | None = accepted_at
+        self._body_since: float | None = None
 
     def next_read(self, their_state: object, head_buffered: bool, now: float) -> tuple[ReadPhase, float]:
         """(phase, deadline) for the read about to start at `now`."""
@@ -80,7 +87,11 @@ class ReadDeadlines:
             return ReadPhase.HEAD, self._head_since + self._limits.header_read_timeout
         self._head_since = None
         if their_state is h11.SEND_BODY:
-            return ReadPhase.BODY, now + self._limits.body_read_timeout
+            if self._body_since is None:
+                self._body_since = now
+            limits = self._limits
+            return ReadPhase.BODY, min(now + limits.body_read_timeout, self._body_since + limits.body_total_timeout)
+        self._body_since = None
         return ReadPhase.RESPONSE, math.inf
 
 

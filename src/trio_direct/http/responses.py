@@ -30,8 +30,11 @@ def header_timeout(seconds: float) -> bytes:
     return error_response(OpenAIError(message, status=408, type="invalid_request_error", code="request_timeout"))
 
 
-def body_timeout(seconds: float) -> bytes:
-    message = f"The request body stalled: no bytes of it arrived for {seconds:g} seconds."
+def body_timeout(pause: float, total: float) -> bytes:
+    message = (
+        f"The request body stalled or trickled: it may pause at most {pause:g} seconds between bytes and "
+        f"must be complete within {total:g} seconds."
+    )
     return error_response(OpenAIError(message, status=408, type="invalid_request_error", code="request_timeout"))
 
 
@@ -44,3 +47,8 @@ def http2_not_supported() -> bytes:
     message = "This server speaks HTTP/1.1 only: HTTP/2 without TLS (prior knowledge) is not supported."
     error = OpenAIError(message, status=505, type="invalid_request_error", code="http_version_not_supported")
     return error_response(error)
+
+
+def method_not_upper_case() -> bytes:
+    message = "The request method must be upper-case (methods are case-sensitive: GET, POST, ...)."
+    return error_response(OpenAIError(message, status=400, type="invalid_request_error", code="invalid_method"))

@@ -67,7 +67,9 @@ class KvFeeds:
     def _subscribe(self, engine: Engine, sink: IndexSink | None) -> None:
         if sink is None:
             return
-        subscription = _Subscription(KvEventSubscriber(engine.id, engine.card.kv_events, sink), sink)
+        # Batches of an engine that is not serving are dropped (a stray publisher on a dead engine's port).
+        subscriber = KvEventSubscriber(engine.id, engine.card.kv_events, sink, serving=lambda: engine.healthy)
+        subscription = _Subscription(subscriber, sink)
         self._subscriptions[engine.id] = subscription
         if self._nursery is not None:
             self._nursery.start_soon(subscription.run)

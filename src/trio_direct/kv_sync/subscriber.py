@@ -12,18 +12,29 @@ rules live in ``kv_events``; this module only moves frames and applies the decis
 
 Counters count incidents, not sequence arithmetic: a publisher that jumps from seq 5 to 2**63
 caused one gap (and, if history was lost, one loss), one that steps back one restart.
+
+A feed can be flooded (a stray or hostile publisher bound on a dead engine's port), so: batches
+that arrive while the engine is not serving (`serving`) are counted and dropped, never indexed;
+warnings are rate-limited per engine and kind (one line per `WARNING_INTERVAL`, with the count of
+those it stands for); a frame over `MAX_MESSAGE_BYTES` is refused by ZMQ and at most `RCVHWM`
+messages queue in a SUB; a replay holds live batches for at most `DEFAULT_REPLAY_TIMEOUT`, and
+after a failed one the next is tried only after a backoff (1 s doubling to `MAX_REPLAY_BACKOFF`),
+gaps meanwhile clearing the rank as without a replay endpoint.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import suppress
 from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
 import trio
 import zmq
+from zmq.utils.monitor import parse_monitor_message
 
 from trio_direct.fleet.card import KvEventSource
 from trio_direct.routing.kv_events import (
@@ -43,7 +54,10 @@ __all__ = [
     "DEFAULT_LIVE_BUFFER",
     "DEFAULT_REPLAY_TIMEOUT",
     "END_SEQ",
+    "MAX_MESSAGE_BYTES",
+    "MAX_REPLAY_BACKOFF",
     "RCVHWM",
+    "WARNING_INTERVAL",
     "KvEventCounters",
     "KvEventSink",
     "KvEventSubscriber",
@@ -51,12 +65,20 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: A SUB drops silently at its receive HWM; the default 1000 lost ~4 % of a flood.
-RCVHWM = 1_000_000
+#: A SUB drops silently at its receive HWM; the default 1000 lost ~4 % of a flood. A bound all the
+#: same: a flood of junk cannot queue without end.
+RCVHWM = 100_000
+#: Largest KV-event frame accepted (ZMQ drops the peer that sends a larger one). A batch of a
+#: chunked prefill at page size 1 stays well under a megabyte.
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 #: Seq frame of the replay end marker (-1).
 END_SEQ = b"\xff" * 8
-#: Longest a whole replay may take before the rank is cleared instead.
-DEFAULT_REPLAY_TIMEOUT = 5.0
+#: Longest a whole replay may take (live batches wait meanwhile) before the rank is cleared instead.
+DEFAULT_REPLAY_TIMEOUT = 1.0
+#: Longest wait after failed replays before the next is tried.
+MAX_REPLAY_BACKOFF = 30.0
+#: One warning line per engine and kind in this many seconds, with the count it stands for.
+WARNING_INTERVAL = 10.0
 #: Live batches held while a replay runs (Dynamo's bootstrap uses 4096); beyond it they
 #: wait in the socket's own queue.
 DEFAULT_LIVE_BUFFER = 4096
@@ -82,6 +104,7 @@ class KvEventCounters:
     ``gaps``: sequence gaps seen after the first batch, each counted once however many seqs it
     skipped. ``replays``: replay requests. ``lost``: gaps (or holes in a replay) whose batches
     could not be had, each once: the rank was cleared. ``restarts``: publisher restarts.
+    ``ignored``: batches that arrived while the engine was not serving.
     """
 
     batches: int = 0
@@ -93,6 +116,8 @@ class KvEventCounters:
     replays: int = 0
     lost: int = 0
     restarts: int = 0
+    #: Batches received while the engine was not serving: dropped, not indexed.
+    ignored: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -111,6 +136,33 @@ class _Rank:
     #: Bumped by ``engine_down`` so an in-flight replay knows its result is stale.
     epoch: int = 0
     rank_mismatch_logged: bool = False
+    #: No replay is asked before this (trio time): the last one failed.
+    replay_after: float = -math.inf
+    #: The wait after the next failed replay.
+    replay_backoff: float = 1.0
+    #: Where the SUB reports its disconnections.
+    monitor: TrioSocket | None = None
+
+
+class _Warnings:
+    """Warnings of one engine's feed, at most one line per kind and interval, with counts."""
+
+    def __init__(self, engine: str, interval: float) -> None:
+        self.engine = engine
+        self.interval = interval
+        self._reported_at: dict[str, float] = {}
+        self._unreported: dict[str, int] = {}
+
+    def log(self, level: int, kind: str, message: str, *args: object) -> None:
+        now = trio.current_time()
+        count = self._unreported.get(kind, 0) + 1
+        if now - self._reported_at.get(kind, -math.inf) < self.interval:
+            self._unreported[kind] = count
+            return
+        self._unreported[kind] = 0
+        self._reported_at[kind] = now
+        more = f" ({count - 1} more like it in the last {self.interval:g}s)" if count > 1 else ""
+        log.log(level, "engine %s " + message + "%s", self.engine, *args, more)
 
 
 class _ReplayFailed(Exception):
@@ -134,6 +186,8 @@ class KvEventSubscriber:
         ctx: zmq.Context | None = None,
         replay_timeout: float = DEFAULT_REPLAY_TIMEOUT,
         live_buffer: int = DEFAULT_LIVE_BUFFER,
+        serving: Callable[[], bool] | None = None,
+        warning_interval: float = WARNING_INTERVAL,
     ) -> None:
         if live_buffer < 1:
             raise ValueError("live_buffer must be at least 1")
@@ -148,6 +202,9 @@ class KvEventSubscriber:
         self.live_buffer = live_buffer
         self._ctx = ctx if ctx is not None else zmq.Context.instance()
         self._ranks: dict[int, _Rank] = {}
+        #: Whether the engine is serving now (None: always): batches from one that is not are dropped.
+        self._serving = serving
+        self._warnings = _Warnings(engine, warning_interval)
 
     def last_applied(self, dp_rank: int) -> int | None:
         """Seq of the last batch applied for ``dp_rank`` (``None`` before the first)."""
@@ -172,23 +229,61 @@ class KvEventSubscriber:
         """Receive and apply events on every rank until cancelled."""
         try:
             for source in self.sources:
-                sub = TrioSocket(self._ctx, zmq.SUB, rcvhwm=RCVHWM)
-                topic = source.topic.encode()
-                self._ranks[source.dp_rank] = _Rank(source, sub, topic)
-                sub.subscribe(topic)
-                sub.connect(source.endpoint)
+                sub, monitor = self._open_sub(source)
+                self._ranks[source.dp_rank] = _Rank(source, sub, source.topic.encode(), monitor=monitor)
             async with trio.open_nursery() as nursery:
                 for rank in self._ranks.values():
                     nursery.start_soon(self._run_rank, rank)
                 task_status.started()
         finally:
             for rank in self._ranks.values():
-                rank.sub.close()
+                self._close_sub(rank)
             self._ranks.clear()
 
-    # -- live stream ---------------------------------------------------------------------
+    def _open_sub(self, source: KvEventSource) -> tuple[TrioSocket, TrioSocket]:
+        """A SUB connecting to `source`, and the PAIR its disconnections are reported on."""
+        sub = TrioSocket(self._ctx, zmq.SUB, rcvhwm=RCVHWM)
+        sub.socket.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+        address = f"inproc://kv-events-monitor-{id(sub)}"
+        sub.socket.monitor(address, zmq.EVENT_DISCONNECTED)
+        monitor = TrioSocket(self._ctx, zmq.PAIR)
+        monitor.connect(address)
+        sub.subscribe(source.topic.encode())
+        sub.connect(source.endpoint)
+        return sub, monitor
+
+    @staticmethod
+    def _close_sub(rank: _Rank) -> None:
+        if not rank.sub.closed:
+            rank.sub.socket.disable_monitor()
+        rank.sub.close()
+        if rank.monitor is not None:
+            rank.monitor.close()
 
     async def _run_rank(self, rank: _Rank) -> None:
+        """Receive on the rank's SUB; after each disconnection, on a fresh one. ZMQ reconnects a
+        SUB by itself after a lost connection, but never after one it dropped for a protocol error
+        (a frame over `MAX_MESSAGE_BYTES`): one junk frame would end the feed for good."""
+        while True:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._receive, rank)
+                await self._disconnected(rank)
+                nursery.cancel_scope.cancel()
+            with suppress(trio.ClosedResourceError, zmq.ZMQError):
+                while True:  # what already arrived is kept
+                    rank.pending.append(rank.sub.socket.recv_multipart(zmq.NOBLOCK))
+            self._close_sub(rank)
+            rank.sub, rank.monitor = self._open_sub(rank.source)
+
+    @staticmethod
+    async def _disconnected(rank: _Rank) -> None:
+        assert rank.monitor is not None
+        while True:
+            frames = await rank.monitor.recv_multipart()
+            if parse_monitor_message(frames)["event"] == zmq.EVENT_DISCONNECTED:
+                return
+
+    async def _receive(self, rank: _Rank) -> None:
         while True:
             if rank.pending:
                 # Held frames from a replay: work through them, but stay fair.
@@ -205,17 +300,21 @@ class KvEventSubscriber:
         topic, seq_frame, payload = frames
         if topic != rank.topic:
             return  # the SUB filter is a prefix match; another topic's batch is not ours
+        if self._serving is not None and not self._serving():
+            self.counters.ignored += 1
+            self._warnings.log(
+                logging.WARNING, "ignored", "rank %d: KV events while the engine is not serving: dropped",
+                rank.source.dp_rank,
+            )  # fmt: skip
+            return
         seq = int.from_bytes(seq_frame, "big")
         action = rank.tracker.observe(seq)
         if isinstance(action, Restart):
             self.counters.restarts += 1
-            log.info(
-                "engine %s rank %d: publisher restarted (seq %d after %d), index cleared",
-                self.engine,
-                rank.source.dp_rank,
-                action.got,
-                action.last,
-            )
+            self._warnings.log(
+                logging.INFO, "restart", "rank %d: publisher restarted (seq %d after %d), index cleared",
+                rank.source.dp_rank, action.got, action.last,
+            )  # fmt: skip
             reason = f"publisher restarted (seq {action.got} after {action.last})"
             self.sink.on_clear(rank.source.dp_rank, reason)
             action = rank.tracker.observe(seq)
@@ -232,18 +331,17 @@ class KvEventSubscriber:
             batch = decode_batch(payload)
         except BadBatch as exc:
             self.counters.bad_batches += 1
-            log.warning("engine %s rank %d: skipped bad batch %d: %s", self.engine, rank.source.dp_rank, seq, exc)
+            self._warnings.log(
+                logging.WARNING, "bad", "rank %d: skipped bad batch %d: %s", rank.source.dp_rank, seq, exc
+            )
             return
         self.counters.batches += 1
         self.counters.dropped_events += batch.dropped_events
         if batch.dropped_events:
-            log.warning(
-                "engine %s rank %d: dropped %d malformed events of batch %d",
-                self.engine,
-                rank.source.dp_rank,
-                batch.dropped_events,
-                seq,
-            )
+            self._warnings.log(
+                logging.WARNING, "dropped", "rank %d: dropped %d malformed events of batch %d",
+                rank.source.dp_rank, batch.dropped_events, seq,
+            )  # fmt: skip
         mismatch = batch.dp_rank is not None and batch.dp_rank != rank.source.dp_rank
         if mismatch and not rank.rank_mismatch_logged:
             rank.rank_mismatch_logged = True
@@ -260,7 +358,7 @@ class KvEventSubscriber:
 
     def _bad_frames(self, rank: _Rank, what: str) -> None:
         self.counters.bad_batches += 1
-        log.warning("engine %s rank %d: skipped malformed message (%s)", self.engine, rank.source.dp_rank, what)
+        self._warnings.log(logging.WARNING, "bad", "rank %d: skipped malformed message (%s)", rank.source.dp_rank, what)
 
     # -- joins and gaps ----------------------------------------------------------------------
 
@@ -269,10 +367,10 @@ class KvEventSubscriber:
         from before it (if there is a replay endpoint), then apply it."""
         self.counters.joins += 1
         dp_rank = rank.source.dp_rank
-        if rank.source.replay_endpoint is None:
-            log.info(
-                "engine %s rank %d: first batch is seq %d, no replay endpoint: what the engine cached "
-                "before is learnt as it stores on top of it", self.engine, dp_rank, seq,
+        if not self._may_replay(rank):
+            self._warnings.log(
+                logging.INFO, "join", "rank %d: first batch is seq %d, %s: what the engine cached before is learnt "
+                "as it stores on top of it", dp_rank, seq, self._no_replay_reason(rank),
             )  # fmt: skip
             rank.tracker.start_at(seq)
             self._apply_next(rank, seq, payload)
@@ -283,7 +381,9 @@ class KvEventSubscriber:
             replayed = await self._replay_holding_live(rank, 0)
         except _ReplayFailed as exc:
             if rank.epoch == epoch:
-                log.info("engine %s rank %d: first batch is seq %d, replay failed (%s)", self.engine, dp_rank, seq, exc)
+                self._warnings.log(
+                    logging.INFO, "join", "rank %d: first batch is seq %d, replay failed (%s)", dp_rank, seq, exc
+                )
                 rank.tracker.start_at(seq)
                 self._apply_next(rank, seq, payload)
             return
@@ -302,10 +402,11 @@ class KvEventSubscriber:
         self.counters.gaps += 1
         dp_rank = rank.source.dp_rank
         what = f"gap {gap.expected}→{gap.got}"
-        if rank.source.replay_endpoint is None:
-            self._lose(rank, gap.got, f"{what}, no replay endpoint")
-            log.warning(
-                "engine %s rank %d: %s, no replay endpoint: history lost, index cleared", self.engine, dp_rank, what
+        if not self._may_replay(rank):
+            reason = self._no_replay_reason(rank)
+            self._lose(rank, gap.got, f"{what}, {reason}")
+            self._warnings.log(
+                logging.WARNING, "lost", "rank %d: %s, %s: history lost, index cleared", dp_rank, what, reason
             )
             self._apply_next(rank, gap.got, payload)
             return
@@ -317,9 +418,9 @@ class KvEventSubscriber:
         except _ReplayFailed as exc:
             if rank.epoch == epoch:
                 self._lose(rank, gap.got, f"{what}, replay failed ({exc})")
-                log.warning(
-                    "engine %s rank %d: %s, replay failed (%s): history lost, index cleared",
-                    self.engine, dp_rank, what, exc,
+                self._warnings.log(
+                    logging.WARNING, "lost", "rank %d: %s, replay failed (%s): history lost, index cleared",
+                    dp_rank, what, exc,
                 )  # fmt: skip
                 self._apply_next(rank, gap.got, payload)
             return
@@ -330,12 +431,12 @@ class KvEventSubscriber:
         lost_history = rank.tracker.replay_result(replayed[0][0] if replayed else None)
         applied, lost = self._apply_in_order(rank, replayed, gap.got, payload, what)
         if lost_history or lost:
-            log.warning(
-                "engine %s rank %d: %s, history lost: index cleared, replayed %d batches",
-                self.engine, dp_rank, what, applied,
+            self._warnings.log(
+                logging.WARNING, "lost", "rank %d: %s, history lost: index cleared, replayed %d batches",
+                dp_rank, what, applied,
             )  # fmt: skip
         else:
-            log.info("engine %s rank %d: %s, replayed %d batches", self.engine, dp_rank, what, applied)
+            self._warnings.log(logging.INFO, "replayed", "rank %d: %s, replayed %d batches", dp_rank, what, applied)
 
     def _apply_in_order(
         self, rank: _Rank, replayed: list[tuple[int, bytes]], seq: int, payload: bytes, what: str
@@ -374,8 +475,28 @@ class KvEventSubscriber:
         self.sink.on_clear(rank.source.dp_rank, f"{why}: history lost")
         rank.tracker.accept_loss(resume)
 
+    def _may_replay(self, rank: _Rank) -> bool:
+        return rank.source.replay_endpoint is not None and trio.current_time() >= rank.replay_after
+
+    @staticmethod
+    def _no_replay_reason(rank: _Rank) -> str:
+        if rank.source.replay_endpoint is None:
+            return "no replay endpoint"
+        return "replay backing off after a failed one"
+
     async def _replay_holding_live(self, rank: _Rank, start_seq: int) -> list[tuple[int, bytes]]:
-        """Replay from ``start_seq`` while holding live batches that arrive meanwhile."""
+        """Replay from ``start_seq`` while holding live batches that arrive meanwhile; a failure
+        puts off the next replay (doubling, up to `MAX_REPLAY_BACKOFF`), a success ends that."""
+        try:
+            result = await self._replay_holding_live_once(rank, start_seq)
+        except _ReplayFailed:
+            rank.replay_after = trio.current_time() + rank.replay_backoff
+            rank.replay_backoff = min(rank.replay_backoff * 2, MAX_REPLAY_BACKOFF)
+            raise
+        rank.replay_backoff = 1.0
+        return result
+
+    async def _replay_holding_live_once(self, rank: _Rank, start_seq: int) -> list[tuple[int, bytes]]:
         result: list[tuple[int, bytes]] = []
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._hold_live, rank)
@@ -406,6 +527,7 @@ class KvEventSubscriber:
         batches: list[tuple[int, bytes]] = []
         try:
             with TrioSocket(self._ctx, zmq.DEALER) as dealer, trio.fail_after(self.replay_timeout):
+                dealer.socket.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
                 dealer.connect(source.replay_endpoint)
                 await dealer.send_multipart([b"", start_seq.to_bytes(8, "big")])
                 while True:

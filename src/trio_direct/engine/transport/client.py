@@ -91,6 +91,10 @@ _RETIRED = "engine removed from the fleet"
 
 #: Stream connections per engine at most (3,200 streams at a limit of 100, more than an engine runs).
 _MAX_STREAM_CONNECTIONS = 32
+#: Messages of one stream held for a reader that is behind; the call stops reading past this
+#: (checked every `_BUFFER_POLL` seconds while full).
+STREAM_BUFFER = 64
+_BUFFER_POLL = 0.01
 
 
 class _Failure:
@@ -573,9 +577,16 @@ class EngineChannel:
                         await stream.send_message(request, end=True)
                         channel.flush()  # the request goes now, not a scheduling round later
                         written.set()
-                        push = send.send_nowait
+                        push, buffered = send.send_nowait, send.statistics
                         while (message := await stream.recv_message()) is not None:
                             push(message)
+                            # A reader that stops taking messages (its client stopped reading) stops
+                            # this call's reads, so the engine's stream is held back by HTTP/2 flow
+                            # control instead of piling up here (failures and wake-ups still pass).
+                            # Polled, only while full: an event would cost every message a signal
+                            # from the trio side.
+                            while buffered().current_buffer_used >= STREAM_BUFFER:  # noqa: ASYNC110
+                                await asyncio.sleep(_BUFFER_POLL)
                 finally:
                     connection.open_streams -= 1
             except Exception as error:  # noqa: BLE001 - everything becomes a typed engine error

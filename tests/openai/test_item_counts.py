@@ -1,0 +1,65 @@
+"""--max-messages: messages, input items and content parts are counted before the body is decoded,
+at a cost that does not grow with how far over the cap a body is."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from trio_direct.openai.errors import OpenAIError
+from trio_direct.openai.item_counts import check_item_counts
+
+TEXT = {"type": "text", "text": "x"}
+
+
+def body(**fields: object) -> bytes:
+    return json.dumps({"model": "m", **fields}).encode()
+
+
+@pytest.mark.parametrize(
+    ("fields", "code"),
+    [
+        ({"messages": [{"role": "user", "content": "hi"}] * 101}, "too_many_messages"),
+        ({"input": [{"role": "user", "content": "a"}] * 101}, "too_many_messages"),
+        ({"messages": [{"role": "user", "content": [TEXT] * 101}]}, "too_many_content_parts"),
+        ({"messages": [{"role": "user", "content": [TEXT] * 3}] * 34}, "too_many_content_parts"),
+        ({"input": [{"role": "user", "content": [TEXT] * 60}] * 2}, "too_many_content_parts"),
+    ],
+)
+def test_over_the_cap_is_a_400_naming_what_was_counted(fields, code):
+    with pytest.raises(OpenAIError) as raised:
+        check_item_counts(body(**fields), 100)
+    assert raised.value.status == 400 and raised.value.code == code
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"messages": [{"role": "user", "content": "hi"}] * 100},
+        {"messages": [{"role": "user", "content": [TEXT] * 50}] * 2},
+        {"input": "one string"},
+        {"messages": "not an array"},  # shapes the full decoder answers
+        {"messages": [1, "x", None, {"content": {"a": 1}}]},
+        {"prompt": [1] * 1000},  # other arrays are not these items
+        {"input": list(range(1000))},  # an embeddings input of token ids, not items
+        {"input": ["a"] * 1000},
+    ],
+)
+def test_at_the_cap_or_of_another_shape_passes(fields):
+    check_item_counts(body(**fields), 100)
+
+
+def test_malformed_json_is_left_to_the_decoder_and_zero_means_no_cap():
+    check_item_counts(b"{not json", 100)
+    check_item_counts(body(messages=[{"role": "user", "content": "hi"}] * 500), 0)
+
+
+def test_a_million_messages_cost_about_what_the_cap_does():
+    huge = json.dumps({"messages": [{"role": "user", "content": "hi"}] * 1_000_000}).encode()
+    check_item_counts(b"{}", 10_000)  # its decoders, built once
+    started = time.perf_counter()
+    with pytest.raises(OpenAIError):
+        check_item_counts(huge, 10_000)
+    assert time.perf_counter() - started < 0.5  # stops past the cap: a few ms (a full decode: ~1 s)
