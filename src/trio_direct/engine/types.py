@@ -1,6 +1,6 @@
 """What the rest of trio-direct says to an engine and hears back, independent of the gRPC API.
 
-Both adapters (`native`, `smg`) turn a `GenerateInput` into their wire request and their wire
+The adapters (`native`, `smg`, `vllm`) turn a `GenerateInput` into their wire request and their wire
 responses into `GenerateChunk` deltas, so routing, the text pipeline and the HTTP layer never see
 protobuf or the differences between the two APIs.
 """
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 FinishReason = Literal["stop", "length", "abort"]
-EngineApi = Literal["native", "smg"]
+EngineApi = Literal["native", "smg", "vllm"]
 
 
 @dataclass(slots=True)
@@ -71,6 +71,9 @@ class GenerateInput:
     priority: int | None = None
     #: W3C trace context (`traceparent`, `tracestate`) for the engine's own tracing (native API only).
     trace_headers: dict[str, str] | None = None
+    #: vLLM's KV-connector parameters for this leg, a JSON object as text (vLLM API only): the
+    #: prefill leg's "remote decode" request, or what the prefill's completion returned, for decode.
+    kv_transfer_params: str | None = None
 
 
 @dataclass(slots=True)
@@ -120,6 +123,8 @@ class GenerateChunk:
     abort_status_code: int | None = None
     #: One entry per token of `token_ids` when the request asked for logprobs.
     logprobs: list[TokenLogprob] | None = None
+    #: On a vLLM prefill's last chunk: the KV-connector parameters its decode leg must carry (JSON).
+    kv_transfer_params: str | None = None
 
 
 class GenerateStream(Protocol):

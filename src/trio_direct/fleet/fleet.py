@@ -28,7 +28,7 @@ from trio_direct.engine.transport import ChannelPool
 from trio_direct.engine.types import EngineClient
 from trio_direct.fleet.card import CardError, EngineCard
 from trio_direct.fleet.engine_url import parse_engine_url
-from trio_direct.fleet.probe import ApiChoice, ProbedEngine, probe_engine
+from trio_direct.fleet.probe import ENGINE_APIS, ApiChoice, ProbedEngine, probe_engine
 
 __all__ = [
     "Engine",
@@ -243,8 +243,8 @@ async def probe_fleet(
     Raises `FleetError` for a malformed or repeated URL, an engine that answers but cannot be used,
     and no engine up within ``wait_timeout``.
     """
-    if api not in ("auto", "native", "smg"):
-        raise FleetError(f"unknown engine API {api!r} (auto, native or smg)")
+    if api not in ENGINE_APIS:
+        raise FleetError(f"unknown engine API {api!r} ({', '.join(ENGINE_APIS)})")
     if not urls:
         raise FleetError("no engine URLs given")
     addresses: dict[tuple[str, int], str] = {}
