@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 from google.protobuf import json_format
@@ -26,7 +26,7 @@ from trio_direct._proto.smg import common_pb2 as common
 from trio_direct._proto.vllm import vllm_engine_pb2 as pb
 from trio_direct.engine.chunk_stream import ChunkStream
 from trio_direct.engine.errors import EngineInvalidArgument
-from trio_direct.engine.transport import EngineChannel
+from trio_direct.engine.transport import EngineChannel, MessageStream
 from trio_direct.engine.types import (
     EmbedInput,
     EmbedOutput,
@@ -240,6 +240,12 @@ class VllmEngineClient:
         request = pb.GetLoadsRequest() if dp_rank is None else pb.GetLoadsRequest(dp_rank=dp_rank)
         reply = await self.channel.unary(GET_LOADS, request, pb.GetLoadsResponse, timeout=timeout)
         return [_as_dict(load) for load in reply.loads]
+
+    def kv_events(self, start_sequence_number: int = 0) -> AbstractAsyncContextManager[MessageStream]:
+        """`SubscribeKvEvents`: the engine's KV batches (every DP rank's), from ``start_sequence_number``
+        on when the engine still holds them (0: live only). Open for the body of the ``async with``."""
+        request = common.SubscribeKvEventsRequest(start_sequence_number=start_sequence_number)
+        return self.channel.open_stream(SUBSCRIBE_KV_EVENTS, request, common.KvEventBatch, timeout=None)
 
     async def tokenizer_archive(self, *, timeout: float = 60.0) -> tuple[bytes, str]:
         """The engine's tokenizer files as one zip archive and the SHA-256 the engine gave for it
