@@ -55,9 +55,11 @@ async def model_of(base: str) -> str:
         return (await client.get("/v1/models")).json()["data"][0]["id"]
 
 
-async def test_four_chats_pair_distinct_prefill_and_decode_engines(aio_loop, nursery):
-    prefills = [await start_prefill(nursery, "--speedup", "inf") for _ in range(2)]
-    decodes = [await start_decode(nursery, "--speedup", "inf") for _ in range(2)]
+@pytest.mark.parametrize("api", ["both", "vllm"])
+async def test_four_chats_pair_distinct_prefill_and_decode_engines(aio_loop, nursery, api):
+    """SGLang pairs by a shared bootstrap room; vLLM's connector hands the prefill's parameters on."""
+    prefills = [await start_prefill(nursery, "--api", api, "--speedup", "inf") for _ in range(2)]
+    decodes = [await start_decode(nursery, "--api", api, "--speedup", "inf") for _ in range(2)]
     base = await start_frontend(
         nursery,
         *(a for p in prefills for a in ("--prefill-engine-url", p.url)),

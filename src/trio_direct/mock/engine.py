@@ -343,6 +343,7 @@ class MockEngine:
         routed_dp_rank: int | None = None,
         bootstrap: Bootstrap | None = None,
         pull: bool = False,
+        local: bool = False,
     ) -> list[int]:
         """Admit ``requests`` (one per sample) for ``sink``; returns the DP rank of each.
 
@@ -351,13 +352,15 @@ class MockEngine:
         request without a bootstrap room ends at once with an engine-side abort, as SGLang's does.
         ``pull``: a prefill finishes as soon as its prompt is in, and its room waits for the decode
         leg afterwards (vLLM's KV connectors), instead of finishing once the KV went out.
+        ``local``: run the request whole whatever the engine's role (a vLLM engine with a KV
+        connector runs a request that carries no transfer parameters like any other).
         """
         if self._nursery is None:
             raise RuntimeError("the engine is not running")
         if routed_dp_rank is not None and not 0 <= routed_dp_rank < self.dp_size:
             self.accounting.rejected += len(requests)
             raise ValueError(f"routed_dp_rank={routed_dp_rank} out of range [0, {self.dp_size})")
-        role_pd = "none" if self.role == "aggregated" else self.role
+        role_pd = "none" if self.role == "aggregated" or local else self.role
         pd = role_pd if bootstrap is not None else "none"
         added: list[tuple[int, MockRequest]] = []
         for request in requests:

@@ -131,7 +131,15 @@ class VllmService:
         self._calls.setdefault(req.request_id, []).append(sink)
         routed = req.data_parallel_rank if req.HasField("data_parallel_rank") else None
         try:
-            self.engine.submit(requests, sink, api="vllm", routed_dp_rank=routed, bootstrap=bootstrap, pull=pull)
+            self.engine.submit(
+                requests,
+                sink,
+                api="vllm",
+                routed_dp_rank=routed,
+                bootstrap=bootstrap,
+                pull=pull,
+                local=bootstrap is None,
+            )
         except ValueError as exc:
             # vLLM's input processor refuses an over-long prompt before it starts: INVALID_ARGUMENT.
             self._forget(sink)
@@ -180,7 +188,7 @@ class VllmService:
         """The request's PD leg from its connector parameters: (rendezvous, pulled prefill, the
         parameters a prefill's `complete` hands on)."""
         if not req.HasField("kv_transfer_params_json"):
-            return None, False, None
+            return None, False, None  # run whole, whatever the role (as vLLM does)
         try:
             params = json.loads(req.kv_transfer_params_json)
         except ValueError as exc:
@@ -228,7 +236,7 @@ class VllmService:
         sink = EmbedSink(input_ids, self.info.embedding_dim, reply, call.fail)
         request = MockRequest(rid=rid, input_ids=input_ids, max_new_tokens=0, temperature=0.0)
         try:
-            self.engine.submit([request], sink, api="vllm")
+            self.engine.submit([request], sink, api="vllm", local=True)
         except ValueError as exc:
             call.fail("INVALID_ARGUMENT", str(exc))
             return
