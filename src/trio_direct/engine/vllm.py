@@ -15,9 +15,15 @@ proto3 cannot tell unset from zero, so semantic defaults are sent where the fiel
 
 from __future__ import annotations
 
+import hashlib
+import io
 import math
+import os
+import shutil
+import zipfile
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 from google.protobuf import json_format
@@ -266,3 +272,41 @@ async def fetch_tokenizer_archive(channel: EngineChannel, path: str, *, timeout:
             parts.append(chunk.data)
             digest = chunk.sha256 or digest
     return b"".join(parts), digest
+
+
+def engine_tokenizer_cache() -> Path:
+    """Where tokenizers fetched from engines are kept: `$XDG_CACHE_HOME/trio-direct/engine-tokenizers`."""
+    cache = os.environ.get("XDG_CACHE_HOME")
+    base = Path(cache) if cache and Path(cache).is_absolute() else Path.home() / ".cache"
+    return base / "trio-direct" / "engine-tokenizers"
+
+
+def unpack_tokenizer_archive(data: bytes, digest: str, root: Path) -> Path:
+    """Check a `GetTokenizer` archive against the SHA-256 the engine gave and unpack it into
+    ``root/<sha256>/`` (blocking: run it in a thread); an archive unpacked before is reused.
+
+    Only plain file names are taken from the archive, so nothing lands outside that directory.
+    Raises `ValueError` for an archive whose digest differs or that is no zip.
+    """
+    actual = hashlib.sha256(data).hexdigest()
+    if digest and digest != actual:
+        raise ValueError(f"the tokenizer archive's SHA-256 is {actual}, the engine announced {digest}")
+    target = root / actual
+    if (target / "tokenizer.json").is_file():
+        return target
+    staging = root / f".{actual}.{os.getpid()}"
+    staging.mkdir(parents=True, exist_ok=True)
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            for info in archive.infolist():
+                name = info.filename
+                if info.is_dir() or "/" in name or "\\" in name or name in (".", ".."):
+                    continue
+                (staging / name).write_bytes(archive.read(info))
+    except zipfile.BadZipFile as error:
+        raise ValueError(f"the tokenizer archive is not a zip file: {error}") from None
+    if target.exists():  # unpacked by another process meanwhile
+        shutil.rmtree(staging, ignore_errors=True)
+    else:
+        os.replace(staging, target)
+    return target

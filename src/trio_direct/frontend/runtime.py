@@ -34,6 +34,7 @@ from trio_direct.core.watch import StreamWatch
 from trio_direct.engine.errors import EngineError
 from trio_direct.engine.transport import ChannelPool, client_config, open_asyncio_loop
 from trio_direct.engine.types import EngineClient
+from trio_direct.engine.vllm import VllmEngineClient, engine_tokenizer_cache, unpack_tokenizer_archive
 from trio_direct.fleet.card import EngineCard
 from trio_direct.fleet.discovery import EngineIds, EngineSpec
 from trio_direct.fleet.fleet import Engine, Fleet, FleetError, FleetModel, Worker, fleet_model, probe_fleet
@@ -380,6 +381,24 @@ def _busy_threshold(config: ServeConfig) -> BusyThreshold | None:
         raise FleetError(f"--engine-busy-threshold: {error}") from None
 
 
+async def _tokenizer_from_engine(fleet: Fleet) -> Path | None:
+    """The tokenizer the engines serve (vLLM's `GetTokenizer`), unpacked where this frontend can
+    read it: for a frontend that cannot read the tokenizer path the engine reports. None when no
+    engine serves one."""
+    for engine in fleet.engines:
+        if not isinstance(engine.client, VllmEngineClient):
+            continue
+        try:
+            data, digest = await engine.client.tokenizer_archive()
+            directory = await trio.to_thread.run_sync(unpack_tokenizer_archive, data, digest, engine_tokenizer_cache())
+        except (EngineError, ValueError, OSError) as error:
+            log.warning("engine %s could not hand over its tokenizer: %s", engine.id, error)
+            continue
+        log.info("loaded the tokenizer engine %s serves (GetTokenizer) from %s", engine.id, directory)
+        return directory
+    return None
+
+
 def read_model_config(directory: Path) -> dict[str, Any]:
     """The model directory's `config.json`; {} when it has none (a tokenizer-only directory)."""
     try:
@@ -532,10 +551,18 @@ async def open_model_pool(
     Raises `FleetError` when the tokenizer cannot be loaded or the engines do not fit KV routing.
     """
     model = fleet.model
+    tokenizer_dir = Path(model.tokenizer_path)
     try:
-        tokenizer = await trio.to_thread.run_sync(ModelTokenizer.from_directory, Path(model.tokenizer_path))
+        tokenizer = await trio.to_thread.run_sync(ModelTokenizer.from_directory, tokenizer_dir)
     except TokenizerLoadError as error:
-        raise FleetError(f"model {model.served_model_name!r}: {error} (give --model-path)") from None
+        fetched = await _tokenizer_from_engine(fleet)
+        if fetched is None:
+            raise FleetError(f"model {model.served_model_name!r}: {error} (give --model-path)") from None
+        tokenizer_dir = fetched
+        try:
+            tokenizer = await trio.to_thread.run_sync(ModelTokenizer.from_directory, tokenizer_dir)
+        except TokenizerLoadError as fetched_error:
+            raise FleetError(f"model {model.served_model_name!r}: {fetched_error} (give --model-path)") from None
     kv = None
     if config.router_mode in LOAD_MODES:
         try:
@@ -549,7 +576,7 @@ async def open_model_pool(
         config, fleet, routing, tokenizer, chat_template, select_model_parsers(config, model), harmony,
         on_engine_down=on_engine_down,
     )  # fmt: skip
-    pool.model_config = await trio.to_thread.run_sync(read_model_config, Path(model.tokenizer_path))
+    pool.model_config = await trio.to_thread.run_sync(read_model_config, tokenizer_dir)
     pool.watch = watch
     threshold = _busy_threshold(config)
     if threshold is not None:
