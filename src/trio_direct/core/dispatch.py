@@ -181,7 +181,7 @@ class Dispatcher:
             return None
         request.routed_dp_rank = route.decode.dp_rank
         prefill = None
-        if route.prefill is not None and route.prefill.engine.card.api != "vllm":
+        if route.prefill is not None and route.prefill.engine.client.api != "vllm":
             prefill = _pair_with_prefill(request, route)
         # On vLLM's API a continuation runs whole on its decode engine: a KV consumer given no
         # transfer parameters computes the prompt itself, rather than wait out a fresh prefill.
@@ -245,7 +245,7 @@ def _pair_with_prefill(decode_request: GenerateInput, route: Route[Worker]) -> E
     a prefill twin that asks the KV connector for a remote decode (`remote_decode_leg`)."""
     prefill_worker = route.prefill
     assert prefill_worker is not None
-    if prefill_worker.engine.card.api == "vllm":
+    if prefill_worker.engine.client.api == "vllm":
         return EngineLeg(prefill_worker.engine.client, remote_decode_leg(decode_request, prefill_worker.dp_rank))
     card = prefill_worker.engine.card
     room = new_room(prefill_worker.engine.client, route.decode.engine.client)
