@@ -79,6 +79,11 @@ async def test_four_chats_pair_distinct_prefill_and_decode_engines(aio_loop, nur
             assert "".join(e["choices"][0]["delta"].get("content", "") for e in events[:-1]) != ""
     accounts = await settle(*prefills, *decodes)
     assert [len(chats(a)) for a in accounts] == [2, 2, 2, 2]
+    if api == "vllm":  # the prefill's completion parameters reached the decode leg verbatim
+        handed = [r["kv_transfer_params"] for a in accounts[2:] for r in a["requests"].values()]
+        assert len(handed) == 4 and all(p["do_remote_prefill"] and p["remote_room"] >= 0 for p in handed)
+        asked = [r["kv_transfer_params"]["do_remote_decode"] for a in accounts[:2] for r in a["requests"].values()]
+        assert asked == [True] * 4
     for prefill, decode in ((accounts[0], accounts[2]), (accounts[1], accounts[3])):
         assert prefill["finished"] == prefill["started"] and decode["finished"] == decode["started"]
 

@@ -169,8 +169,9 @@ async def test_completions_accepts_strings_lists_and_token_ids(aio_loop, nursery
         assert echoed["choices"][0]["text"].startswith("Echo me")
 
 
-async def test_n_choices_and_stop_strings(aio_loop, nursery):
-    engine = await start_mock_engine(nursery, *FAST)
+@pytest.mark.parametrize("api", ["both", "vllm"])
+async def test_n_choices_and_stop_strings(aio_loop, nursery, api):
+    engine = await start_mock_engine(nursery, "--api", api, *FAST)
     base = await start_frontend(nursery, "--engine-url", engine.url)
     async with httpx.AsyncClient(base_url=base, timeout=30) as client:
         model = await model_of(client)

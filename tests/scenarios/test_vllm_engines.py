@@ -76,12 +76,26 @@ async def test_chat_tools_kv_routing_and_disconnects_over_vllm_engines(aio_loop,
                         if http.get("/debug/routing").json()["kv"]["index"]["blocks"] > 0:
                             break
                         time.sleep(0.02)
+        # Structured output and logprobs reach the engine in the contract's own fields.
+        schema = {"name": "answer", "schema": {"type": "object"}}
+        rids.append(
+            client.chat.completions.create(
+                model=model, messages=ask, max_tokens=4, response_format={"type": "json_schema", "json_schema": schema},
+                logprobs=True, top_logprobs=2,
+            ).id
+        )  # fmt: skip
         client.close()
         return rids
 
-    first, second = await trio.to_thread.run_sync(use_client)
-    engine_rids = [rid.removeprefix("chatcmpl-") + "0000" for rid in (first, second)]
+    first, second, structured = await trio.to_thread.run_sync(use_client)
+    engine_rids = [rid.removeprefix("chatcmpl-") + "0000" for rid in (first, second, structured)]
     assert await served_by(engines, engine_rids[0]) == await served_by(engines, engine_rids[1])
+    [seen] = [
+        a["requests"][engine_rids[2]]
+        for e in engines
+        if engine_rids[2] in (a := await engine_accounting(e.url))["requests"]
+    ]
+    assert (seen["constraint"], seen["logprobs"]) == ("json_schema", 2)
 
     # 50 streams cut at random points: every engine ends idle, every cut request got its Abort.
     talk = [{"role": "user", "content": "Talk"}]

@@ -36,7 +36,7 @@ from google.protobuf import struct_pb2
 from trio_direct._proto.smg import common_pb2 as common
 from trio_direct._proto.vllm import vllm_engine_pb2 as pb
 from trio_direct.engine.transport.server import RpcMethod, ServerCall
-from trio_direct.mock.engine import Bootstrap, EngineInfo, MockEngine
+from trio_direct.mock.engine import Bootstrap, EngineInfo, MockEngine, record_request
 from trio_direct.mock.kv_types import KvEvent
 from trio_direct.mock.logprobs import TokenRow, token_rows
 from trio_direct.mock.native_service import NOT_A_GENERATION_MODEL, NOT_AN_EMBEDDING_MODEL
@@ -124,8 +124,16 @@ class VllmService:
             call.fail("INVALID_ARGUMENT", str(exc))
             return
         rids = [request.rid for request in requests]
-        sink = _GenerateCall(self.engine, call, req.request_id, rids, req.stream, self._forget, handoff)
         sp = req.sampling_params
+        for rid in rids:
+            record_request(self.engine.accounting, rid, {
+                "prompt_tokens": len(requests[0].input_ids),
+                "constraint": sp.WhichOneof("constraint"),
+                "logprobs": sp.logprobs if sp.HasField("logprobs") else None,
+                "kv_transfer_params": json.loads(req.kv_transfer_params_json)
+                if req.HasField("kv_transfer_params_json") else None,
+            })  # fmt: skip
+        sink = _GenerateCall(self.engine, call, req.request_id, rids, req.stream, self._forget, handoff)
         if sp.HasField("logprobs"):
             sink.logprobs = (max(0, sp.logprobs), self.info.vocab_size)
         self._calls.setdefault(req.request_id, []).append(sink)
