@@ -179,10 +179,13 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-async def test_an_engine_restart_resets_its_index(aio_loop, nursery):
+@pytest.mark.parametrize("api", ["both", "vllm"])
+async def test_an_engine_restart_resets_its_index(aio_loop, nursery, api):
+    """Over ZMQ the sequence restarts on the same socket; over vLLM's gRPC stream the subscription
+    reconnects, resumes from its last sequence and sees the new engine's numbering start over."""
     port, kv_port = free_port(), free_port()
     config = json.dumps({"publisher": "zmq", "endpoint": f"tcp://*:{kv_port}", "topic": ""})
-    args = (*FAST, "--kv-events-config", config)
+    args = ("--api", api, *FAST, "--kv-events-config", config)
     # The restarted engine must come back on the same ports, so it is run by hand here.
     command = [sys.executable, "-m", "trio_direct", "mock-engine", "--port", str(port), *args]
 
