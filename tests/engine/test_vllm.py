@@ -171,3 +171,27 @@ def test_the_card_reads_role_layout_and_pairing_from_server_info(kv_role, role):
 def test_an_unknown_kv_role_is_refused():
     with pytest.raises(CardError, match="kv_role"):
         engine_card("grpc://h:1", "h", 1, "vllm", MODEL_INFO, {"kv_role": "kv_sideways"})
+
+
+def test_a_tokenizer_archive_is_checked_and_unpacked_without_leaving_its_directory(tmp_path):
+    import hashlib
+    import io
+    import zipfile
+
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr("tokenizer.json", "{}")
+        archive.writestr("../escape.txt", "no")
+        archive.writestr("sub/inner.json", "no")
+    data = buffer.getvalue()
+    digest = hashlib.sha256(data).hexdigest()
+    with pytest.raises(ValueError, match="SHA-256"):
+        vllm.unpack_tokenizer_archive(data, "0" * 64, tmp_path)
+    directory = vllm.unpack_tokenizer_archive(data, digest, tmp_path)
+    assert directory == tmp_path / digest
+    assert sorted(p.name for p in directory.iterdir()) == ["tokenizer.json"]
+    assert not (tmp_path / "escape.txt").exists()
+    assert vllm.unpack_tokenizer_archive(data, digest, tmp_path) == directory  # unpacked once, reused
+    with pytest.raises(ValueError, match="not a zip"):
+        vllm.unpack_tokenizer_archive(b"plain bytes", "", tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [digest]  # nothing half-unpacked left behind

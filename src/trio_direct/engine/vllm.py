@@ -304,6 +304,7 @@ def unpack_tokenizer_archive(data: bytes, digest: str, root: Path) -> Path:
                     continue
                 (staging / name).write_bytes(archive.read(info))
     except zipfile.BadZipFile as error:
+        shutil.rmtree(staging, ignore_errors=True)
         raise ValueError(f"the tokenizer archive is not a zip file: {error}") from None
     if target.exists():  # unpacked by another process meanwhile
         shutil.rmtree(staging, ignore_errors=True)

@@ -354,7 +354,7 @@ def fleet_model(cards: Sequence[tuple[str, EngineCard]], overrides: FleetOverrid
         raise FleetError("no engines")
     served = _agreed(cards, "served_model_name", overrides.served_model_name, "--served-model-name")
     model_path = _agreed(cards, "model_path", overrides.model_path, "--model-path")
-    block_size = _agreed(cards, "block_size", overrides.kv_cache_block_size, "--page-size")
+    block_size = _agreed(cards, "block_size", overrides.kv_cache_block_size, "--page-size (vLLM: --block-size)")
     is_embedding = _agreed(cards, "is_embedding", None, "--is-embedding (or without it)")
     _pairing_agreed(cards)
     first = cards[0][1]
