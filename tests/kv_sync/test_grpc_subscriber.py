@@ -185,3 +185,37 @@ async def test_engine_down_clears_every_rank(fake_engine_factory, rank):
         nursery.cancel_scope.cancel()
     assert sorted(r for r, _ in sink.clears) == [0, 1]
     assert subscriber.last_applied(rank) is None
+
+
+async def test_a_relay_snapshot_resyncs_the_rank_and_live_batches_follow_it(fake_engine_factory):
+    """The Rust servicer's snapshot: chunks numbered up to the state's sequence, the first one
+    starting with a clear of the rank, then live batches with no gap."""
+    engine = await fake_engine_factory(TYPES)
+
+    def stored(seq: int, token: int, index: int) -> common.KvEventBatch:
+        block = common.KvBlock(block_hash=token, token_ids=[token], block_size=1)
+        events = [common.KvCacheEvent(stored=common.KvBlocksStored(blocks=[block]))]
+        if index == 0:
+            events.insert(0, common.KvCacheEvent(cleared=common.KvCacheCleared()))
+        snapshot = common.KvSnapshotChunk(index=index, count=2, blocks=2)
+        return common.KvEventBatch(sequence_number=seq, events=events, dp_rank=0, snapshot=snapshot)
+
+    def subscribe(call):
+        call.send(stored(9, 1, 0))
+        call.send(stored(10, 2, 1))
+        call.send(removed(11, 1))
+
+    engine.handlers[vllm.SUBSCRIBE_KV_EVENTS] = subscribe
+    sink = RecordingSink()
+    subscriber = GrpcKvEventSubscriber("e0", "127.0.0.1", engine.port, [0], sink)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(subscriber.run)
+        await wait_until(lambda: len(sink.events.get(0, [])) == 4)
+        nursery.cancel_scope.cancel()
+    assert [type(e).__name__ for e in sink.events[0]] == [
+        "AllBlocksCleared",
+        "BlockStored",
+        "BlockStored",
+        "BlockRemoved",
+    ]
+    assert subscriber.last_applied(0) == 11 and subscriber.counters.gaps == 0 and not sink.clears
