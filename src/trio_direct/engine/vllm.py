@@ -253,25 +253,26 @@ class VllmEngineClient:
         request = common.SubscribeKvEventsRequest(start_sequence_number=start_sequence_number)
         return self.channel.open_stream(SUBSCRIBE_KV_EVENTS, request, common.KvEventBatch, timeout=None)
 
-    async def tokenizer_archive(self, *, timeout: float = 60.0) -> tuple[bytes, str]:
+    async def tokenizer_archive(self, *, max_bytes: int, timeout: float = 60.0) -> tuple[bytes, str]:
         """The engine's tokenizer files as one zip archive and the SHA-256 the engine gave for it
-        (`GetTokenizer`), for a frontend that cannot read the tokenizer where the engine does."""
-        return await fetch_tokenizer_archive(self.channel, GET_TOKENIZER, timeout=timeout)
+        (`GetTokenizer`), for a frontend that cannot read the tokenizer where the engine does.
+        `ValueError` when the archive grows past `max_bytes`. (The same call as the SMG adapter's:
+        whatever loads tokenizers from engines asks either API alike.)"""
+        data = bytearray()
+        digest = ""
+        async with self.channel.open_stream(
+            GET_TOKENIZER, common.GetTokenizerRequest(), common.GetTokenizerChunk, timeout=timeout
+        ) as stream:
+            async for chunk in stream:
+                data += chunk.data
+                if len(data) > max_bytes:
+                    raise ValueError(f"the engine's tokenizer archive is larger than {max_bytes} bytes")
+                digest = chunk.sha256 or digest
+        return bytes(data), digest
 
 
-async def fetch_tokenizer_archive(channel: EngineChannel, path: str, *, timeout: float) -> tuple[bytes, str]:
-    """Concatenate a `GetTokenizer` stream's chunks; the last chunk names the archive's SHA-256.
-
-    Kept apart from the client so whatever loads tokenizers from engines (for either SMG-family API)
-    can call it with the method path of the API it speaks.
-    """
-    parts: list[bytes] = []
-    digest = ""
-    async with channel.open_stream(path, common.GetTokenizerRequest(), common.GetTokenizerChunk, timeout=timeout) as s:
-        async for chunk in s:
-            parts.append(chunk.data)
-            digest = chunk.sha256 or digest
-    return b"".join(parts), digest
+#: Largest tokenizer archive taken from an engine.
+MAX_TOKENIZER_ARCHIVE_BYTES = 256 * 1024 * 1024
 
 
 def engine_tokenizer_cache() -> Path:

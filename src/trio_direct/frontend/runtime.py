@@ -34,7 +34,12 @@ from trio_direct.core.watch import StreamWatch
 from trio_direct.engine.errors import EngineError
 from trio_direct.engine.transport import ChannelPool, client_config, open_asyncio_loop
 from trio_direct.engine.types import EngineClient
-from trio_direct.engine.vllm import VllmEngineClient, engine_tokenizer_cache, unpack_tokenizer_archive
+from trio_direct.engine.vllm import (
+    MAX_TOKENIZER_ARCHIVE_BYTES,
+    VllmEngineClient,
+    engine_tokenizer_cache,
+    unpack_tokenizer_archive,
+)
 from trio_direct.fleet.card import EngineCard
 from trio_direct.fleet.discovery import EngineIds, EngineSpec
 from trio_direct.fleet.fleet import Engine, Fleet, FleetError, FleetModel, Worker, fleet_model, probe_fleet
@@ -389,7 +394,7 @@ async def _tokenizer_from_engine(fleet: Fleet) -> Path | None:
         if not isinstance(engine.client, VllmEngineClient):
             continue
         try:
-            data, digest = await engine.client.tokenizer_archive()
+            data, digest = await engine.client.tokenizer_archive(max_bytes=MAX_TOKENIZER_ARCHIVE_BYTES)
             directory = await trio.to_thread.run_sync(unpack_tokenizer_archive, data, digest, engine_tokenizer_cache())
         except (EngineError, ValueError, OSError) as error:
             log.warning("engine %s could not hand over its tokenizer: %s", engine.id, error)
