@@ -195,3 +195,16 @@ def test_a_tokenizer_archive_is_checked_and_unpacked_without_leaving_its_directo
     with pytest.raises(ValueError, match="not a zip"):
         vllm.unpack_tokenizer_archive(b"plain bytes", "", tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == [digest]  # nothing half-unpacked left behind
+
+
+def test_the_models_sampling_defaults_fill_only_what_the_request_left_unset():
+    defaults = vllm.sampling_defaults('{"temperature": 0.6, "top_p": 0.95, "top_k": 20, "seed": 3, "min_p": true}')
+    assert defaults == {"temperature": 0.6, "top_p": 0.95, "top_k": 20}
+    assert (
+        vllm.sampling_defaults("") == {} and vllm.sampling_defaults("[1]") == {} and vllm.sampling_defaults("{") == {}
+    )
+    unset = vllm.generate_request(GenerateInput(rid="r", input_ids=[1]), defaults).sampling_params
+    assert (round(unset.temperature, 3), round(unset.top_p, 3), unset.top_k) == (0.6, 0.95, 20)
+    given = SamplingOptions(temperature=0.0, top_k=-1)
+    chosen = vllm.generate_request(GenerateInput(rid="r", input_ids=[1], sampling=given), defaults).sampling_params
+    assert (chosen.temperature, round(chosen.top_p, 3), chosen.top_k) == (0.0, 0.95, 0)

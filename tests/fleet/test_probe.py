@@ -100,11 +100,24 @@ async def test_a_vllm_engine_is_recognised_by_the_service_it_answers(start_mock,
     assert [(s.dp_rank, s.endpoint) for s in card.kv_events] == [(0, address), (1, address)]
     assert (card.bootstrap_host, card.bootstrap_port) == (None, None)  # the connector's parameters pair it
     assert await probed.client.health()
+    assert probed.client.defaults == {}  # the tiny model's generation config sets no sampling defaults
     assert (await probe_engine(url(running), pool, api="vllm")).card.api == "vllm"
     with pytest.raises(EngineError):
         await probe_engine(url(running), pool, api="smg")
     with pytest.raises(EngineError):
         await probe_engine(url(await start_mock(api="both")), pool, api="vllm")
+
+
+async def test_a_vllm_engine_hands_its_models_sampling_defaults_to_the_client(start_mock, pool, tiny_model, tmp_path):
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model, model)
+    config = json.loads((model / "generation_config.json").read_text())
+    (model / "generation_config.json").write_text(json.dumps({**config, "temperature": 0.6, "top_k": 20}))
+    running = await start_mock(api="vllm", model_path=str(model))
+    client = (await probe_engine(url(running), pool)).client
+    assert isinstance(client, VllmEngineClient) and client.defaults == {"temperature": 0.6, "top_k": 20}
 
 
 async def test_engine_that_is_down_is_unavailable(pool, unused_port):

@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import math
 import os
 import shutil
 import zipfile
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -100,16 +102,56 @@ def sampling_params(options: SamplingOptions, *, top_logprobs: int | None = None
     return params
 
 
-def generate_request(request: GenerateInput) -> pb.GenerateRequest:
+#: The model's generation-config defaults `GetModelInfo.default_sampling_params_json` may name.
+SAMPLING_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+def sampling_defaults(raw: str) -> dict[str, float]:
+    """`GetModelInfo.default_sampling_params_json` as the `SamplingOptions` values it sets.
+
+    vLLM's own server applies the model's generation config to what a request leaves unset; its
+    gRPC servicer does not (an unset temperature is 1.0 there), but reports those defaults, so the
+    adapter fills them in. Anything unreadable gives no defaults."""
+    try:
+        parsed = json.loads(raw) if raw else {}
+    except ValueError:
+        return {}
+    if not isinstance(parsed, dict):
+        return {}
+    return {
+        key: value
+        for key in SAMPLING_DEFAULT_KEYS
+        if isinstance(value := parsed.get(key), int | float) and not isinstance(value, bool)
+    }
+
+
+def _with_defaults(options: SamplingOptions, defaults: dict[str, float]) -> SamplingOptions:
+    def pick(value: float | None, key: str) -> float | None:
+        return defaults.get(key) if value is None else value
+
+    top_k = options.top_k if options.top_k is not None else defaults.get("top_k")
+    return replace(
+        options,
+        temperature=pick(options.temperature, "temperature"),
+        top_p=pick(options.top_p, "top_p"),
+        top_k=None if top_k is None else int(top_k),
+        min_p=pick(options.min_p, "min_p"),
+        repetition_penalty=pick(options.repetition_penalty, "repetition_penalty"),
+    )
+
+
+def generate_request(request: GenerateInput, defaults: dict[str, float] | None = None) -> pb.GenerateRequest:
+    """The wire request; ``defaults`` (`sampling_defaults`) fill the sampling fields left unset."""
     if request.image_data:
         # The servicer takes images as pixel values a gateway's processor made, or as media
         # references only where the worker runs its own processor (`mm_processor`): not served here.
         raise EngineInvalidArgument("the vLLM API takes no image URLs from this frontend")
+    options = _with_defaults(request.sampling, defaults) if defaults else request.sampling
     message = pb.GenerateRequest(
         request_id=request.rid,
         tokenized=pb.TokenizedInput(original_text=request.original_text, input_ids=request.input_ids),
         sampling_params=sampling_params(
-            request.sampling, top_logprobs=request.top_logprobs_num if request.return_logprob else None
+            options, top_logprobs=request.top_logprobs_num if request.return_logprob else None
         ),
         stream=request.stream,
     )
@@ -203,14 +245,16 @@ class VllmEngineClient:
 
     api: EngineApi = "vllm"
 
-    def __init__(self, channel: EngineChannel) -> None:
+    def __init__(self, channel: EngineChannel, *, defaults: dict[str, float] | None = None) -> None:
         self.channel = channel
         self.name = channel.name
         self.last_output_at = -math.inf
+        #: The model's sampling defaults (`sampling_defaults`), applied to what a request leaves unset.
+        self.defaults = defaults or {}
 
     @asynccontextmanager
     async def generate(self, request: GenerateInput) -> AsyncIterator[ChunkStream]:
-        message = generate_request(request)
+        message = generate_request(request, self.defaults)
         async with self.channel.open_stream(GENERATE, message, pb.GenerateResponse, timeout=None) as stream:
             yield ChunkStream(stream, _ChunkDecoder(request.stream), self.name)
 

@@ -29,7 +29,7 @@ from trio_direct.engine.native import NativeEngineClient
 from trio_direct.engine.smg import SmgEngineClient
 from trio_direct.engine.transport import ChannelPool, open_asyncio_loop
 from trio_direct.engine.types import EngineClient
-from trio_direct.engine.vllm import VllmEngineClient
+from trio_direct.engine.vllm import VllmEngineClient, sampling_defaults
 from trio_direct.fleet.card import CardError, EngineCard, engine_card
 from trio_direct.fleet.engine_url import parse_engine_url
 
@@ -99,7 +99,10 @@ async def probe_engine(url: str, pool: ChannelPool, *, api: ApiChoice = "auto", 
                 raise native_error from None
             raise
         server_info = await vllm.server_info(timeout=timeout)
-        return ProbedEngine(engine_card(url, host, port, "vllm", model_info, server_info), vllm)
+        client = VllmEngineClient(
+            channel, defaults=sampling_defaults(model_info.get("default_sampling_params_json", ""))
+        )
+        return ProbedEngine(engine_card(url, host, port, "vllm", model_info, server_info), client)
     assert scope.cancelled_caught
     raise EngineDeadlineExceeded(f"probe took longer than {timeout:g}s", engine=channel.name)
 

@@ -76,6 +76,7 @@ class VllmService:
         #: Per DP rank, the last `_HISTORY` batches: (seq, KvEventBatch).
         self._history: dict[int, deque[common.KvEventBatch]] = {}
         self._subscribers: list[Callable[[common.KvEventBatch], None]] = []
+        self.sampling_defaults = _sampling_defaults(Path(info.tokenizer_path) / "generation_config.json")
         if engine.has_kv_publisher:
             engine.add_kv_listener(self._kv_batch)
 
@@ -305,6 +306,7 @@ class VllmService:
                 eos_token_ids=info.eos_token_ids,
                 # The servicer reports vLLM's max_model_len for both.
                 max_req_input_len=info.context_length,
+                default_sampling_params_json=self.sampling_defaults,
             ),
         )
 
@@ -512,6 +514,19 @@ class _GenerateCall:
         others = [other for other in self.sample_rids if other != rid and other not in self._finished]
         if others:
             self._engine.cancel(others)
+
+
+def _sampling_defaults(path: Path) -> str:
+    """The servicer's `default_sampling_params_json`: the generation config's sampling keys."""
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return ""
+    if not isinstance(config, dict):
+        return ""
+    keys = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+    found = {key: config[key] for key in keys if config.get(key) is not None}
+    return json.dumps(found, separators=(",", ":")) if found else ""
 
 
 def _output_logprobs(rows: list[TokenRow]) -> pb.OutputLogProbs:
