@@ -219,3 +219,40 @@ async def test_a_relay_snapshot_resyncs_the_rank_and_live_batches_follow_it(fake
         "BlockRemoved",
     ]
     assert subscriber.last_applied(0) == 11 and subscriber.counters.gaps == 0 and not sink.clears
+
+
+async def test_an_engine_that_started_again_is_cleared_and_followed_from_its_first_batch(fake_engine_factory):
+    """A restarted engine numbers afresh: a cursor into the old one must not skip the new batches."""
+    from trio_direct._proto.vllm import vllm_engine_pb2 as pb
+
+    engine = await fake_engine_factory(
+        {**TYPES, vllm.GET_SERVER_INFO: (False, pb.GetServerInfoRequest, pb.GetServerInfoResponse)}
+    )
+    uptimes = iter([1000.0, 1.0, 2.0])
+    starts: list[int] = []
+
+    def server_info(call):
+        call.send(pb.GetServerInfoResponse(uptime_seconds=next(uptimes, 3.0)))
+        call.finish()
+
+    def subscribe(call):
+        starts.append(call.request.start_sequence_number)
+        if len(starts) == 1:
+            for seq in (1, 2, 3):
+                call.send(removed(seq))
+            call.finish()  # the old engine goes away
+        else:
+            for seq in (1, 2, 3, 4):  # the new one's own numbering
+                call.send(removed(seq, 100 + seq))
+
+    engine.handlers[vllm.GET_SERVER_INFO] = server_info
+    engine.handlers[vllm.SUBSCRIBE_KV_EVENTS] = subscribe
+    sink = RecordingSink()
+    subscriber = GrpcKvEventSubscriber("e0", "127.0.0.1", engine.port, [0], sink)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(subscriber.run)
+        await wait_until(lambda: len(sink.events.get(0, [])) == 7)
+        nursery.cancel_scope.cancel()
+    assert starts == [1, 1]  # not resumed at 3: everything the new engine holds
+    assert [e.block_hashes[0] for e in sink.events[0]] == [1, 2, 3, 101, 102, 103, 104]
+    assert sink.clears == [(0, "engine restarted")] and subscriber.counters.restarts == 1

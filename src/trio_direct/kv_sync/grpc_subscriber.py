@@ -16,7 +16,11 @@ numbers and tagged with the rank. The rules are the ZMQ subscriber's, moved onto
   history ends the stream with DATA_LOSS: then history is provably lost, every rank is cleared
   and the subscription starts afresh from zero, because routing on a stale index is worse than
   routing on an empty one.
-- A sequence that goes back outside a resumed stream's replay is a restarted engine: its rank is
+- A restarted engine numbers its batches afresh, so a cursor into the old one means nothing to it
+  (worse: the new engine may hold batches with the very numbers the cursor names). Before every
+  stream the engine's start time (`GetServerInfo`: now − ``uptime_seconds``) is read; an engine
+  that started again since the last stream has every rank cleared and is followed from its first
+  batch. A sequence that goes back within a stream is a restarted publisher too: its rank is
   cleared.
 
 `KvStreamState` holds those decisions without I/O; `GrpcKvEventSubscriber` only moves batches.
@@ -25,13 +29,21 @@ numbers and tagged with the rank. The rules are the ZMQ subscriber's, moved onto
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Literal
 
 import trio
 
 from trio_direct._proto.smg import common_pb2 as common
-from trio_direct.engine.errors import EngineError, EngineInternal, EngineInvalidArgument, EngineUnimplemented
+from trio_direct.engine.errors import (
+    EngineDeadlineExceeded,
+    EngineError,
+    EngineInternal,
+    EngineInvalidArgument,
+    EngineUnavailable,
+    EngineUnimplemented,
+)
 from trio_direct.engine.transport import EngineChannel
 from trio_direct.engine.vllm import VllmEngineClient
 from trio_direct.kv_sync.subscriber import KvEventCounters, KvEventSink
@@ -41,6 +53,8 @@ __all__ = ["GrpcKvEventSubscriber", "KvStreamState", "convert_batch"]
 
 log = logging.getLogger(__name__)
 
+#: How far two readings of an engine's start time may differ and still be the same engine (seconds).
+_SAME_START = 5.0
 #: Reconnect backoff after a failed or ended stream: first delay, cap.
 _RETRY_FIRST = 0.1
 _RETRY_MAX = 5.0
@@ -170,6 +184,8 @@ class GrpcKvEventSubscriber:
         self._epoch = 0
         #: (rank, expected seq) of the gap the current stream was reopened for.
         self._replaying: tuple[int, int] | None = None
+        #: The engine's start time (wall clock) as read before the last stream.
+        self._started: float | None = None
 
     def last_applied(self, dp_rank: int) -> int | None:
         return self.state.last.get(dp_rank)
@@ -193,9 +209,10 @@ class GrpcKvEventSubscriber:
     async def _run(self, client: VllmEngineClient) -> None:
         delay = _RETRY_FIRST
         while True:
-            start = self.state.start_sequence()
             epoch = self._epoch
             try:
+                await self._check_same_engine(client)
+                start = self.state.start_sequence()
                 got_any = await self._follow(client, start, epoch)
             except EngineUnimplemented as error:
                 log.info(
@@ -222,6 +239,29 @@ class GrpcKvEventSubscriber:
                 got_any = False
             delay = _RETRY_FIRST if got_any else min(delay * 2, _RETRY_MAX)
             await trio.sleep(delay)
+
+    async def _check_same_engine(self, client: VllmEngineClient) -> None:
+        """Clear every rank when the engine started again since the last stream was opened (an
+        engine that does not say how long it has been up is taken to be the same)."""
+        try:
+            info = await client.server_info(timeout=5.0)
+        except (EngineUnavailable, EngineDeadlineExceeded):
+            raise
+        except EngineError:
+            return
+        uptime = info.get("uptime_seconds")
+        if not isinstance(uptime, int | float):
+            return
+        started = time.time() - uptime
+        previous, self._started = self._started, started
+        if previous is None or abs(started - previous) <= _SAME_START:
+            return
+        self.counters.restarts += 1  # counted even when `engine_down` already cleared the ranks
+        if self.state.last:
+            log.info("engine %s restarted: KV index cleared, following its events afresh", self.engine)
+            self.state.forget()
+            for rank in self.dp_ranks:
+                self.sink.on_clear(rank, "engine restarted")
 
     async def _follow(self, client: VllmEngineClient, start: int, epoch: int) -> bool:
         """One stream from ``start``, until it ends or shows a gap; whether it delivered anything."""
