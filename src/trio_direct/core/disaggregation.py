@@ -113,22 +113,24 @@ async def run_disaggregated_choice(
     readers: list[ChoiceReader] | None = None,
 ) -> None:
     """Run both legs of one choice; events and failures go to `send`; `written` is called once
-    both requests are on the wire (or could not be sent).
+    both requests are on the wire, on vLLM's API once the prefill request is (or could not be sent).
 
     A decode leg that fails mid-stream continues on a fresh prefill + decode pair (or an aggregated
     engine, as routing decides): its prefill leg starts here, and the new decode leg is shielded
     like the first until its own first message."""
     leg = DecodeLeg(decode_abort_deadline)
-    legs_written = _Countdown(2, written)
+    prefill = run.prefill
+    assert prefill is not None
+    # vLLM: the decode leg needs what the prefill's completion says, so it waits for it; the choice
+    # counts as sent once its prefill request is (the decode request cannot go before it returns).
+    sequential = prefill.request.kv_transfer_params is not None
+    legs_written = _Countdown(1 if sequential else 2, written)
+    decode_written = _nothing if sequential else legs_written.done
     async with send, trio.open_nursery() as nursery:
-        prefill = run.prefill
-        assert prefill is not None
-        if prefill.request.kv_transfer_params is not None:
-            # vLLM: the decode leg needs what the prefill's completion says, so it waits for it.
+        if sequential:
             handoff = await _prefill_leg(prefill, run, control, abort_timeout, send.clone(), legs_written.done)
             if handoff is None:
-                legs_written.done()  # the decode request never goes out; the failure is in `send`
-                return
+                return  # no decode request goes out; the failure is in `send`
             run.plan.request.kv_transfer_params = handoff
         else:
             nursery.start_soon(_prefill_leg, prefill, run, control, abort_timeout, send.clone(), legs_written.done)
@@ -143,7 +145,7 @@ async def run_disaggregated_choice(
         try:
             with trio.CancelScope(shield=True), leg.scope:
                 await stream_choice(
-                    run, control, abort_timeout, send, written=legs_written.done,
+                    run, control, abort_timeout, send, written=decode_written,
                     on_first_message=leg.saw_first_message, on_migrate=migrated, readers=readers,
                 )  # fmt: skip
         finally:
