@@ -97,6 +97,20 @@ async def test_an_engine_given_in_the_wrong_role_stops_start_up(aio_loop, nurser
             await start_frontend(inner, "--prefill-engine-url", decode.url)
 
 
+async def test_vllm_engines_that_could_not_hand_over_kv_stop_start_up(aio_loop, nursery, monkeypatch):
+    """The operator's pairing protocol (SMG_PAIRING_PROTOCOL in each engine's environment) differs."""
+    from trio_direct.fleet.fleet import FleetError
+
+    monkeypatch.setenv("SMG_PAIRING_PROTOCOL", "nixl-v1")
+    prefill = await start_prefill(nursery, "--api", "vllm", "--speedup", "inf")
+    monkeypatch.setenv("SMG_PAIRING_PROTOCOL", "nixl-v2")
+    decode = await start_decode(nursery, "--api", "vllm", "--speedup", "inf")
+    refused = pytest.RaisesExc(FleetError, match="pairing_protocol 'nixl-v[12]', but engine .* must agree on it")
+    with pytest.RaisesGroup(refused, flatten_subgroups=True):
+        async with trio.open_nursery() as inner:
+            await start_frontend(inner, "--prefill-engine-url", prefill.url, "--engine-url", decode.url)
+
+
 async def disconnect_after(
     base: str, model: str, events_to_read: int, *, prompt_words: int = 5, linger: float = 0.0
 ) -> None:
