@@ -208,3 +208,19 @@ def test_the_models_sampling_defaults_fill_only_what_the_request_left_unset():
     given = SamplingOptions(temperature=0.0, top_k=-1)
     chosen = vllm.generate_request(GenerateInput(rid="r", input_ids=[1], sampling=given), defaults).sampling_params
     assert (chosen.temperature, round(chosen.top_p, 3), chosen.top_k) == (0.0, 0.95, 0)
+
+
+async def test_embed_and_generate_against_the_mock(mock_engine_factory, dial):
+    from trio_direct.engine.types import EmbedInput
+
+    embedder = await mock_engine_factory(api="vllm", is_embedding=True)
+    client = vllm.VllmEngineClient(dial(embedder.port))
+    output = await client.embed(EmbedInput(rid="e1", input_ids=[5, 6, 7]))
+    assert output.prompt_tokens == 3 and len(output.embedding) == embedder.info.embedding_dim
+    generator = await mock_engine_factory(api="vllm")
+    client = vllm.VllmEngineClient(dial(generator.port))
+    request = GenerateInput(rid="g1", input_ids=[5, 6, 7], sampling=SamplingOptions(max_new_tokens=4, ignore_eos=True))
+    async with client.generate(request) as chunks:
+        got = [c async for c in chunks]
+    assert sum(len(c.token_ids) for c in got) == 4 and got[-1].completion_tokens == 4
+    assert got[-1].finish_reason == "length" and got[-1].prompt_tokens == 3
