@@ -490,8 +490,8 @@ class _GenerateCall:
         # Streamed: the complete repeats the last delta. Not streamed: it carries every id.
         ids = out.new_token_ids if self._stream else self._ids[rid]
         complete = _complete(out, finish, ids, index, self._handoff)
-        if self.logprobs is not None:
-            complete.output_logprobs.CopyFrom(_output_logprobs(rows if self._stream else self._rows[rid]))  # type: ignore[arg-type]
+        if rows is not None:  # streamed: the last delta's rows, as the servicer repeats them; else all
+            complete.output_logprobs.CopyFrom(_output_logprobs(rows if self._stream else self._rows[rid]))
         self._finished[rid] = complete
         if self._stream:
             call.send(pb.GenerateResponse(complete=complete))
