@@ -210,6 +210,7 @@ class GrpcKvEventSubscriber:
         delay = _RETRY_FIRST
         while True:
             epoch = self._epoch
+            start = 0
             try:
                 await self._check_same_engine(client)
                 start = self.state.start_sequence()
