@@ -224,3 +224,4 @@ async def test_embed_and_generate_against_the_mock(mock_engine_factory, dial):
         got = [c async for c in chunks]
     assert sum(len(c.token_ids) for c in got) == 4 and got[-1].completion_tokens == 4
     assert got[-1].finish_reason == "length" and got[-1].prompt_tokens == 3
+    assert await client.flush_cache(timeout=5.0) == (True, "Cache flushed successfully.")

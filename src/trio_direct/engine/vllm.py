@@ -56,6 +56,7 @@ GET_MODEL_INFO = _PREFIX + "GetModelInfo"
 GET_SERVER_INFO = _PREFIX + "GetServerInfo"
 GET_LOADS = _PREFIX + "GetLoads"
 GET_TOKENIZER = _PREFIX + "GetTokenizer"
+FLUSH_CACHE = _PREFIX + "FlushCache"
 SUBSCRIBE_KV_EVENTS = _PREFIX + "SubscribeKvEvents"
 
 #: `SamplingParams.seed` is an int32: a larger seed is folded into its range (still deterministic).
@@ -290,6 +291,13 @@ class VllmEngineClient:
         request = pb.GetLoadsRequest() if dp_rank is None else pb.GetLoadsRequest(dp_rank=dp_rank)
         reply = await self.channel.unary(GET_LOADS, request, pb.GetLoadsResponse, timeout=timeout)
         return [_as_dict(load) for load in reply.loads]
+
+    async def flush_cache(self, *, timeout: float = 30.0) -> tuple[bool, str]:
+        """Drop the engine's prefix cache (`FlushCache`): (success, the engine's message). The
+        engine waits up to `timeout` for its running requests before it gives up."""
+        request = common.FlushCacheRequest(timeout_s=timeout)
+        reply = await self.channel.unary(FLUSH_CACHE, request, common.FlushCacheResponse, timeout=timeout + 5.0)
+        return reply.success, reply.message
 
     def kv_events(self, start_sequence_number: int = 0) -> AbstractAsyncContextManager[MessageStream]:
         """`SubscribeKvEvents`: the engine's KV batches (every DP rank's), from ``start_sequence_number``
