@@ -10,11 +10,14 @@ from dataclasses import dataclass
 from functools import partial
 
 import trio
+from google.protobuf import json_format, struct_pb2
 
+from trio_direct.engine.errors import EngineError
 from trio_direct.engine.native import NativeEngineClient
 from trio_direct.engine.transport import EngineChannel
 from trio_direct.engine.transport.server import RpcMethod, ServerCall
 from trio_direct.mock.kv_publisher import KvEventsConfig
+from trio_direct.mock.vllm_service import ACCOUNTING_METHOD
 
 
 def kv_events_config(fmt: str = "map", *, replay: bool = True, **extra: object) -> KvEventsConfig:
@@ -92,9 +95,22 @@ async def engine_accounting(url: str) -> dict:
     host, port = url.removeprefix("grpc://").rsplit(":", 1)
     channel = EngineChannel(host, int(port))
     try:
-        return (await NativeEngineClient(channel, incremental=True).server_info())["mock_accounting"]
+        try:
+            return (await NativeEngineClient(channel, incremental=True).server_info())["mock_accounting"]
+        except EngineError:  # a mock serving vLLM's API (no native service): its own accounting method
+            reply = await channel.unary(ACCOUNTING_METHOD, struct_pb2.Struct(), struct_pb2.Struct, timeout=10)
+            return _integral(json_format.MessageToDict(reply))
     finally:
         channel.close()
+
+
+def _integral(value):
+    """A Struct's numbers are doubles: give the integral ones back as ints, as JSON had them."""
+    if isinstance(value, dict):
+        return {key: _integral(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_integral(item) for item in value]
+    return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
 def aborts_caught_up(account: dict) -> bool:

@@ -14,7 +14,8 @@ import httpx
 import trio
 from support import MockEngineProcess, settled_accounts, start_frontend, start_mock_engine
 
-MODES = ("aggregated", "disaggregated")
+#: SGLang engines, and vLLM engines (``mock-engine --api vllm``), each aggregated and disaggregated.
+MODES = ("aggregated", "disaggregated", "vllm-aggregated", "vllm-disaggregated")
 
 #: The first entry whose `match` is in the rendered prompt answers it.
 SCRIPTS = [
@@ -57,7 +58,9 @@ async def start_fleet(
     script = tmp_path / "scripts.json"
     script.write_text(json.dumps(SCRIPTS))
     common = ("--speedup", speedup, "--incremental-streaming-output", "--scripted-outputs", str(script))
-    if mode == "aggregated":
+    if mode.startswith("vllm-"):
+        common = ("--api", "vllm", *common)
+    if mode.endswith("aggregated") and not mode.endswith("disaggregated"):
         engines = [await start_mock_engine(nursery, *common) for _ in range(2)]
         urls = [arg for engine in engines for arg in ("--engine-url", engine.url)]
     else:

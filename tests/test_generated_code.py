@@ -17,6 +17,8 @@ SOURCES = {
     "smg/sglang_scheduler_grpc.py": "sglang_scheduler.proto",
     "smg/common_pb2.py": "common.proto",
     "smg/common_grpc.py": "common.proto",
+    "vllm/vllm_engine_pb2.py": "vllm_engine.proto",
+    "vllm/vllm_engine_grpc.py": "vllm_engine.proto",
 }
 
 

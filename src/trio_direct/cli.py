@@ -255,10 +255,12 @@ def _add_probe(subcommands: argparse._SubParsersAction) -> None:
     p = subcommands.add_parser(
         "probe",
         help="print what trio-direct learns from engines (engine cards as JSON)",
-        description="Probe SGLang engines over gRPC and print one engine card per URL as JSON.",
+        description="Probe engines over gRPC and print one engine card per URL as JSON.",
     )
     p.add_argument("urls", nargs="+", metavar="URL", help="engine gRPC address (grpc://h:p, http://h:p or h:p)")
-    p.add_argument("--engine-api", choices=("auto", "native", "smg"), default="auto", help="default %(default)s")
+    p.add_argument(
+        "--engine-api", choices=("auto", "native", "smg", "vllm"), default="auto", help="default %(default)s"
+    )
     p.add_argument("--timeout", type=float, default=10.0, help="seconds per engine (default %(default)s)")
     p.set_defaults(handler=_run_probe)
 
@@ -288,23 +290,25 @@ def _add_bench(subcommands: argparse._SubParsersAction) -> None:
 def _add_mock_engine(subcommands: argparse._SubParsersAction) -> None:
     p = subcommands.add_parser(
         "mock-engine",
-        help="serve a CPU mock SGLang engine (native and/or SMG gRPC API)",
-        description="Serve a CPU mock SGLang engine speaking the real gRPC contracts. "
+        help="serve a CPU mock engine (SGLang's native and/or SMG gRPC API, or vLLM's)",
+        description="Serve a CPU mock SGLang or vLLM engine speaking the real gRPC contracts. "
         'Prints one JSON line {"event": "ready", ...} to stdout once it accepts calls.',
     )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default %(default)s)")
     p.add_argument("--port", type=int, default=0, help="gRPC port; 0 picks a free one (default)")
     p.add_argument(
         "--api",
-        choices=("native", "smg", "both"),
+        choices=("native", "smg", "both", "vllm"),
         default="both",
-        help="gRPC API(s) to serve on the port; both adds grpc.health.v1 (default %(default)s)",
+        help="gRPC API(s) to serve on the port: SGLang's native and/or SMG API (both adds grpc.health.v1), "
+        "or vLLM's (with grpc.health.v1) (default %(default)s)",
     )
     p.add_argument(
         "--role",
         choices=("aggregated", "prefill", "decode"),
         default="aggregated",
-        help="PD disaggregation role (default %(default)s)",
+        help="PD disaggregation role; under --api vllm reported as kv_role kv_producer/kv_consumer "
+        "(default %(default)s)",
     )
     p.add_argument("--page-size", type=int, default=1, help="KV page size in tokens (default %(default)s)")
     p.add_argument("--dp-size", type=int, default=1, help="data-parallel ranks (default %(default)s)")

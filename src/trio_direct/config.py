@@ -131,7 +131,7 @@ _HELP = {
     "and moves to another engine (within --migration-limit; else it ends with an error)",
     "enforce_disagg": "with prefill engines configured, answer 503 while none is healthy instead of serving aggregated",
     "decode_abort_deadline": "seconds a cancelled decode leg may wait for its first message (the KV transfer) before its Abort",
-    "engine_api": "engine gRPC API: auto (native, then SMG), native or smg",
+    "engine_api": "engine gRPC API: auto (SGLang native, then SGLang SMG, then vLLM), native, smg or vllm",
     "engine_wait_timeout": "at most this many seconds start-up waits for engines; it fails only if none is up by then",
     "engine_join_grace": "seconds start-up waits for the other engines once one is up; those still down join when they come up",
     "connect_timeout": "seconds to wait for a TCP connection to an engine",
@@ -246,7 +246,7 @@ _HELP = {
     "metrics_api_key": "require this Bearer token on /metrics (which shows the engines' addresses); default: open",
 }
 _CHOICES = {
-    "engine_api": ("auto", "native", "smg"),
+    "engine_api": ("auto", "native", "smg", "vllm"),
     "router_mode": ("round-robin", "random", "kv", "least-load", "power-of-two"),
     "router_preset": ("ttft", "dynamo"),
     "log_level": ("debug", "info", "warning", "error"),

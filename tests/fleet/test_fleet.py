@@ -59,6 +59,32 @@ def test_disagreeing_engines_are_refused_naming_engine_and_field(change, field, 
     assert flag in message
 
 
+VLLM_PD = {
+    "api": "vllm",
+    "kv_connector": "NixlConnector",
+    "pairing": (("kv_cache_dtype", "auto"), ("block_size", "16")),
+}
+
+
+@pytest.mark.parametrize(
+    ("decode_change", "refused"),
+    [
+        ({}, None),
+        ({"pairing": (("kv_cache_dtype", "fp8"), ("block_size", "16"))}, "kv_cache_dtype 'fp8'"),
+        ({"kv_connector": "MooncakeConnector"}, "kv_connector 'MooncakeConnector'"),
+        ({"pairing": (("kv_cache_dtype", "auto"), ("pairing_protocol", "v2"))}, None),  # v2 vs unset: unknown
+        ({"api": "smg", "kv_connector": None, "pairing": ()}, "speaks the smg API"),
+    ],
+)
+def test_vllm_prefill_and_decode_engines_that_cannot_hand_over_kv_are_refused(decode_change, refused):
+    fleet = cards({**VLLM_PD, "role": "prefill"}, {**VLLM_PD, "role": "decode", **decode_change})
+    if refused is None:
+        assert fleet_model(fleet).block_size == 16
+        return
+    with pytest.raises(FleetError, match=refused):
+        fleet_model(fleet)
+
+
 def test_overrides_win_and_a_differing_probe_is_only_a_warning(caplog):
     overrides = FleetOverrides(model_path="/local/qwen3", served_model_name="chat", kv_cache_block_size=64)
     with caplog.at_level(logging.WARNING):

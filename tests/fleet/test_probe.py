@@ -15,6 +15,7 @@ from trio_direct.engine.errors import EngineDeadlineExceeded, EngineError, Engin
 from trio_direct.engine.native import NativeEngineClient
 from trio_direct.engine.smg import SmgEngineClient
 from trio_direct.engine.transport.server import RpcMethod, serve_grpc
+from trio_direct.engine.vllm import VllmEngineClient
 from trio_direct.fleet.probe import probe_command, probe_engine
 
 KV_EVENTS = '{"publisher": "zmq", "endpoint": "tcp://*:0", "replay_endpoint": "tcp://*:0", "topic": ""}'
@@ -83,6 +84,40 @@ async def test_dp_engine_with_kv_events_lists_one_source_per_rank(start_mock, po
         (0, f"tcp://127.0.0.1:{base}", f"tcp://127.0.0.1:{replay}"),
         (1, f"tcp://127.0.0.1:{base + 1}", f"tcp://127.0.0.1:{replay + 1}"),
     ]
+
+
+async def test_a_vllm_engine_is_recognised_by_the_service_it_answers(start_mock, pool):
+    running = await start_mock(
+        api="vllm", role="prefill", dp_size=2, page_size=4, kv_events_config=KV_EVENTS, disaggregation_bootstrap_port=0
+    )
+    probed = await probe_engine(url(running), pool)
+    card = probed.card
+    assert isinstance(probed.client, VllmEngineClient) and card.api == "vllm"
+    assert (card.role, card.dp_size, card.block_size, card.kv_block_size) == ("prefill", 2, 4, 4)
+    assert card.context_length == running.info.context_length and card.served_model_name == "trio-direct-mock"
+    assert card.kv_connector == "MockConnector" and dict(card.pairing)["block_size"] == "4"
+    address = f"grpc://127.0.0.1:{running.port}"
+    assert [(s.dp_rank, s.endpoint) for s in card.kv_events] == [(0, address), (1, address)]
+    assert (card.bootstrap_host, card.bootstrap_port) == (None, None)  # the connector's parameters pair it
+    assert await probed.client.health()
+    assert probed.client.defaults == {}  # the tiny model's generation config sets no sampling defaults
+    assert (await probe_engine(url(running), pool, api="vllm")).card.api == "vllm"
+    with pytest.raises(EngineError):
+        await probe_engine(url(running), pool, api="smg")
+    with pytest.raises(EngineError):
+        await probe_engine(url(await start_mock(api="both")), pool, api="vllm")
+
+
+async def test_a_vllm_engine_hands_its_models_sampling_defaults_to_the_client(start_mock, pool, tiny_model, tmp_path):
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model, model)
+    config = json.loads((model / "generation_config.json").read_text())
+    (model / "generation_config.json").write_text(json.dumps({**config, "temperature": 0.6, "top_k": 20}))
+    running = await start_mock(api="vllm", model_path=str(model))
+    client = (await probe_engine(url(running), pool)).client
+    assert isinstance(client, VllmEngineClient) and client.defaults == {"temperature": 0.6, "top_k": 20}
 
 
 async def test_engine_that_is_down_is_unavailable(pool, unused_port):

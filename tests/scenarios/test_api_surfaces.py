@@ -69,9 +69,10 @@ def norm(vector) -> float:
 # ---- /v1/embeddings ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("api", ["native", "smg"])
+@pytest.mark.parametrize("api", ["native", "smg", "vllm"])
 async def test_embeddings_with_the_openai_sdk_over_two_embedding_engines(aio_loop, nursery, api):
-    engines = await two_engines(nursery, "--is-embedding", *FAST)
+    serves = ("--api", "vllm") if api == "vllm" else ()
+    engines = await two_engines(nursery, *serves, "--is-embedding", *FAST)
     base = await start_frontend(nursery, "--engine-api", api, *engine_flags(engines))
     model = await model_of(base)
     client = sdk(base)
@@ -216,8 +217,9 @@ async def check_generate(base: str) -> None:
         assert [answer["meta_info"]["completion_tokens"] for answer in batch] == [3, 3]
 
 
-async def test_generate_in_sglangs_shape_over_two_engines(aio_loop, nursery):
-    engines = await two_engines(nursery, *FAST)
+@pytest.mark.parametrize("api", ["both", "vllm"])
+async def test_generate_in_sglangs_shape_over_two_engines(aio_loop, nursery, api):
+    engines = await two_engines(nursery, "--api", api, *FAST)
     base = await start_frontend(nursery, *engine_flags(engines))
     await check_generate(base)
     async with httpx.AsyncClient(base_url=base, timeout=30) as http:

@@ -55,9 +55,11 @@ async def model_of(base: str) -> str:
         return (await client.get("/v1/models")).json()["data"][0]["id"]
 
 
-async def test_four_chats_pair_distinct_prefill_and_decode_engines(aio_loop, nursery):
-    prefills = [await start_prefill(nursery, "--speedup", "inf") for _ in range(2)]
-    decodes = [await start_decode(nursery, "--speedup", "inf") for _ in range(2)]
+@pytest.mark.parametrize("api", ["both", "vllm"])
+async def test_four_chats_pair_distinct_prefill_and_decode_engines(aio_loop, nursery, api):
+    """SGLang pairs by a shared bootstrap room; vLLM's connector hands the prefill's parameters on."""
+    prefills = [await start_prefill(nursery, "--api", api, "--speedup", "inf") for _ in range(2)]
+    decodes = [await start_decode(nursery, "--api", api, "--speedup", "inf") for _ in range(2)]
     base = await start_frontend(
         nursery,
         *(a for p in prefills for a in ("--prefill-engine-url", p.url)),
@@ -77,6 +79,11 @@ async def test_four_chats_pair_distinct_prefill_and_decode_engines(aio_loop, nur
             assert "".join(e["choices"][0]["delta"].get("content", "") for e in events[:-1]) != ""
     accounts = await settle(*prefills, *decodes)
     assert [len(chats(a)) for a in accounts] == [2, 2, 2, 2]
+    if api == "vllm":  # the prefill's completion parameters reached the decode leg verbatim
+        handed = [r["kv_transfer_params"] for a in accounts[2:] for r in a["requests"].values()]
+        assert len(handed) == 4 and all(p["do_remote_prefill"] and p["remote_room"] >= 0 for p in handed)
+        asked = [r["kv_transfer_params"]["do_remote_decode"] for a in accounts[:2] for r in a["requests"].values()]
+        assert asked == [True] * 4
     for prefill, decode in ((accounts[0], accounts[2]), (accounts[1], accounts[3])):
         assert prefill["finished"] == prefill["started"] and decode["finished"] == decode["started"]
 
@@ -88,6 +95,20 @@ async def test_an_engine_given_in_the_wrong_role_stops_start_up(aio_loop, nurser
     with pytest.RaisesGroup(pytest.RaisesExc(FleetError, match="reports role 'decode'"), flatten_subgroups=True):
         async with trio.open_nursery() as inner:
             await start_frontend(inner, "--prefill-engine-url", decode.url)
+
+
+async def test_vllm_engines_that_could_not_hand_over_kv_stop_start_up(aio_loop, nursery, monkeypatch):
+    """The operator's pairing protocol (SMG_PAIRING_PROTOCOL in each engine's environment) differs."""
+    from trio_direct.fleet.fleet import FleetError
+
+    monkeypatch.setenv("SMG_PAIRING_PROTOCOL", "nixl-v1")
+    prefill = await start_prefill(nursery, "--api", "vllm", "--speedup", "inf")
+    monkeypatch.setenv("SMG_PAIRING_PROTOCOL", "nixl-v2")
+    decode = await start_decode(nursery, "--api", "vllm", "--speedup", "inf")
+    refused = pytest.RaisesExc(FleetError, match="pairing_protocol 'nixl-v[12]', but engine .* must agree on it")
+    with pytest.RaisesGroup(refused, flatten_subgroups=True):
+        async with trio.open_nursery() as inner:
+            await start_frontend(inner, "--prefill-engine-url", prefill.url, "--engine-url", decode.url)
 
 
 async def disconnect_after(

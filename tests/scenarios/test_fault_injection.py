@@ -219,16 +219,19 @@ async def routing_load(base: str, model: str) -> list[tuple[str, int]]:
     return sorted((c["worker"], c["decode_blocks"]) for d in decisions if d for c in d["candidates"])
 
 
-@pytest.mark.parametrize("setup", ["aggregated", "disaggregated"])
+@pytest.mark.parametrize("setup", ["aggregated", "disaggregated", "vllm-aggregated", "vllm-disaggregated"])
 async def test_a_thousand_random_disconnects_leave_nothing_running(aio_loop, nursery, setup):
+    """Over SGLang's APIs and over vLLM's (`--api vllm`: Abort by exact id, KV events on gRPC)."""
     kv = ("--kv-events-config", kv_config())
-    if setup == "aggregated":
-        engines = [await start_mock_engine(nursery, INCREMENTAL, "--speedup", "8", *kv) for _ in range(2)]
+    api = ("--api", "vllm") if setup.startswith("vllm-") else ()
+    if setup.endswith("aggregated") and not setup.endswith("disaggregated"):
+        engines = [await start_mock_engine(nursery, *api, INCREMENTAL, "--speedup", "8", *kv) for _ in range(2)]
         flags = [a for e in engines for a in ("--engine-url", e.url)]
     else:  # a slow prefill keeps decode legs waiting at the rendezvous
         bootstrap = ("--disaggregation-bootstrap-port", str(free_port()))
-        prefill = await start_mock_engine(nursery, "--role", "prefill", INCREMENTAL, "--speedup", "3", *bootstrap, *kv)
-        decode_args = ("--role", "decode", INCREMENTAL, "--speedup", "8", "--bootstrap-timeout", "3")
+        prefill_args = ("--role", "prefill", *api, INCREMENTAL, "--speedup", "3", *bootstrap, *kv)
+        prefill = await start_mock_engine(nursery, *prefill_args)
+        decode_args = ("--role", "decode", *api, INCREMENTAL, "--speedup", "8", "--bootstrap-timeout", "3")
         decode = await start_mock_engine(nursery, *decode_args)
         engines = [prefill, decode]
         flags = ["--prefill-engine-url", prefill.url, "--engine-url", decode.url]
@@ -266,7 +269,7 @@ async def test_a_thousand_random_disconnects_leave_nothing_running(aio_loop, nur
     given_up = await aborts_not_delivered(round_robin) - aborts_given_up
     assert len(missing) <= given_up, f"requests left without an Abort: {missing}; {[brief(a) for a in accounts]}"
     assert sum(a["started"] for a in accounts) >= 500, [brief(a) for a in accounts]
-    if setup == "disaggregated":
+    if setup.endswith("disaggregated"):
         assert_no_early_decode_abort(accounts[1])
     else:
         assert all(a["failed"] == 0 for a in accounts), [brief(a) for a in accounts]

@@ -56,9 +56,11 @@ async def served_by(engines, response: dict) -> int:
     raise AssertionError(f"no engine served {rid}")
 
 
-@pytest.mark.parametrize("fmt", ["map", "array"])
-async def test_a_shared_system_prompt_goes_where_it_is_cached(aio_loop, nursery, fmt):
-    engines = [await start_mock_engine(nursery, *FAST, "--kv-events-config", kv_config(fmt)) for _ in range(2)]
+@pytest.mark.parametrize(("fmt", "api"), [("map", "both"), ("array", "both"), ("map", "vllm")])
+async def test_a_shared_system_prompt_goes_where_it_is_cached(aio_loop, nursery, fmt, api):
+    """SGLang engines publish over ZMQ (both encodings); vLLM engines over their gRPC stream."""
+    kv = ("--kv-events-config", kv_config(fmt))
+    engines = [await start_mock_engine(nursery, "--api", api, *FAST, *kv) for _ in range(2)]
     base = await start_frontend(nursery, "--router-mode", "kv", *(a for e in engines for a in ("--engine-url", e.url)))
     async with httpx.AsyncClient(base_url=base, timeout=30) as client:
         model = await model_of(client)
@@ -177,10 +179,13 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-async def test_an_engine_restart_resets_its_index(aio_loop, nursery):
+@pytest.mark.parametrize("api", ["both", "vllm"])
+async def test_an_engine_restart_resets_its_index(aio_loop, nursery, api):
+    """Over ZMQ the sequence restarts on the same socket; over vLLM's gRPC stream the subscription
+    reconnects, resumes from its last sequence and sees the new engine's numbering start over."""
     port, kv_port = free_port(), free_port()
     config = json.dumps({"publisher": "zmq", "endpoint": f"tcp://*:{kv_port}", "topic": ""})
-    args = (*FAST, "--kv-events-config", config)
+    args = ("--api", api, *FAST, "--kv-events-config", config)
     # The restarted engine must come back on the same ports, so it is run by hand here.
     command = [sys.executable, "-m", "trio_direct", "mock-engine", "--port", str(port), *args]
 

@@ -41,7 +41,7 @@ from trio_direct.core.choices import (
     EngineLeg,
     stream_choice,
 )  # fmt: skip
-from trio_direct.core.disaggregation import new_room, run_disaggregated_choice
+from trio_direct.core.disaggregation import new_room, remote_decode_leg, run_disaggregated_choice
 from trio_direct.core.migration import continuation_request, migration_refusal
 from trio_direct.core.output import ChoiceEvent
 from trio_direct.core.plan import RequestPlan
@@ -180,7 +180,11 @@ class Dispatcher:
             metrics.MIGRATIONS.labels("refused").inc()
             return None
         request.routed_dp_rank = route.decode.dp_rank
-        prefill = _pair_with_prefill(request, route) if route.prefill is not None else None
+        prefill = None
+        if route.prefill is not None and route.prefill.engine.client.api != "vllm":
+            prefill = _pair_with_prefill(request, route)
+        # On vLLM's API a continuation runs whole on its decode engine: a KV consumer given no
+        # transfer parameters computes the prompt itself, rather than wait out a fresh prefill.
         run.plan.request, run.client, run.prefill, run.route_key = request, route.decode.engine.client, prefill, key
         metrics.ROUTED.labels(route.decode.engine.id, route.decode.engine.card.role).inc()
         metrics.MIGRATIONS.labels("migrated").inc()
@@ -241,9 +245,12 @@ def assign(pool: ServingPool, plan: RequestPlan, route: Route[Worker]) -> list[C
 
 
 def _pair_with_prefill(decode_request: GenerateInput, route: Route[Worker]) -> EngineLeg:
-    """Give the decode request and its prefill twin the same rid and bootstrap triple."""
+    """Give the decode request and its prefill twin the same rid and bootstrap triple; on vLLM's API,
+    a prefill twin that asks the KV connector for a remote decode (`remote_decode_leg`)."""
     prefill_worker = route.prefill
     assert prefill_worker is not None
+    if prefill_worker.engine.client.api == "vllm":
+        return EngineLeg(prefill_worker.engine.client, remote_decode_leg(decode_request, prefill_worker.dp_rank))
     card = prefill_worker.engine.card
     room = new_room(prefill_worker.engine.client, route.decode.engine.client)
     port = card.bootstrap_port or DEFAULT_BOOTSTRAP_PORT

@@ -60,6 +60,7 @@ def continuation_request(
         input_ids=[*prompt_ids, *generated],
         sampling=replace(sampling, max_new_tokens=max_new, min_new_tokens=min_new),
         bootstrap=None,
+        kv_transfer_params=None,
         routed_dp_rank=None,
         trace_headers=None,
     )

@@ -1,6 +1,6 @@
 """What the rest of trio-direct says to an engine and hears back, independent of the gRPC API.
 
-Both adapters (`native`, `smg`) turn a `GenerateInput` into their wire request and their wire
+The adapters (`native`, `smg`, `vllm`) turn a `GenerateInput` into their wire request and their wire
 responses into `GenerateChunk` deltas, so routing, the text pipeline and the HTTP layer never see
 protobuf or the differences between the two APIs.
 """
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 FinishReason = Literal["stop", "length", "abort"]
-EngineApi = Literal["native", "smg"]
+EngineApi = Literal["native", "smg", "vllm"]
 
 
 @dataclass(slots=True)
@@ -71,6 +71,9 @@ class GenerateInput:
     priority: int | None = None
     #: W3C trace context (`traceparent`, `tracestate`) for the engine's own tracing (native API only).
     trace_headers: dict[str, str] | None = None
+    #: vLLM's KV-connector parameters for this leg, a JSON object as text (vLLM API only): the
+    #: prefill leg's "remote decode" request, or what the prefill's completion returned, for decode.
+    kv_transfer_params: str | None = None
 
 
 @dataclass(slots=True)
@@ -123,6 +126,8 @@ class GenerateChunk:
     logprobs: list[TokenLogprob] | None = None
     #: The prompt's rows from `GenerateInput.logprob_start_len`, once (with the first chunk that has them).
     prompt_logprobs: list[TokenLogprob] | None = None
+    #: On a vLLM prefill's last chunk: the KV-connector parameters its decode leg must carry (JSON).
+    kv_transfer_params: str | None = None
 
 
 class GenerateStream(Protocol):

@@ -104,6 +104,12 @@ class EngineCard:
     reasoning_parser: str | None
     is_embedding: bool = False
     supports_images: bool = False
+    #: vLLM API: the KV connector moving a prefill's cache to its decode engine (GetServerInfo's
+    #: ``kv_connector``), and the facts a prefill and a decode must agree on to pair (``pairing``:
+    #: name/value pairs of kv_cache_dtype, block_size, model_dtype, attention_backend and
+    #: pairing_protocol, the ones the engine reported).
+    kv_connector: str | None = None
+    pairing: tuple[tuple[str, str], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -127,6 +133,8 @@ class EngineCard:
             "reasoning_parser": self.reasoning_parser,
             "is_embedding": self.is_embedding,
             "supports_images": self.supports_images,
+            "kv_connector": self.kv_connector,
+            "pairing": dict(self.pairing),
         }
 
 
@@ -152,6 +160,8 @@ def engine_card(
     model_path = _text(first("model_path"))
     if model_path is None:
         raise CardError(f"engine {url} reports no model_path")
+    if api == "vllm":
+        return _vllm_card(url, host, port, model_path, model_info, server_info)
     mode = _text(server_info.get("disaggregation_mode")) or _text(model_info.get("disaggregation_mode")) or "null"
     role = _ROLES.get(mode)
     if role is None:
@@ -197,6 +207,63 @@ def engine_card(
         reasoning_parser=_text(first("reasoning_parser")),
         is_embedding=_is_embedding(model_info, server_info),
         supports_images=api == "native" and _lists_image_inputs(server_info.get("grpc_features")),
+    )
+
+
+#: GetServerInfo's ``kv_role`` -> role; "" (no connector) and kv_both serve whole requests.
+_VLLM_ROLES: dict[str, Role] = {
+    "": "aggregated",
+    "kv_both": "aggregated",
+    "kv_producer": "prefill",
+    "kv_consumer": "decode",
+}
+#: GetServerInfo's PD pairing fields, in the order the card lists them.
+_VLLM_PAIRING = ("kv_cache_dtype", "block_size", "model_dtype", "attention_backend", "pairing_protocol")
+
+
+def _vllm_card(
+    url: str, host: str, port: int, model_path: str, model_info: Mapping[str, Any], server_info: Mapping[str, Any]
+) -> EngineCard:
+    """vLLM's GetModelInfo/GetServerInfo (smg-grpc-servicer): typed fields, no server-args JSON.
+
+    The role comes from the KV connector's role; KV events come over the API's own
+    `SubscribeKvEvents` stream (one per engine, every DP rank's batches on it), so every rank's
+    source is the engine's gRPC address. ``max_req_input_len`` is vLLM's ``max_model_len``.
+    """
+    kv_role = _text(server_info.get("kv_role")) or ""
+    role = _VLLM_ROLES.get(kv_role)
+    if role is None:
+        raise CardError(f"engine {url} reports an unknown kv_role {kv_role!r}")
+    dp_size = _int(server_info.get("data_parallel_size")) or 1
+    block_size = _int(server_info.get("block_size")) or None
+    address = f"grpc://[{host}]:{port}" if ":" in host else f"grpc://{host}:{port}"
+    pairing = tuple(
+        (name, str(value))
+        for name in _VLLM_PAIRING
+        if (value := _text(server_info.get(name))) is not None and value != "0"
+    )
+    return EngineCard(
+        url=url,
+        host=host,
+        port=port,
+        api="vllm",
+        role=role,
+        model_path=model_path,
+        served_model_name=_text(model_info.get("served_model_name")) or model_path,
+        tokenizer_path=_text(model_info.get("tokenizer_path")) or model_path,
+        block_size=block_size,
+        context_length=_int(model_info.get("max_req_input_len")) or _int(model_info.get("max_context_length")) or None,
+        dp_size=dp_size,
+        bootstrap_host=None,
+        bootstrap_port=None,
+        kv_events=tuple(KvEventSource(dp_rank=rank, endpoint=address) for rank in range(dp_size)),
+        kv_block_size=block_size,
+        incremental_streaming=True,
+        tool_call_parser=None,
+        reasoning_parser=None,
+        is_embedding=_is_embedding(model_info, server_info),
+        kv_connector=_text(server_info.get("kv_connector")),
+        pairing=pairing,
     )
 
 

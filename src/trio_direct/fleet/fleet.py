@@ -28,7 +28,7 @@ from trio_direct.engine.transport import ChannelPool
 from trio_direct.engine.types import EngineClient
 from trio_direct.fleet.card import CardError, EngineCard
 from trio_direct.fleet.engine_url import parse_engine_url
-from trio_direct.fleet.probe import ApiChoice, ProbedEngine, probe_engine
+from trio_direct.fleet.probe import ENGINE_APIS, ApiChoice, ProbedEngine, probe_engine
 
 __all__ = [
     "Engine",
@@ -243,8 +243,8 @@ async def probe_fleet(
     Raises `FleetError` for a malformed or repeated URL, an engine that answers but cannot be used,
     and no engine up within ``wait_timeout``.
     """
-    if api not in ("auto", "native", "smg"):
-        raise FleetError(f"unknown engine API {api!r} (auto, native or smg)")
+    if api not in ENGINE_APIS:
+        raise FleetError(f"unknown engine API {api!r} ({', '.join(ENGINE_APIS)})")
     if not urls:
         raise FleetError("no engine URLs given")
     addresses: dict[tuple[str, int], str] = {}
@@ -345,16 +345,18 @@ async def _wait_for_engine(engine: PendingEngine, pool: ChannelPool, api: ApiCho
 def fleet_model(cards: Sequence[tuple[str, EngineCard]], overrides: FleetOverrides | None = None) -> FleetModel:
     """The model of a fleet of ``(engine id, card)``; `FleetError` when the engines disagree.
 
-    Checked: served model name, model path and block size (``page_size``), except where overridden.
-    Parsers that differ are only logged: the frontend parses with one of them either way.
+    Checked: served model name, model path and block size (``page_size``), except where overridden;
+    for prefill and decode engines, that they pair (`_pairing_agreed`). Parsers that differ are only
+    logged: the frontend parses with one of them either way.
     """
     overrides = overrides or FleetOverrides()
     if not cards:
         raise FleetError("no engines")
     served = _agreed(cards, "served_model_name", overrides.served_model_name, "--served-model-name")
     model_path = _agreed(cards, "model_path", overrides.model_path, "--model-path")
-    block_size = _agreed(cards, "block_size", overrides.kv_cache_block_size, "--page-size")
+    block_size = _agreed(cards, "block_size", overrides.kv_cache_block_size, "--page-size (vLLM: --block-size)")
     is_embedding = _agreed(cards, "is_embedding", None, "--is-embedding (or without it)")
+    _pairing_agreed(cards)
     first = cards[0][1]
     tool_parser = _agreed(cards, "tool_call_parser", None, "--tool-call-parser", strict=False)
     reasoning_parser = _agreed(cards, "reasoning_parser", None, "--reasoning-parser", strict=False)
@@ -370,6 +372,41 @@ def fleet_model(cards: Sequence[tuple[str, EngineCard]], overrides: FleetOverrid
         is_embedding=bool(is_embedding),
         supports_images=all(card.supports_images for _, card in cards),
     )
+
+
+def _pairing_agreed(cards: Sequence[tuple[str, EngineCard]]) -> None:
+    """Refuse prefill and decode engines that could not hand a request's KV cache to each other.
+
+    SGLang's bootstrap and vLLM's KV connectors do not talk to each other, so the PD engines speak
+    one API. On vLLM's they must use the same connector and agree on what vLLM's NIXL handshake
+    checks (`EngineCard.pairing`: KV cache dtype, block size, model dtype, attention backend, the
+    operator's pairing protocol), each compared where the engines report it: the engines would
+    otherwise reject each other at the first handoff, request after request.
+    """
+    pd = [(engine_id, card) for engine_id, card in cards if card.role in ("prefill", "decode")]
+    if not pd:
+        return
+    first_id, first = pd[0]
+    for engine_id, card in pd[1:]:
+        if (card.api == "vllm") != (first.api == "vllm"):
+            raise FleetError(
+                f"engine {engine_id} ({card.url}) speaks the {card.api} API but engine {first_id} ({first.url}) the "
+                f"{first.api} API: prefill and decode engines hand KV over through one engine family"
+            )
+    vllm = [(engine_id, card) for engine_id, card in pd if card.api == "vllm"]
+    facts: dict[str, list[tuple[str, EngineCard, str]]] = {}
+    for engine_id, card in vllm:
+        facts.setdefault("kv_connector", []).append((engine_id, card, card.kv_connector or ""))
+        for name, value in card.pairing:
+            facts.setdefault(name, []).append((engine_id, card, value))
+    for name, known in facts.items():
+        a_id, a, a_value = known[0]
+        for b_id, b, b_value in known[1:]:
+            if b_value != a_value:
+                raise FleetError(
+                    f"engine {b_id} ({b.url}) has {name} {b_value!r}, but engine {a_id} ({a.url}) has {a_value!r}: "
+                    "a vLLM prefill and decode engine must agree on it to hand over KV"
+                )
 
 
 def _agreed(

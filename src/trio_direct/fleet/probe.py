@@ -1,9 +1,10 @@
 """Asking one engine what it is, before serving from it.
 
-`probe_engine` dials the engine, works out which of SGLang's two gRPC APIs it speaks (``auto``: the
-native API first; a server that only speaks SMG answers the native call with UNIMPLEMENTED, or, if
-it is a grpclib server, with UNKNOWN "Missing content-type header", so any engine error that is not
-"unreachable" moves on to SMG), reads
+`probe_engine` dials the engine, works out which gRPC API it speaks (``auto``: SGLang's native API
+first; a server that does not speak it answers the native call with UNIMPLEMENTED, or, if it is a
+grpclib server, with UNKNOWN "Missing content-type header", so any engine error that is not
+"unreachable" moves on to SGLang's SMG API, and likewise from there to vLLM's: each API is recognised
+by its service answering `GetModelInfo`), reads
 its `GetModelInfo` and `GetServerInfo` and returns the card with a client already configured for the
 engine's streaming mode. It does not retry: an engine that is down raises `EngineUnavailable` and the
 caller (`Fleet.connect`) decides how long to wait.
@@ -23,18 +24,20 @@ from trio_direct.engine.errors import (
     EngineDeadlineExceeded,
     EngineError,
     EngineUnavailable,
-    EngineUnimplemented,
 )
 from trio_direct.engine.native import NativeEngineClient
 from trio_direct.engine.smg import SmgEngineClient
 from trio_direct.engine.transport import ChannelPool, open_asyncio_loop
 from trio_direct.engine.types import EngineClient
+from trio_direct.engine.vllm import VllmEngineClient, sampling_defaults
 from trio_direct.fleet.card import CardError, EngineCard, engine_card
 from trio_direct.fleet.engine_url import parse_engine_url
 
-__all__ = ["ApiChoice", "ProbedEngine", "probe_command", "probe_engine"]
+__all__ = ["ENGINE_APIS", "ApiChoice", "ProbedEngine", "probe_command", "probe_engine"]
 
-ApiChoice = Literal["auto", "native", "smg"]
+ApiChoice = Literal["auto", "native", "smg", "vllm"]
+#: Every ``--engine-api`` value, in the order ``auto`` tries the APIs after itself.
+ENGINE_APIS: tuple[ApiChoice, ...] = ("auto", "native", "smg", "vllm")
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,8 +56,8 @@ async def probe_engine(url: str, pool: ChannelPool, *, api: ApiChoice = "auto", 
     `EngineUnimplemented` when the engine speaks neither API asked for, `CardError` when its info
     makes no sense, and other `EngineError`s as the engine reports them.
     """
-    if api not in ("auto", "native", "smg"):
-        raise ValueError(f"unknown engine API {api!r} (auto, native or smg)")
+    if api not in ENGINE_APIS:
+        raise ValueError(f"unknown engine API {api!r} ({', '.join(ENGINE_APIS)})")
     host, port = parse_engine_url(url)
     channel = pool.get(host, port)
     native_error: EngineError | None = None
@@ -73,16 +76,33 @@ async def probe_engine(url: str, pool: ChannelPool, *, api: ApiChoice = "auto", 
                 server_info = await native.server_info(timeout=timeout)
                 card = engine_card(url, host, port, "native", model_info, server_info)
                 return ProbedEngine(card, NativeEngineClient(channel, incremental=card.incremental_streaming))
-        smg = SmgEngineClient(channel)
+        if api in ("auto", "smg"):
+            smg = SmgEngineClient(channel)
+            try:
+                model_info = await smg.model_info(timeout=timeout)
+            except (EngineUnavailable, EngineDeadlineExceeded):
+                raise
+            except EngineError:
+                if api == "smg":
+                    raise
+            else:
+                server_info = await smg.server_info(timeout=timeout)
+                return ProbedEngine(engine_card(url, host, port, "smg", model_info, server_info), smg)
+        vllm = VllmEngineClient(channel)
         try:
-            model_info = await smg.model_info(timeout=timeout)
-        except EngineUnimplemented:
-            # Neither API: the native answer says more (it may be an engine error, not a mismatch).
+            model_info = await vllm.model_info(timeout=timeout)
+        except (EngineUnavailable, EngineDeadlineExceeded):
+            raise
+        except EngineError:
+            # No API answered: the native answer says more (it may be an engine error, not a mismatch).
             if native_error is not None:
                 raise native_error from None
             raise
-        server_info = await smg.server_info(timeout=timeout)
-        return ProbedEngine(engine_card(url, host, port, "smg", model_info, server_info), smg)
+        server_info = await vllm.server_info(timeout=timeout)
+        client = VllmEngineClient(
+            channel, defaults=sampling_defaults(model_info.get("default_sampling_params_json", ""))
+        )
+        return ProbedEngine(engine_card(url, host, port, "vllm", model_info, server_info), client)
     assert scope.cancelled_caught
     raise EngineDeadlineExceeded(f"probe took longer than {timeout:g}s", engine=channel.name)
 

@@ -41,7 +41,7 @@ ENGINE_TOKENIZER_DIR = "trio-direct-engine-tokenizers"
 HOW_TO_GIVE_ONE = (
     "give it one of three ways: --model-path DIR (a local folder with tokenizer.json), the model id in "
     "the Hugging Face cache (HF_HOME or HF_HUB_CACHE; online without HF_HUB_OFFLINE it downloads), or an "
-    "engine on the SMG API (--smg-grpc-mode), which serves GetTokenizer"
+    "engine that serves GetTokenizer: SGLang on the SMG API (--smg-grpc-mode) or vLLM with smg-grpc-servicer"
 )
 
 

@@ -1,7 +1,8 @@
 """What keeps KV routing's view of the engines current: their KV events and their load.
 
-One ZMQ subscription per engine (a `KvEventSubscriber`, one SUB socket per DP rank) feeds the
-fleet's `KvRouting` index; `GetLoad` polling (``--load-poll-interval``, 1 s by default) feeds its
+One subscription per engine feeds the fleet's `KvRouting` index: over ZMQ for SGLang engines (a
+`KvEventSubscriber`, one SUB socket per DP rank), over the engine's own gRPC API for vLLM engines
+(a `GrpcKvEventSubscriber`, one `SubscribeKvEvents` stream carrying every rank); `GetLoad` polling (``--load-poll-interval``, 1 s by default) feeds its
 load: what every frontend has on each engine, to which `KvRouting` adds this one's own requests
 since the poll was sent.
 
@@ -25,6 +26,7 @@ import trio_util
 from trio_direct.engine.errors import EngineError
 from trio_direct.fleet.card import EngineCard
 from trio_direct.fleet.fleet import Engine, Fleet
+from trio_direct.kv_sync.grpc_subscriber import GrpcKvEventSubscriber
 from trio_direct.kv_sync.subscriber import KvEventSubscriber
 from trio_direct.routing.kv_routing import IndexSink, KvRouting, page_size
 
@@ -33,11 +35,23 @@ __all__ = ["KvFeeds"]
 log = logging.getLogger(__name__)
 
 
+Subscriber = KvEventSubscriber | GrpcKvEventSubscriber
+
+
+def _subscriber(engine: Engine, sink: IndexSink) -> Subscriber:
+    """The subscriber for the engine's API: vLLM's streams its KV events over gRPC."""
+    card = engine.card
+    if card.api == "vllm":
+        return GrpcKvEventSubscriber(engine.id, card.host, card.port, range(card.dp_size), sink)
+    # Batches of an engine that is not serving are dropped (a stray publisher on a dead engine's port).
+    return KvEventSubscriber(engine.id, card.kv_events, sink, serving=lambda: engine.healthy)
+
+
 @dataclass(slots=True, eq=False)
 class _Subscription:
     """One engine's subscriber, and the cancel scope that stops it alone (`engine_changed`)."""
 
-    subscriber: KvEventSubscriber
+    subscriber: Subscriber
     sink: IndexSink
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
 
@@ -61,15 +75,13 @@ class KvFeeds:
             self._subscribe(engine, kv.add_engine(engine.id, engine.card))
 
     @property
-    def subscribers(self) -> list[KvEventSubscriber]:
+    def subscribers(self) -> list[Subscriber]:
         return [subscription.subscriber for subscription in self._subscriptions.values()]
 
     def _subscribe(self, engine: Engine, sink: IndexSink | None) -> None:
         if sink is None:
             return
-        # Batches of an engine that is not serving are dropped (a stray publisher on a dead engine's port).
-        subscriber = KvEventSubscriber(engine.id, engine.card.kv_events, sink, serving=lambda: engine.healthy)
-        subscription = _Subscription(subscriber, sink)
+        subscription = _Subscription(_subscriber(engine, sink), sink)
         self._subscriptions[engine.id] = subscription
         if self._nursery is not None:
             self._nursery.start_soon(subscription.run)

@@ -202,6 +202,9 @@ class _Live:
     got_output: bool = False
     prefilled: trio.Event | None = None
     scope: trio.CancelScope | None = None
+    #: A prefill whose decode leg pulls the KV after the prefill finished (vLLM's connectors),
+    #: rather than one that finishes once its KV went out (SGLang's bootstrap).
+    pull: bool = False
 
 
 class MockEngine:
@@ -341,19 +344,25 @@ class MockEngine:
         api: str,
         routed_dp_rank: int | None = None,
         bootstrap: Bootstrap | None = None,
+        pull: bool = False,
+        local: bool = False,
     ) -> list[int]:
         """Admit ``requests`` (one per sample) for ``sink``; returns the DP rank of each.
 
         Raises ValueError with SGLang's message when a request cannot start (prompt too long,
         ``routed_dp_rank`` out of range); nothing of the batch stays admitted then. On a PD engine a
         request without a bootstrap room ends at once with an engine-side abort, as SGLang's does.
+        ``pull``: a prefill finishes as soon as its prompt is in, and its room waits for the decode
+        leg afterwards (vLLM's KV connectors), instead of finishing once the KV went out.
+        ``local``: run the request whole whatever the engine's role (a vLLM engine with a KV
+        connector runs a request that carries no transfer parameters like any other).
         """
         if self._nursery is None:
             raise RuntimeError("the engine is not running")
         if routed_dp_rank is not None and not 0 <= routed_dp_rank < self.dp_size:
             self.accounting.rejected += len(requests)
             raise ValueError(f"routed_dp_rank={routed_dp_rank} out of range [0, {self.dp_size})")
-        role_pd = "none" if self.role == "aggregated" else self.role
+        role_pd = "none" if self.role == "aggregated" or local else self.role
         pd = role_pd if bootstrap is not None else "none"
         added: list[tuple[int, MockRequest]] = []
         for request in requests:
@@ -370,7 +379,7 @@ class MockEngine:
             added.append((rank, request))
         admitted: list[_Live] = []
         for rank, request in added:
-            live = _Live(request.rid, api, rank, sink, len(request.input_ids), pd)
+            live = _Live(request.rid, api, rank, sink, len(request.input_ids), pd, pull=pull)
             self._live[live.rid] = live
             self.accounting.live.add(live.rid)
             self.accounting.started += 1
@@ -522,6 +531,9 @@ class MockEngine:
         assert live.prefilled is not None
         if bootstrap.fake:
             await live.prefilled.wait()
+        elif live.pull:
+            await live.prefilled.wait()
+            self.spawn(self._hand_off, bootstrap, live.prompt_tokens)
         else:
             assert self._bootstrap is not None
             try:
@@ -545,6 +557,16 @@ class MockEngine:
             self._wake(live.dp_rank)  # its pages are free again
             if out is not None:
                 self._deliver([out])
+
+    async def _hand_off(self, bootstrap: Bootstrap, prompt_tokens: int) -> None:
+        """A pulled prefill's KV, held for its decode leg until it comes or the bootstrap timeout."""
+        assert self._bootstrap is not None
+        try:
+            handle = await self._bootstrap.wait_for_decode(bootstrap.room, self.bootstrap_timeout)
+            seconds = 0.0 if math.isinf(self.speedup) else prompt_tokens * TRANSFER_SECONDS_PER_TOKEN / self.speedup
+            await self._bootstrap.send_kv(handle, prompt_tokens, seconds)
+        except (BootstrapTimeout, BootstrapFailed) as exc:
+            log.info("room %d: KV held for a decode leg that did not take it: %s", bootstrap.room, exc)
 
     async def _decode_leg(self, live: _Live, bootstrap: Bootstrap) -> None:
         if not bootstrap.fake:

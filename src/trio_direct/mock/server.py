@@ -32,13 +32,14 @@ from trio_direct.mock.scripted import ScriptedOutputs
 from trio_direct.mock.smg_service import SERVICE as SMG_SERVICE
 from trio_direct.mock.smg_service import SmgService, health_methods
 from trio_direct.mock.tiny_model import default_tiny_model_dir, ensure_tiny_model
+from trio_direct.mock.vllm_service import VllmService
 from trio_direct.text.model_source import ModelFilesNotFound, find_model_directory
 
 __all__ = ["MockEngineConfig", "ModelFiles", "RunningMockEngine", "load_model_files", "run_mock_engine"]
 
 log = logging.getLogger(__name__)
 
-Api = Literal["native", "smg", "both"]
+Api = Literal["native", "smg", "both", "vllm"]
 
 #: Context length when neither the flag nor the model's config gives one.
 _DEFAULT_CONTEXT_LENGTH = 32768
@@ -81,8 +82,8 @@ class MockEngineConfig:
 
     def validate(self) -> None:
         """Raise ValueError naming the first setting a mock engine cannot run with."""
-        if self.api not in ("native", "smg", "both"):
-            raise ValueError(f"api must be native, smg or both, not {self.api!r}")
+        if self.api not in ("native", "smg", "both", "vllm"):
+            raise ValueError(f"api must be native, smg, both or vllm, not {self.api!r}")
         if self.role not in ("aggregated", "prefill", "decode"):
             raise ValueError(f"role must be aggregated, prefill or decode, not {self.role!r}")
         for name in ("page_size", "dp_size", "num_blocks", "max_running_requests", "max_prefill_tokens"):
@@ -301,6 +302,8 @@ async def run_mock_engine(
 
 def _methods(api: Api, engine: MockEngine, info: EngineInfo) -> list[RpcMethod]:
     methods: list[RpcMethod] = []
+    if api == "vllm":
+        return VllmService(engine, info).methods()
     if api in ("native", "both"):
         methods += NativeService(engine, info).methods()
     if api in ("smg", "both"):

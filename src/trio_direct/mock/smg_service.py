@@ -347,17 +347,8 @@ class SmgService:
         )
 
     def _get_tokenizer(self, call: ServerCall) -> None:
-        directory = Path(self.info.model_directory or self.info.tokenizer_path)
-        buffer = io.BytesIO()
-        with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
-            for name in _TOKENIZER_FILES:
-                if (directory / name).is_file():
-                    archive.write(directory / name, name)
-        data = buffer.getvalue()
-        digest = hashlib.sha256(data).hexdigest()
-        chunks = [data[i : i + _TOKENIZER_CHUNK] for i in range(0, len(data), _TOKENIZER_CHUNK)] or [b""]
-        for i, chunk in enumerate(chunks):
-            call.send(common.GetTokenizerChunk(data=chunk, sha256=digest if i == len(chunks) - 1 else ""))
+        for chunk in tokenizer_chunks(Path(self.info.model_directory or self.info.tokenizer_path)):
+            call.send(chunk)
         call.finish()
 
     # --- KV events -----------------------------------------------------------------------------
@@ -549,11 +540,28 @@ class _KvRelay:
         converted = []
         for event in events:
             self._event_id += 1
-            converted.append(_kv_event(self._event_id, event))
+            converted.append(kv_event(self._event_id, event))
         self._call.send(common.KvEventBatch(sequence_number=seq, timestamp=ts, events=converted, dp_rank=dp_rank))
 
 
-def _kv_event(event_id: int, event: KvEvent) -> common.KvCacheEvent:
+def tokenizer_chunks(directory: Path) -> list[common.GetTokenizerChunk]:
+    """`GetTokenizer`'s answer: the tokenizer files zipped, in 1 MiB chunks, the last with the SHA-256."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name in _TOKENIZER_FILES:
+            if (directory / name).is_file():
+                archive.write(directory / name, name)
+    data = buffer.getvalue()
+    digest = hashlib.sha256(data).hexdigest()
+    chunks = [data[i : i + _TOKENIZER_CHUNK] for i in range(0, len(data), _TOKENIZER_CHUNK)] or [b""]
+    return [
+        common.GetTokenizerChunk(data=chunk, sha256=digest if i == len(chunks) - 1 else "")
+        for i, chunk in enumerate(chunks)
+    ]
+
+
+def kv_event(event_id: int, event: KvEvent) -> common.KvCacheEvent:
+    """One mock KV event as the SMG family's `KvCacheEvent` (one `KvBlock` per stored hash)."""
     if isinstance(event, BlockStored):
         size = event.block_size
         blocks = [

@@ -1,0 +1,1 @@
+"""Generated wire code; see scripts/gen_proto.py."""
