@@ -76,7 +76,9 @@ class VllmService:
         #: Per DP rank, the last `_HISTORY` batches: (seq, KvEventBatch).
         self._history: dict[int, deque[common.KvEventBatch]] = {}
         self._subscribers: list[Callable[[common.KvEventBatch], None]] = []
-        self.sampling_defaults = _sampling_defaults(Path(info.model_directory or info.tokenizer_path) / "generation_config.json")
+        self.sampling_defaults = _sampling_defaults(
+            Path(info.model_directory or info.tokenizer_path) / "generation_config.json"
+        )
         if engine.has_kv_publisher:
             engine.add_kv_listener(self._kv_batch)
 
