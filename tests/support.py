@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 
 import trio
 
@@ -15,6 +16,10 @@ from trio_direct.engine.native import NativeEngineClient
 from trio_direct.engine.transport import EngineChannel
 from trio_direct.engine.transport.server import RpcMethod, ServerCall
 from trio_direct.mock.kv_publisher import KvEventsConfig
+
+#: The first 600 requests of the Mooncake conversation trace (FAST'25 release, Apache-2.0): enough for
+#: the trace tests' multi-turn conversations, and committed so a clean clone runs them.
+TRACE_SAMPLE = Path(__file__).parent / "data" / "mooncake_conversation_trace.jsonl"
 
 
 def kv_events_config(fmt: str = "map", *, replay: bool = True, **extra: object) -> KvEventsConfig:
