@@ -69,7 +69,9 @@ class GrpcioEngineChannel:
     set once the call is under way), `connect_for_streams`, `close`.
     """
 
-    def __init__(self, host: str, port: int, *, connect_timeout: float = 5.0) -> None:
+    def __init__(self, host: str, port: int, *, connect_timeout: float = 5.0, config: object = None) -> None:
+        # `config` is grpclib's HTTP/2 configuration, which the pool passes to every channel; grpc.aio
+        # keeps its own defaults here, as the spike measured them.
         self.host = host
         self.port = port
         self.connect_timeout = connect_timeout

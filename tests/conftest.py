@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import math
+import os
+import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -87,3 +91,28 @@ def ctx() -> Iterator[zmq.Context]:
     leaked = [sock for sock in list(context._sockets) if not sock.closed]
     context.destroy(linger=0)  # term() would hang on a leaked socket
     assert not leaked, "sockets left open"
+
+
+SMG_VERSION = "1.13.0"
+SMG_VENV = Path.home() / ".cache" / "trio-direct-smg-venv"
+
+
+@pytest.fixture(scope="session")
+def smg_executable() -> str:
+    """smg 1.13, the peer gateway: `$TRIO_DIRECT_SMG`, `smg` on PATH, or installed from PyPI into
+    `~/.cache/trio-direct-smg-venv` on first use (where the benchmarks look for it too)."""
+    given = os.environ.get("TRIO_DIRECT_SMG") or shutil.which("smg")
+    if given:
+        return given
+    executable = SMG_VENV / "bin" / "smg"
+    if not executable.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(SMG_VENV)], check=True)
+        install = subprocess.run(
+            [str(SMG_VENV / "bin" / "pip"), "install", "-q", f"smg=={SMG_VERSION}"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if install.returncode != 0:
+            pytest.fail(f"could not install smg=={SMG_VERSION}: {install.stderr[-2000:]}")
+    return str(executable)

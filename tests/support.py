@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 
 import trio
 from google.protobuf import json_format, struct_pb2
@@ -18,6 +19,10 @@ from trio_direct.engine.transport import EngineChannel
 from trio_direct.engine.transport.server import RpcMethod, ServerCall
 from trio_direct.mock.kv_publisher import KvEventsConfig
 from trio_direct.mock.vllm_service import ACCOUNTING_METHOD
+
+#: The first 600 requests of the Mooncake conversation trace (FAST'25 release, Apache-2.0): enough for
+#: the trace tests' multi-turn conversations, and committed so a clean clone runs them.
+TRACE_SAMPLE = Path(__file__).parent / "data" / "mooncake_conversation_trace.jsonl"
 
 
 def kv_events_config(fmt: str = "map", *, replay: bool = True, **extra: object) -> KvEventsConfig:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import socket
 
-import pytest
+from support import TRACE_SAMPLE
 
-from trio_direct.bench import bench_main, build_parser, default_trace_path, plan_requests
+from trio_direct.bench import bench_main, build_parser, plan_requests
 
 
 def test_a_synthetic_run_against_an_embedded_fleet_writes_results(tmp_path, capsys):
@@ -53,9 +53,7 @@ def test_a_frontend_that_is_not_there_fails_with_a_message(tmp_path, capsys):
 
 
 def test_planning_slices_caps_and_scales_the_trace():
-    path = default_trace_path()
-    if path is None:
-        pytest.skip("the shared trace is not present")
+    path = TRACE_SAMPLE
     args = build_parser().parse_args(
         ["--trace", str(path), "--start", "10", "--limit", "5", "--time-scale", "0.5"]
         + ["--max-input-tokens", "1000", "--max-output-tokens", "20"]

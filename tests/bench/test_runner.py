@@ -9,8 +9,8 @@ import math
 import h11
 import pytest
 import trio
+from support import TRACE_SAMPLE
 
-from trio_direct.bench import default_trace_path
 from trio_direct.bench.runner import (
     CAPPED_ERROR,
     FleetSpec,
@@ -134,9 +134,7 @@ async def bench(fleet, requests, **options):
 
 
 async def test_a_twenty_request_trace_slice_against_an_embedded_fleet(fleet):
-    path = default_trace_path()
-    if path is None:
-        pytest.skip("the shared trace is not present")
+    path = TRACE_SAMPLE
     requests = cap_lengths(load_trace(path, limit=20, time_scale=0.01), max_input_tokens=1500, max_output_tokens=16)
     result = await bench(fleet, requests, load_targets=fleet.engines)
     assert result.planned == 20 and not result.capped

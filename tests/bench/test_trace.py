@@ -6,8 +6,8 @@ import itertools
 import json
 
 import pytest
+from support import TRACE_SAMPLE
 
-from trio_direct.bench import default_trace_path
 from trio_direct.bench.trace import (
     BLOCK_SIZE,
     PromptSynthesizer,
@@ -93,10 +93,8 @@ def test_a_trace_line_whose_blocks_cannot_hold_its_prompt_is_rejected(tmp_path):
         load_trace(path)
 
 
-def test_the_shared_mooncake_trace_loads():
-    path = default_trace_path()
-    if path is None:
-        pytest.skip("the shared trace is not present")
+def test_the_mooncake_trace_sample_loads():
+    path = TRACE_SAMPLE
     requests = load_trace(path, limit=20)
     assert len(requests) == 20 and requests[0].arrival_s == 0.0
     assert all(r.hash_ids[0] == 0 for r in requests)  # the trace's shared first block
@@ -174,10 +172,8 @@ def test_conversations_become_chat_turns_that_each_add_the_blocks_new_since_the_
     assert [len(c) for c in conversation_turns(requests)] == [4, 1]
 
 
-def test_the_shared_trace_has_multi_turn_conversations():
-    path = default_trace_path()
-    if path is None:
-        pytest.skip("the shared trace is not present")
+def test_the_trace_sample_has_multi_turn_conversations():
+    path = TRACE_SAMPLE
     conversations = conversation_turns(load_trace(path, limit=600), min_turns=2)
     assert len(conversations) >= 25
     assert all(turn.new_blocks and 0 not in turn.new_blocks for chat in conversations for turn in chat)

@@ -1,19 +1,16 @@
 """A real peer gateway, smg 1.13 (SMG gRPC API), drives the mock engines as if they were SGLang.
 
-smg is installed from PyPI into a side virtualenv on first use (`~/.cache/trio-direct-smg-venv`,
-or `$TRIO_DIRECT_SMG` pointing at an smg executable).
+smg comes from the `smg_executable` fixture (tests/conftest.py): installed from PyPI into a side
+virtualenv on first use, or `$TRIO_DIRECT_SMG`.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import subprocess
-import sys
 from functools import partial
-from pathlib import Path
 
 import httpx
 import pytest
@@ -24,28 +21,6 @@ from trio_direct.mock import MOCK_MODEL_NAME
 from trio_direct.mock.tiny_model import default_tiny_model_dir, ensure_tiny_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.interop]
-
-SMG_VERSION = "1.13.0"
-SMG_VENV = Path.home() / ".cache" / "trio-direct-smg-venv"
-
-
-@pytest.fixture(scope="session")
-def smg_executable() -> str:
-    given = os.environ.get("TRIO_DIRECT_SMG") or shutil.which("smg")
-    if given:
-        return given
-    executable = SMG_VENV / "bin" / "smg"
-    if not executable.exists():
-        subprocess.run([sys.executable, "-m", "venv", str(SMG_VENV)], check=True)
-        install = subprocess.run(
-            [str(SMG_VENV / "bin" / "pip"), "install", "-q", f"smg=={SMG_VERSION}"],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if install.returncode != 0:
-            pytest.fail(f"could not install smg=={SMG_VERSION}: {install.stderr[-2000:]}")
-    return str(executable)
 
 
 async def kill(process: trio.Process) -> None:

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support import TRACE_SAMPLE
 from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizers
 
-from trio_direct.bench import default_trace_path
 from trio_direct.bench.trace import BLOCK_SIZE, conversation_turns, load_trace
 from trio_direct.text.chat_template import render_chat
 from trio_direct.text.prefix_cache import PromptPrefixCache, cut_tokens
@@ -92,9 +92,7 @@ def test_deepseek_cuts_at_its_turn_tokens_and_bos(deepseek_dir, tmp_path):
 
 def trace_chats(tokenizer: ModelTokenizer, limit: int) -> list[list[str]]:
     """Rendered prompts of the trace's first multi-turn conversations, text drawn per block id."""
-    path = default_trace_path()
-    if path is None:
-        pytest.skip("the shared Mooncake trace is not present")
+    path = TRACE_SAMPLE
     blocks: dict[int, str] = {}
 
     def block(hash_id: int, size: int = BLOCK_SIZE // 8) -> str:  # shorter blocks: a quick test
