@@ -112,7 +112,13 @@ def test_debug_routing_lists_pending_engines_and_never_routes_to_them():
 
 def kv_engine(engine_id: str, role: str = "aggregated", page: int = 4, kv_events=()) -> Engine:
     card = SimpleNamespace(
-        role=role, dp_size=1, url=f"grpc://{engine_id}:1", block_size=page, kv_block_size=page, kv_events=kv_events
+        role=role,
+        dp_size=1,
+        url=f"grpc://{engine_id}:1",
+        block_size=page,
+        kv_block_size=page,
+        kv_events=kv_events,
+        api="native",
     )
     return Engine(engine_id, card, client=SimpleNamespace(api="native", name=engine_id))
 
