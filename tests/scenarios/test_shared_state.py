@@ -7,6 +7,7 @@ Every request goes over a new connection, so that each lands on any worker of it
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import subprocess
@@ -218,3 +219,48 @@ async def test_the_workers_of_one_serve_share_stored_responses_with_no_store_nam
 
     await trio.to_thread.run_sync(create_then_retrieve)
     assert any("workers share their state in sqlite://" in line for line in serve.log)
+
+
+async def test_a_tenants_limits_hold_across_every_frontend_on_one_store(nursery, tmp_path, database):
+    """Issue 29's shared counters: a tenant's requests per minute are counted in the state store,
+    so two `serve --workers 2` processes (four workers) on one store refuse its fifth request of the
+    minute whichever of them it reaches, and each tells it what the store has left."""
+    url, _ = database
+    key = "key-shared"
+    tenants = tmp_path / "tenants.yaml"
+    entry = {
+        "name": "shared",
+        "api_keys_sha256": [hashlib.sha256(key.encode()).hexdigest()],
+        "models": ["*"],
+        "priority": 0,
+        "weight": 1,
+        "limits": {"requests_per_minute": 4},
+    }
+    tenants.write_text(json.dumps({"tenants": [entry]}))
+    engine = await start_mock_engine(nursery, "--speedup", "inf")
+    flags = ("--engine-url", engine.url, "--state-store", url, "--tenants-file", str(tenants))
+    first, second = await start_serve(nursery, *flags), await start_serve(nursery, *flags)
+    assert first.base and second.base
+    async with httpx.AsyncClient(timeout=30, headers={"authorization": f"Bearer {key}"}) as http:
+        model = (await http.get(first.base + "/v1/models")).json()["data"][0]["id"]
+
+    def send_five() -> tuple[list[str], openai.RateLimitError]:
+        one = openai.OpenAI(
+            base_url=first.base + "/v1", api_key=key, max_retries=0,
+            http_client=httpx.Client(limits=httpx.Limits(max_keepalive_connections=0), timeout=30),
+        )  # fmt: skip
+        other = one.with_options(base_url=second.base + "/v1")
+        remaining = []
+        for sdk in (one, other, one, other):
+            raw = sdk.chat.completions.with_raw_response.create(
+                model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=2
+            )
+            remaining.append(raw.headers["x-ratelimit-remaining-requests"])
+        with pytest.raises(openai.RateLimitError) as refused:
+            other.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=2)
+        return remaining, refused.value
+
+    remaining, refused = await trio.to_thread.run_sync(send_five)
+    assert remaining == ["3", "2", "1", "0"]  # one count, whichever frontend and worker answered
+    assert refused.response.headers["x-ratelimit-remaining-requests"] == "0"
+    assert 1 <= int(refused.response.headers["retry-after"]) <= 60
