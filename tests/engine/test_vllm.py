@@ -4,6 +4,7 @@ the last delta, the constraint oneof, connector parameters and the probe's card.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -82,6 +83,36 @@ async def test_a_prefill_complete_hands_on_its_connector_parameters(engine):
     engine.handlers[vllm.GENERATE] = replies(chunk([5]), complete([5], kv_transfer_params_json=params))
     last = (await collect(engine, GenerateInput(rid="r", input_ids=[1])))[-1]
     assert last.kv_transfer_params == params
+
+
+def prompt_rows(ids):
+    """The servicer's `InputLogProbs`: the first token has no value."""
+    values = [pb.InputTokenLogProb()] + [pb.InputTokenLogProb(value=-0.5 * i) for i in range(1, len(ids))]
+    return pb.InputLogProbs(token_logprobs=values, token_ids=ids)
+
+
+async def test_the_prompts_rows_pass_on_once_from_the_start_asked_for(engine):
+    rows = prompt_rows([1, 2, 3])
+    # A one-step request: the first chunk and the complete come from the same engine output, both with the rows.
+    with_rows = pb.GenerateResponse(chunk=pb.GenerateStreamChunk(token_ids=[5], input_logprobs=rows))
+    engine.handlers[vllm.GENERATE] = replies(with_rows, complete([5], input_logprobs=rows))
+    asked = GenerateInput(rid="r", input_ids=[1, 2, 3], return_logprob=True, logprob_start_len=0)
+    chunks = await collect(engine, asked)
+    assert [[(r.token_id, r.logprob) for r in c.prompt_logprobs or ()] for c in chunks] == [
+        [(1, None), (2, -0.5), (3, -1.0)],
+        [],
+    ]
+    engine.handlers[vllm.GENERATE] = replies(complete([5, 6], input_logprobs=rows))
+    unary = replace(asked, stream=False, logprob_start_len=1)
+    [only] = await collect(engine, unary)
+    assert [r.token_id for r in only.prompt_logprobs or ()] == [2, 3]
+
+
+def test_prompt_logprobs_are_asked_for_only_with_prompt_rows():
+    plain = vllm.generate_request(GenerateInput(rid="r", input_ids=[1], return_logprob=True, top_logprobs_num=2))
+    assert plain.sampling_params.logprobs == 2 and not plain.sampling_params.HasField("prompt_logprobs")
+    asked = GenerateInput(rid="r", input_ids=[1], return_logprob=True, top_logprobs_num=2, logprob_start_len=0)
+    assert vllm.generate_request(asked).sampling_params.prompt_logprobs == 2
 
 
 async def test_abort_sends_the_exact_id(engine):

@@ -76,11 +76,9 @@ async def test_models_tokenize_and_prompt_logprobs_with_the_sdk(two_apis):
             reply = client.completions.create(model=card.id, prompt="Hello there", echo=True, logprobs=2, max_tokens=3)
             logprobs = reply.choices[0].logprobs
             prompt_tokens = reply.usage.prompt_tokens
-            if logprobs.token_logprobs[0] is None:  # the native API: the prompt's rows lead
-                assert len(logprobs.tokens) == prompt_tokens + 3
-                assert all(lp is not None for lp in logprobs.token_logprobs[1:])
-            else:  # the SMG mock sends no prompt rows: the output's only
-                assert len(logprobs.tokens) == 3
+            assert len(logprobs.tokens) == prompt_tokens + 3  # both APIs: the prompt's rows lead
+            assert logprobs.token_logprobs[0] is None
+            assert all(lp is not None for lp in logprobs.token_logprobs[1:])
 
     await trio.to_thread.run_sync(use_sdk)
     async with httpx.AsyncClient(base_url=base, headers={"Authorization": "Bearer client-secret"}) as client:
@@ -88,25 +86,39 @@ async def test_models_tokenize_and_prompt_logprobs_with_the_sdk(two_apis):
         assert tokens and (await client.post("/v1/detokenize", json={"tokens": tokens})).json()["prompt"] == "Hello"
 
 
-async def test_native_echo_logprobs_show_the_prompt(mock_engine_factory, nursery):
-    engine = await mock_engine_factory(api="native")
-    base = await start_frontend(nursery, "--engine-url", f"{engine.host}:{engine.port}")
+@pytest.mark.parametrize("api", ["native", "smg", "vllm"])
+async def test_echo_logprobs_show_the_prompt_once_over_every_engine_api(mock_engine_factory, nursery, api):
+    engine = await mock_engine_factory(api=api, incremental_streaming_output=True)
+    base = await start_frontend(nursery, "--engine-url", f"{engine.host}:{engine.port}", "--health-interval", "0")
 
-    def ask(stream: bool) -> tuple[list, int]:
+    def ask(stream: bool, max_tokens: int) -> tuple[list, int, str]:
         client = openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0)
-        args = {"model": "trio-direct-mock", "prompt": "Hello there", "echo": True, "logprobs": 1, "max_tokens": 2}
+        args = {"model": "trio-direct-mock", "prompt": "Hello there", "echo": True, "logprobs": 1}
+        args |= {"max_tokens": max_tokens, "temperature": 0}
         if not stream:
             reply = client.completions.create(**args)
-            return reply.choices[0].logprobs.token_logprobs, reply.usage.prompt_tokens
+            choice = reply.choices[0]
+            return choice.logprobs.token_logprobs, reply.usage.prompt_tokens, choice.text
         rows: list = []
-        for chunk in client.completions.create(**args, stream=True):
-            if chunk.choices and chunk.choices[0].logprobs:
-                rows += chunk.choices[0].logprobs.token_logprobs
-        return rows, len(rows) - 2
+        text, prompt_tokens = "", 0
+        for chunk in client.completions.create(**args, stream=True, stream_options={"include_usage": True}):
+            if chunk.usage:
+                prompt_tokens = chunk.usage.prompt_tokens
+            if chunk.choices:
+                text += chunk.choices[0].text
+                rows += chunk.choices[0].logprobs.token_logprobs if chunk.choices[0].logprobs else []
+        return rows, prompt_tokens, text
 
-    for stream in (False, True):
-        rows, prompt_tokens = await trio.to_thread.run_sync(ask, stream)
-        assert rows[0] is None and len(rows) == prompt_tokens + 2 and prompt_tokens > 1
+    # One token: the engine's first output is also its last (vLLM's and SMG's streamed `complete`
+    # repeats the prompt's rows then); three: they come with the first chunk only.
+    for max_tokens in (1, 3):
+        unary = await trio.to_thread.run_sync(ask, False, max_tokens)
+        streamed = await trio.to_thread.run_sync(ask, True, max_tokens)
+        for rows, prompt_tokens, text in (unary, streamed):
+            assert prompt_tokens > 1 and len(rows) == prompt_tokens + max_tokens
+            assert rows[0] is None and all(lp is not None for lp in rows[1:])
+            assert text.startswith("Hello there")
+        assert streamed[0] == unary[0]  # the same rows, each once, whether streamed or not
 
 
 async def test_removing_an_engine_answers_draining(mock_engine_factory, nursery):

@@ -59,7 +59,9 @@ _SEED_RANGE = 2**31
 _FINISH_REASONS: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
 
 
-def sampling_params(options: SamplingOptions, *, top_logprobs: int | None = None) -> pb.SamplingParams:
+def sampling_params(
+    options: SamplingOptions, *, top_logprobs: int | None = None, prompt_logprobs: int | None = None
+) -> pb.SamplingParams:
     def given(value, default):
         return default if value is None else value
 
@@ -86,6 +88,8 @@ def sampling_params(options: SamplingOptions, *, top_logprobs: int | None = None
         params.seed = options.seed % _SEED_RANGE
     if top_logprobs is not None:
         params.logprobs = top_logprobs
+    if prompt_logprobs is not None:
+        params.prompt_logprobs = prompt_logprobs
     if options.json_schema is not None:
         params.json_schema = options.json_schema
     elif options.regex is not None:
@@ -142,11 +146,14 @@ def generate_request(request: GenerateInput, defaults: dict[str, float] | None =
         # references only where the worker runs its own processor (`mm_processor`): not served here.
         raise EngineInvalidArgument("the vLLM API takes no image URLs from this frontend")
     options = _with_defaults(request.sampling, defaults) if defaults else request.sampling
+    logprobs = request.top_logprobs_num if request.return_logprob else None
+    # vLLM scores the whole prompt or none of it; the decoder drops the rows before the start.
+    wants_prompt_rows = request.return_logprob and request.logprob_start_len >= 0
     message = pb.GenerateRequest(
         request_id=request.rid,
         tokenized=pb.TokenizedInput(original_text=request.original_text, input_ids=request.input_ids),
         sampling_params=sampling_params(
-            options, top_logprobs=request.top_logprobs_num if request.return_logprob else None
+            options, top_logprobs=logprobs, prompt_logprobs=logprobs if wants_prompt_rows else None
         ),
         stream=request.stream,
     )
@@ -167,14 +174,27 @@ def embed_request(request: EmbedInput) -> pb.EmbedRequest:
 
 class _ChunkDecoder:
     """Sums the delta counts into the cumulative ones `GenerateChunk` carries; a streamed
-    `complete` repeats the last delta and adds nothing."""
+    `complete` repeats the last delta and adds nothing.
 
-    __slots__ = ("received", "finished", "stream")
+    The prompt's rows (`input_logprobs`) come with a stream's first chunk and with the `complete`
+    built from the same engine output (a request that finishes in one step has both), or only with
+    the `complete` of a request that is not streamed: they are passed on once, from
+    ``prompt_start`` on (vLLM always scores the prompt from its first token)."""
 
-    def __init__(self, stream: bool) -> None:
+    __slots__ = ("received", "finished", "stream", "prompt_start", "prompt_rows_seen")
+
+    def __init__(self, stream: bool, prompt_start: int = 0) -> None:
         self.received = 0
         self.finished = False
         self.stream = stream
+        self.prompt_start = max(0, prompt_start)
+        self.prompt_rows_seen = False
+
+    def _prompt_rows(self, rows: pb.InputLogProbs) -> list[TokenLogprob] | None:
+        if self.prompt_rows_seen:
+            return None
+        self.prompt_rows_seen = True
+        return _prompt_logprobs(rows)[self.prompt_start :]
 
     def decode(self, message: pb.GenerateResponse) -> GenerateChunk | None:
         kind = message.WhichOneof("response")
@@ -187,6 +207,7 @@ class _ChunkDecoder:
                 completion_tokens=self.received,
                 cached_tokens=chunk.cached_tokens,
                 logprobs=_logprobs(chunk.output_logprobs) if chunk.HasField("output_logprobs") else None,
+                prompt_logprobs=self._prompt_rows(chunk.input_logprobs) if chunk.HasField("input_logprobs") else None,
             )
         if kind == "complete":
             return self._complete(message.complete)
@@ -208,6 +229,8 @@ class _ChunkDecoder:
         )
         if ids and complete.HasField("output_logprobs"):
             chunk.logprobs = _logprobs(complete.output_logprobs)
+        if complete.HasField("input_logprobs"):
+            chunk.prompt_logprobs = self._prompt_rows(complete.input_logprobs)
         if complete.HasField("kv_transfer_params_json"):
             chunk.kv_transfer_params = complete.kv_transfer_params_json
         if reason == "abort":
@@ -226,6 +249,19 @@ def _logprobs(rows: pb.OutputLogProbs) -> list[TokenLogprob]:
             token_id, logprob, tuple(zip(tops[i].token_ids, tops[i].values, strict=False)) if i < len(tops) else ()
         )
         for i, (logprob, token_id) in enumerate(zip(rows.token_logprobs, rows.token_ids, strict=False))
+    ]
+
+
+def _prompt_logprobs(rows: pb.InputLogProbs) -> list[TokenLogprob]:
+    """The prompt's rows; the first token's value is unset (nothing precedes it, so it has none)."""
+    tops = list(rows.top_logprobs)
+    return [
+        TokenLogprob(
+            token_id,
+            value.value if value.HasField("value") else None,
+            tuple(zip(tops[i].token_ids, tops[i].values, strict=False)) if i < len(tops) else (),
+        )
+        for i, (value, token_id) in enumerate(zip(rows.token_logprobs, rows.token_ids, strict=False))
     ]
 
 
@@ -251,7 +287,8 @@ class VllmEngineClient:
     async def generate(self, request: GenerateInput) -> AsyncIterator[ChunkStream]:
         message = generate_request(request, self.defaults)
         async with self.channel.open_stream(GENERATE, message, pb.GenerateResponse, timeout=None) as stream:
-            yield ChunkStream(stream, _ChunkDecoder(request.stream), self.name)
+            decoder = _ChunkDecoder(request.stream, request.logprob_start_len)
+            yield ChunkStream(stream, decoder, self.name)
 
     async def embed(self, request: EmbedInput) -> EmbedOutput:
         reply = await self.channel.unary_work(EMBED, embed_request(request), pb.EmbedResponse, timeout=None)

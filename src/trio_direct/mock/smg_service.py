@@ -131,6 +131,9 @@ class SmgService:
         sink = _GenerateCall(self.engine, call, req.request_id, rids, req.stream, self._forget)
         if req.return_logprob:
             sink.logprobs = (req.top_logprobs_num, self.info.vocab_size)
+            sink.prompt_rows = _input_logprobs(
+                requests[0].input_ids, req.logprob_start_len, req.top_logprobs_num, self.info.vocab_size
+            )
         self._calls.setdefault(req.request_id, []).append(sink)
         try:
             self.engine.submit(requests, sink, api="smg", bootstrap=bootstrap)
@@ -391,7 +394,9 @@ class _GenerateCall:
         "_rows",
         "_silenced",
         "_stream",
+        "_unsent_prompt_rows",
         "logprobs",
+        "prompt_rows",
         "request_id",
     )
 
@@ -418,6 +423,9 @@ class _GenerateCall:
         #: (top_n, vocab size) when the request asked for logprobs.
         self.logprobs: tuple[int, int] | None = None
         self._rows: dict[str, list[TokenRow]] = {rid: [] for rid in sample_rids}
+        #: The prompt's rows from `logprob_start_len` when the request asked for them.
+        self.prompt_rows: pb.InputLogProbs | None = None
+        self._unsent_prompt_rows = set(sample_rids)
 
     def output(self, out: RequestOutput, dp_rank: int) -> None:
         call = self._call
@@ -437,6 +445,11 @@ class _GenerateCall:
         if self.logprobs is not None:
             rows = token_rows(out.new_token_ids, *self.logprobs)
             self._rows[rid].extend(rows)
+        # A stream's first chunk per sample carries the prompt's rows, and so does the `complete` built
+        # from that same output (a one-step request); a `complete` that is not streamed always does.
+        first_output = rid in self._unsent_prompt_rows
+        self._unsent_prompt_rows.discard(rid)
+        prompt_rows = self.prompt_rows if first_output or not self._stream else None
         if self._stream:
             chunk = pb.GenerateStreamChunk(
                 token_ids=out.new_token_ids,
@@ -447,16 +460,22 @@ class _GenerateCall:
             )
             if rows is not None:
                 chunk.output_logprobs.CopyFrom(_output_logprobs(rows))
+            if prompt_rows is not None:
+                chunk.input_logprobs.CopyFrom(prompt_rows)
             call.send(pb.GenerateResponse(request_id=self.request_id, chunk=chunk))
             if finish is not None:
                 complete = _complete(out, finish, out.new_token_ids, index)
                 if rows is not None:  # the servicer repeats the last chunk's rows
                     complete.output_logprobs.CopyFrom(_output_logprobs(rows))
+                if prompt_rows is not None:
+                    complete.input_logprobs.CopyFrom(prompt_rows)
                 call.send(pb.GenerateResponse(request_id=self.request_id, complete=complete))
         elif finish is not None:
             self._completes[index] = _complete(out, finish, self._ids[rid], index)
             if self.logprobs is not None:
                 self._completes[index].output_logprobs.CopyFrom(_output_logprobs(self._rows[rid]))
+            if prompt_rows is not None:
+                self._completes[index].input_logprobs.CopyFrom(prompt_rows)
         if finish is not None:
             self._finished.add(rid)
             if len(self._finished) == len(self._ids):
@@ -590,6 +609,24 @@ def _output_logprobs(rows: list[TokenRow]) -> pb.OutputLogProbs:
             pb.TopLogProbs(values=[lp for lp, _ in top], token_ids=[t for _, t in top]) for _, _, top in rows
         ],
     )
+
+
+def _input_logprobs(prompt_ids: Sequence[int], start: int, top_n: int, vocab_size: int) -> pb.InputLogProbs | None:
+    """SGLang's prompt rows: one per prompt token from ``start`` (None for -1, the default); the
+    prompt's first token has no value (nothing precedes it) and no alternatives."""
+    if start < 0 or start >= len(prompt_ids):
+        return None
+    rows = token_rows(list(prompt_ids[start:]), top_n, vocab_size)
+    message = pb.InputLogProbs(token_ids=[token for _, token, _ in rows])
+    for i, (lp, _, top) in enumerate(rows):
+        first = start == 0 and i == 0
+        message.token_logprobs.append(pb.InputTokenLogProb() if first else pb.InputTokenLogProb(value=lp))
+        if top_n > 0:
+            alternatives = [] if first else top
+            message.top_logprobs.append(
+                pb.TopLogProbs(values=[v for v, _ in alternatives], token_ids=[t for _, t in alternatives])
+            )
+    return message
 
 
 def _complete(out: RequestOutput, finish: Finish, ids: Sequence[int], index: int) -> pb.GenerateComplete:

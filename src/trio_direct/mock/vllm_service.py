@@ -139,6 +139,8 @@ class VllmService:
         sink = _GenerateCall(self.engine, call, req.request_id, rids, req.stream, self._forget, handoff)
         if sp.HasField("logprobs"):
             sink.logprobs = (max(0, sp.logprobs), self.info.vocab_size)
+        if sp.HasField("prompt_logprobs"):
+            sink.prompt_rows = _input_logprobs(requests[0].input_ids, max(0, sp.prompt_logprobs), self.info.vocab_size)
         self._calls.setdefault(req.request_id, []).append(sink)
         routed = req.data_parallel_rank if req.HasField("data_parallel_rank") else None
         try:
@@ -430,7 +432,9 @@ class _GenerateCall:
         "_on_end",
         "_rows",
         "_stream",
+        "_unsent_prompt_rows",
         "logprobs",
+        "prompt_rows",
         "request_id",
         "sample_rids",
     )
@@ -458,6 +462,9 @@ class _GenerateCall:
         self._handoff = handoff
         #: (top_n, vocab size) when the request asked for logprobs.
         self.logprobs: tuple[int, int] | None = None
+        #: The prompt's rows when the request asked for them (`SamplingParams.prompt_logprobs`).
+        self.prompt_rows: pb.InputLogProbs | None = None
+        self._unsent_prompt_rows = set(sample_rids)
 
     def output(self, out: RequestOutput, dp_rank: int) -> None:
         call = self._call
@@ -476,6 +483,11 @@ class _GenerateCall:
         rows = token_rows(out.new_token_ids, *self.logprobs) if self.logprobs is not None else None
         if rows is not None:
             self._rows[rid].extend(rows)
+        # As the servicer: a stream's first chunk per sample carries the prompt's rows, and so does a
+        # `complete` built from that same engine output (a one-step request); an unstreamed `complete` always.
+        first_output = rid in self._unsent_prompt_rows
+        self._unsent_prompt_rows.discard(rid)
+        prompt_rows = self.prompt_rows if first_output or not self._stream else None
         if self._stream:
             chunk = pb.GenerateStreamChunk(
                 token_ids=out.new_token_ids,
@@ -486,6 +498,8 @@ class _GenerateCall:
             )
             if rows is not None:
                 chunk.output_logprobs.CopyFrom(_output_logprobs(rows))
+            if prompt_rows is not None:
+                chunk.input_logprobs.CopyFrom(prompt_rows)
             call.send(pb.GenerateResponse(chunk=chunk))
         if finish is None:
             return
@@ -494,6 +508,8 @@ class _GenerateCall:
         complete = _complete(out, finish, ids, index, self._handoff)
         if rows is not None:  # streamed: the last delta's rows, as the servicer repeats them; else all
             complete.output_logprobs.CopyFrom(_output_logprobs(rows if self._stream else self._rows[rid]))
+        if prompt_rows is not None:
+            complete.input_logprobs.CopyFrom(prompt_rows)
         self._finished[rid] = complete
         if self._stream:
             call.send(pb.GenerateResponse(complete=complete))
@@ -539,6 +555,21 @@ def _output_logprobs(rows: list[TokenRow]) -> pb.OutputLogProbs:
             pb.TopLogProbs(values=[lp for lp, _ in top], token_ids=[t for _, t in top]) for _, _, top in rows
         ],
     )
+
+
+def _input_logprobs(prompt_ids: Sequence[int], top_n: int, vocab_size: int) -> pb.InputLogProbs:
+    """The servicer's prompt rows: one per prompt token, the first with no value (nothing precedes
+    it) and, when alternatives are asked for, an empty top list."""
+    rows = token_rows(list(prompt_ids), top_n, vocab_size)
+    message = pb.InputLogProbs(token_ids=[token for _, token, _ in rows])
+    for i, (lp, _, top) in enumerate(rows):
+        message.token_logprobs.append(pb.InputTokenLogProb() if i == 0 else pb.InputTokenLogProb(value=lp))
+        if top_n > 0:
+            alternatives = [] if i == 0 else top
+            message.top_logprobs.append(
+                pb.TopLogProbs(values=[v for v, _ in alternatives], token_ids=[t for _, t in alternatives])
+            )
+    return message
 
 
 def _complete(
