@@ -1,8 +1,7 @@
-"""The trio <-> grpclib bridge: delivery, typed errors, and cancellation reaching the engine."""
+"""The trio gRPC client against grpclib servers: delivery, typed errors, and cancellation reaching the engine."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 import h2.connection
@@ -277,14 +276,10 @@ async def test_an_extra_connection_that_cannot_open_queues_the_stream_instead_of
             streams.start_soon(read_stream, channel, received)
         await wait_until(lambda: len(held) == 2)  # the first connection is full
 
-        connect = transport._Connection.__connect__
+        async def connect_times_out(self, timeout):
+            raise OSError("simulated: the engine did not accept in time")  # open connections still work
 
-        async def connect_times_out(self):
-            if not self._connected:  # a new connection; open ones still work
-                raise OSError("simulated: the engine did not accept in time")
-            return await connect(self)
-
-        monkeypatch.setattr(transport._Connection, "__connect__", connect_times_out)
+        monkeypatch.setattr(transport._Connection, "_open_socket", connect_times_out)
         streams.start_soon(read_stream, channel, received)  # needs a second connection, which cannot open
         await trio.sleep(0.2)
         assert len(held) == 2, "queued on the full connection, not failed"
@@ -323,9 +318,7 @@ async def test_a_new_stream_goes_to_the_least_loaded_connection(fake_engine_fact
     channel.close()
 
 
-async def test_a_connection_remembers_only_recently_closed_streams(engine, monkeypatch):
-    monkeypatch.setattr(transport, "_CLOSED_STREAMS_REMEMBERED", 16)
-
+async def test_a_connection_keeps_no_state_of_ended_streams(engine):
     def generate(call):
         call.send(pb.GenerateResponse(output_ids=[1]))
         call.finish()
@@ -337,8 +330,7 @@ async def test_a_connection_remembers_only_recently_closed_streams(engine, monke
         await read_stream(channel, received)
     assert len(received) == 40
     (connection,) = channel._streaming
-    h2_connection = connection._protocol.connection._connection
-    assert len(h2_connection._closed_streams) + len(h2_connection.streams) <= 16 + 2
+    assert connection.wire.streams == {} and connection.open_streams == 0
     channel.close()
 
 
@@ -369,14 +361,14 @@ async def test_connecting_ahead_opens_the_connection_the_first_streams_then_use(
 
 async def test_a_stream_that_leaves_while_its_connection_opens_leaves_the_connect_to_the_others(engine, monkeypatch):
     attempts = []
-    connect = transport._Connection._create_connection
+    connect = transport._Connection._open_socket
 
-    async def slow_connect(self):
+    async def slow_connect(self, timeout):
         attempts.append(self)
-        await asyncio.sleep(0.3)  # long enough for the first stream's client to leave meanwhile
-        return await connect(self)
+        await trio.sleep(0.3)  # long enough for the first stream's client to leave meanwhile
+        return await connect(self, timeout)
 
-    monkeypatch.setattr(transport._Connection, "_create_connection", slow_connect)
+    monkeypatch.setattr(transport._Connection, "_open_socket", slow_connect)
     engine.handlers[GENERATE] = lambda call: (call.send(pb.GenerateResponse(output_ids=[1])), call.finish())
     channel = engine.channel()
     received: list = []
@@ -440,75 +432,3 @@ async def test_the_pool_shares_one_channel_per_engine_and_reconnects_after_a_res
     first.close()  # a dropped connection is re-established on the next call
     assert (await first.unary(HEALTH, pb.HealthCheckRequest(), pb.HealthCheckResponse, timeout=5)).healthy
     pool.close()
-
-
-def test_writes_of_one_loop_turn_leave_in_one_send():
-    """A request's HEADERS and DATA frames (two grpclib writes) reach the socket as one write."""
-    import asyncio
-
-    class Recording:
-        def __init__(self) -> None:
-            self.writes: list[bytes] = []
-            self.closed = False
-
-        def write(self, data: bytes) -> None:
-            self.writes.append(data)
-
-        def is_closing(self) -> bool:
-            return self.closed
-
-        def close(self) -> None:
-            self.closed = True
-
-        def get_extra_info(self, name: str) -> str:
-            return f"extra:{name}"
-
-    async def scenario() -> Recording:
-        socket = Recording()
-        coalescing = transport._CoalescingTransport(socket)
-        coalescing.write(b"headers")
-        coalescing.write(b"data")
-        assert socket.writes == [], "nothing is sent within the turn"
-        await asyncio.sleep(0)
-        assert socket.writes == [b"headersdata"]
-        coalescing.write(b"last")
-        coalescing.close()  # closing sends what is pending first
-        assert socket.writes == [b"headersdata", b"last"] and socket.closed
-        assert coalescing.get_extra_info("peername") == "extra:peername"
-        return socket
-
-    asyncio.run(scenario())
-
-
-_GRPCLIB_FIRST = """
-import grpclib.client  # before trio-asyncio: grpclib binds asyncio.current_task first
-import trio
-from trio_direct._proto.native import sglang_pb2 as pb
-from trio_direct.engine.transport import EngineChannel, open_asyncio_loop
-from trio_direct.engine.transport.server import RpcMethod, serve_grpc
-
-def health(call):
-    call.send(pb.HealthCheckResponse(healthy=True))
-    call.finish()
-
-async def main():
-    path = "/sglang.runtime.v1.SglangService/HealthCheck"
-    method = RpcMethod(path, False, pb.HealthCheckRequest, pb.HealthCheckResponse, health)
-    async with open_asyncio_loop(), trio.open_nursery() as nursery:
-        channel = EngineChannel("127.0.0.1", await nursery.start(serve_grpc, [method], "127.0.0.1", 0))
-        reply = await channel.unary(path, pb.HealthCheckRequest(), pb.HealthCheckResponse, timeout=5)
-        assert reply.healthy
-        channel.close()
-        nursery.cancel_scope.cancel()
-
-trio.run(main)
-"""
-
-
-def test_calls_work_when_grpclib_was_imported_before_the_transport():
-    """On Python 3.12+ asyncio.current_task is C and blind to trio-asyncio's loop unless patched."""
-    import subprocess
-    import sys
-
-    result = subprocess.run([sys.executable, "-c", _GRPCLIB_FIRST], capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr

@@ -1,7 +1,7 @@
 """`trio-direct serve`: hypercorn's trio worker serving the app, beside the frontend's own tasks.
 
-hypercorn is started from code inside the trio-asyncio loop, so every request task inherits the loop
-that engine calls need. trio's sockets set TCP_NODELAY on accepted connections, which avoids the
+hypercorn is started from code inside the engine transport's nursery (`open_transport`), where every
+engine connection's task runs. trio's sockets set TCP_NODELAY on accepted connections, which avoids the
 ~40 ms delayed-ACK floor peers show with keep-alive SSE clients.
 
 Shutdown (`Shutdown.drain`): readiness turns unready, hypercorn stops accepting connections, and
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import trio
 
 from trio_direct.config import ServeConfig
-from trio_direct.engine.transport import open_asyncio_loop
+from trio_direct.engine.transport import open_transport
 from trio_direct.frontend.runtime import Frontend, run_frontend
 from trio_direct.http.app import create_app
 from trio_direct.http.server import serve_app
@@ -50,7 +50,7 @@ async def serve(
     Runs until cancelled, or until `shutdown` drains it (see the module docstring). `listen_fd`: an
     inherited listening socket to serve instead of `--host/--port` (see `frontend/supervisor.py`).
     """
-    async with open_asyncio_loop(), trio.open_nursery() as nursery:
+    async with open_transport(), trio.open_nursery() as nursery:
         frontend: Frontend = await nursery.start(run_frontend, config)
         app = create_app(lambda: frontend, config)
         stopping = trio.Event()
