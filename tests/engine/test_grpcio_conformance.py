@@ -89,7 +89,9 @@ async def test_a_status_after_messages_is_a_typed_error_with_its_message(aio_loo
     channel = EngineChannel("127.0.0.1", port, connect_timeout=2.0)
     received = []
     with pytest.raises(errors.EngineResourceExhausted) as raised:
-        async with channel.open_stream(GENERATE, pb.GenerateRequest(rid="fail"), pb.GenerateResponse, timeout=None) as s:
+        async with channel.open_stream(
+            GENERATE, pb.GenerateRequest(rid="fail"), pb.GenerateResponse, timeout=None
+        ) as s:
             async for message in s:
                 received.append(message.output_ids[0])
     assert received == [7]
@@ -126,4 +128,3 @@ async def test_a_server_that_stops_fails_the_stream_as_unavailable(aio_loop, grp
                 pass
     assert isinstance(raised.value, (errors.EngineUnavailable, errors.EngineCancelled))
     channel.close()
-

@@ -432,3 +432,60 @@ async def test_the_pool_shares_one_channel_per_engine_and_reconnects_after_a_res
     first.close()  # a dropped connection is re-established on the next call
     assert (await first.unary(HEALTH, pb.HealthCheckRequest(), pb.HealthCheckResponse, timeout=5)).healthy
     pool.close()
+
+
+async def test_a_reader_that_stops_holds_back_its_engine_stream_after_one_window(engine):
+    """Flow control as backpressure: unread messages stay at the engine, not in the frontend."""
+    calls = []
+
+    def generate(call):
+        calls.append(call)
+        for i in range(15_000):
+            call.send(pb.GenerateResponse(output_ids=[i] * 20))  # ~45 bytes each on the wire
+        call.finish()
+
+    engine.handlers[GENERATE] = generate
+    channel = engine.channel()
+    async with channel.open_stream(GENERATE, pb.GenerateRequest(), pb.GenerateResponse, timeout=None) as stream:
+        first = await stream.__anext__()
+        await trio.sleep(0.5)  # the reader stalls; the engine has ~650 KB to send
+        buffered = stream._stream._queued_bytes
+        assert buffered <= channel.config.stream_window
+        assert calls[0]._replies, "the engine still holds replies it could not send"
+        rest = [message.output_ids[0] async for message in stream]
+    assert [first.output_ids[0], *rest] == list(range(15_000))
+    channel.close()
+
+
+async def test_an_engine_that_speaks_garbage_fails_calls_as_unavailable_without_hanging(aio_loop, nursery):
+    from functools import partial
+
+    async def garbage(stream: trio.SocketStream) -> None:
+        await stream.send_all(b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")  # a valid empty SETTINGS
+        await stream.receive_some(65536)  # the request
+        await stream.send_all(b"\x00\x00\x05\x00\x00\x00\x00\x00\x63hello")  # DATA on stream 99
+        await trio.sleep_forever()
+
+    (listener,) = await nursery.start(partial(trio.serve_tcp, garbage, 0, host="127.0.0.1"))
+    channel = EngineChannel("127.0.0.1", listener.socket.getsockname()[1], connect_timeout=2.0)
+    with trio.fail_after(5), pytest.raises(errors.EngineUnavailable) as raised:
+        async with channel.open_stream(GENERATE, pb.GenerateRequest(), pb.GenerateResponse, timeout=None) as stream:
+            async for _ in stream:
+                pass
+    assert "PROTOCOL_ERROR" in str(raised.value)
+    channel.close()
+
+
+async def test_cancelling_a_unary_work_call_resets_it_at_the_engine(engine):
+    cancelled = []
+
+    def health(call):
+        call.on_cancel = lambda: cancelled.append(1)  # never answers
+
+    engine.handlers[HEALTH] = health
+    channel = engine.channel()
+    with trio.move_on_after(0.3):
+        await channel.unary_work(HEALTH, pb.HealthCheckRequest(), pb.HealthCheckResponse, timeout=None)
+    await wait_until(lambda: cancelled == [1])
+    assert channel.idle
+    channel.close()
