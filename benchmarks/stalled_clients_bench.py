@@ -1,8 +1,8 @@
 """How much a frontend grows while clients open streams and never read them.
 
 One mock engine in real time (`--speedup 1`), one `trio-direct serve` in front of it, and
-`--clients` raw HTTP/1.1 connections, each asking for a long streamed chat and then reading
-nothing (a small receive buffer, so the kernel holds little for them). The frontend's RSS is
+`--clients` raw HTTP/1.1 connections, each asking for a long streamed chat (`ignore_eos`: the
+engine generates until `max_tokens`) and then reading nothing (a small receive buffer, so the kernel holds little for them). The frontend's RSS is
 printed at 10, 30 and `--seconds` seconds. A frontend whose engine streams push back on a stalled
 reader levels off; one that buffers whatever the engine sends grows as long as the engine
 generates.
@@ -71,7 +71,7 @@ def main() -> None:
         model = json.loads(urllib.request.urlopen(base + "/v1/models").read())["data"][0]["id"]
         body = json.dumps(
             {"model": model, "messages": [{"role": "user", "content": "Tell a long story " * 20}],
-             "max_tokens": 100_000, "stream": True}
+             "max_tokens": 100_000, "stream": True, "ignore_eos": True}
         ).encode()  # fmt: skip
         start = rss_mb(frontend.pid)
         began = time.monotonic()
