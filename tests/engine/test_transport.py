@@ -489,3 +489,10 @@ async def test_cancelling_a_unary_work_call_resets_it_at_the_engine(engine):
     await wait_until(lambda: cancelled == [1])
     assert channel.idle
     channel.close()
+
+
+async def test_calls_outside_the_transport_fail_as_unavailable_with_the_reason():
+    channel = EngineChannel("127.0.0.1", 1, connect_timeout=1.0)
+    with pytest.raises(errors.EngineUnavailable, match="open_transport"):
+        await channel.unary(HEALTH, pb.HealthCheckRequest(), pb.HealthCheckResponse, timeout=1)
+    channel.close()

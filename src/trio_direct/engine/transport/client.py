@@ -193,7 +193,10 @@ class _Connection:
         of them leaves, the attempt goes on for the others."""
         if not self._started:
             self._started = True
-            _transport_nursery().start_soon(self._run, timeout, name=f"engine connection {self.name}")
+            try:
+                _transport_nursery().start_soon(self._run, timeout, name=f"engine connection {self.name}")
+            except RuntimeError as error:  # no transport, or it is shutting down
+                self._fail(EngineUnavailable(f"cannot connect: {error}", engine=self.name))
 
     async def wait_connected(self, timeout: float) -> None:
         """Connect if not yet; raises `EngineUnavailable` when the engine cannot be reached."""
@@ -381,7 +384,10 @@ class _Connection:
             return
         if sent < len(data):
             self._pending = data[sent:]
-            _transport_nursery().start_soon(self._drain)
+            try:
+                _transport_nursery().start_soon(self._drain)
+            except RuntimeError:  # the transport is shutting down: so is this connection
+                self._shut("transport closed")
 
     async def _drain(self) -> None:
         while self._pending and self._sock is not None:
