@@ -330,3 +330,11 @@ def test_mangled_input_never_raises(noise, position, seed):
     if pair.client.terminated is not None:
         assert stream.outcome is not None, "a connection error ends every open stream"
     pair.client.data_to_send()
+
+
+def test_grpc_timeouts_fit_eight_digits_and_round_up():
+    assert wire.grpc_timeout(0.3) == "300000u"
+    assert wire.grpc_timeout(1e-9) == "1u"
+    assert wire.grpc_timeout(1000) == "1000000m"
+    assert wire.grpc_timeout(1e9) == "99999999S"
+    assert all(len(wire.grpc_timeout(t)) <= 9 for t in (0.0001, 99.9, 1e5, 1e7, 1e12))
