@@ -496,3 +496,38 @@ async def test_calls_outside_the_transport_fail_as_unavailable_with_the_reason()
     with pytest.raises(errors.EngineUnavailable, match="open_transport"):
         await channel.unary(HEALTH, pb.HealthCheckRequest(), pb.HealthCheckResponse, timeout=1)
     channel.close()
+
+
+_GRPCLIB_FIRST = """
+import grpclib.client  # before trio-asyncio: grpclib binds asyncio.current_task first
+import trio
+from trio_direct._proto.native import sglang_pb2 as pb
+from trio_direct.engine.transport import EngineChannel, open_transport
+from trio_direct.engine.transport.server import RpcMethod, serve_grpc
+
+def health(call):
+    call.send(pb.HealthCheckResponse(healthy=True))
+    call.finish()
+
+async def main():
+    path = "/sglang.runtime.v1.SglangService/HealthCheck"
+    method = RpcMethod(path, False, pb.HealthCheckRequest, pb.HealthCheckResponse, health)
+    async with open_transport(), trio.open_nursery() as nursery:
+        channel = EngineChannel("127.0.0.1", await nursery.start(serve_grpc, [method], "127.0.0.1", 0))
+        reply = await channel.unary(path, pb.HealthCheckRequest(), pb.HealthCheckResponse, timeout=5)
+        assert reply.healthy
+        channel.close()
+        nursery.cancel_scope.cancel()
+
+trio.run(main)
+"""
+
+
+def test_the_grpclib_server_works_when_grpclib_was_imported_before_trio_asyncio():
+    """On Python 3.12+ asyncio.current_task is C and blind to trio-asyncio's loop unless patched;
+    the mock engine's server (grpclib on a trio-asyncio loop of its own) depends on the patch."""
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", _GRPCLIB_FIRST], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
