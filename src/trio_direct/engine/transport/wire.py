@@ -391,10 +391,6 @@ class GrpcConnection:
                     stream._credit = 0
         return message
 
-    def forget(self, stream: GrpcStream) -> None:
-        """Drop a stream that ended and was read to its end."""
-        self.streams.pop(stream.stream_id, None)
-
     def ping(self, data: bytes) -> None:
         """Queue a PING with 8 bytes of opaque data; `PingAcknowledged` comes back with them."""
         self._frame(PING, 0, 0, data)
