@@ -33,10 +33,10 @@ from functools import partial
 from pathlib import Path
 
 import trio
-
 from loadgen import Children, chat_body, cpu_seconds, free_port, median, percentile, run_load, summary_ms, wait_http
+
 from trio_direct.engine.native import NativeEngineClient
-from trio_direct.engine.transport import EngineChannel, open_asyncio_loop
+from trio_direct.engine.transport import EngineChannel, open_transport
 from trio_direct.engine.types import GenerateInput, SamplingOptions
 from trio_direct.mock.tiny_model import default_tiny_model_dir, ensure_tiny_model
 from trio_direct.text.chat_template import render_chat
@@ -74,7 +74,7 @@ def start_smg(children: Children, smg: str, engine_ports: list[int], model_dir: 
 
 async def direct_latency(port: int, prompt_ids: list[int], requests: int, max_tokens: int) -> tuple[list, list]:
     ttfts, gaps = [], []
-    async with open_asyncio_loop():
+    async with open_transport():
         client = NativeEngineClient(EngineChannel("127.0.0.1", port), incremental=True)
         for i in range(requests):
             request = GenerateInput(

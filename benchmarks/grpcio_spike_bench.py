@@ -1,4 +1,8 @@
-"""The grpc.aio spike: CPU per engine message with grpcio's C HTTP/2 against grpclib, same run.
+"""Historical (decision 10): this compares grpc.aio with the grpclib-on-trio-asyncio client the
+frontend had until decision 11 replaced it; it imports that client's internals, so run it from a
+checkout before that change.
+
+The grpc.aio spike: CPU per engine message with grpcio's C HTTP/2 against grpclib, same run.
 
 Two measurements, each alternating the two clients in rounds:
 

@@ -14,10 +14,10 @@ import argparse
 import time
 
 import trio
-
 from loadgen import Children, cpu_seconds, summary_ms
+
 from trio_direct.engine.native import NativeEngineClient
-from trio_direct.engine.transport import EngineChannel, open_asyncio_loop
+from trio_direct.engine.transport import EngineChannel, open_transport
 from trio_direct.engine.types import GenerateInput, SamplingOptions
 
 
@@ -26,7 +26,7 @@ async def load(port: int, concurrency: int, requests: int, tokens: int) -> tuple
     gaps: list[float] = []
     received = 0
     limiter = trio.Semaphore(concurrency)
-    async with open_asyncio_loop():
+    async with open_transport():
         client = NativeEngineClient(EngineChannel("127.0.0.1", port), incremental=True)
 
         async def one(i: int) -> None:

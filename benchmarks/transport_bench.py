@@ -1,8 +1,8 @@
-"""How many engine messages per second trio code receives through the transport bridge.
+"""How many engine messages per second trio code receives through the engine transport.
 
 An engine process (this script with --serve, pinned to the other core) floods one Generate stream
 with small GenerateResponse messages; the client (pinned to one core) receives them
-  * through trio-direct's bridge (`EngineChannel.open_stream`, trio side), and
+  * through trio-direct's client (`EngineChannel.open_stream`, trio side), and
   * with plain asyncio grpclib (no trio), the baseline,
 alternating in the same run, so the ratio holds on a noisy machine.
 
@@ -26,7 +26,7 @@ from grpclib.const import Cardinality
 
 from trio_direct._proto.native import sglang_pb2 as pb
 from trio_direct.engine.native import GENERATE
-from trio_direct.engine.transport import EngineChannel, open_asyncio_loop
+from trio_direct.engine.transport import EngineChannel, open_transport
 from trio_direct.engine.transport.server import RpcMethod, serve_grpc
 
 MESSAGE = pb.GenerateResponse(output_ids=[12345], meta_info={"completion_tokens": "1"})
@@ -44,7 +44,7 @@ async def serve() -> None:
         call.finish()
 
     methods = [RpcMethod(GENERATE, True, pb.GenerateRequest, pb.GenerateResponse, flood)]
-    async with open_asyncio_loop(), trio.open_nursery() as nursery:
+    async with open_transport(), trio.open_nursery() as nursery:
         port = await nursery.start(serve_grpc, methods, "127.0.0.1", 0)
         print(json.dumps({"port": port}), flush=True)
 
@@ -98,7 +98,7 @@ def main() -> None:
         bridge_rates, baseline_rates, gaps = [], [], []
 
         async def bridge_runs() -> None:
-            async with open_asyncio_loop():
+            async with open_transport():
                 channel = EngineChannel("127.0.0.1", port)
                 for _ in range(args.runs):
                     rate, run_gaps = await trio_run(channel, args.messages)

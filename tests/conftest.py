@@ -15,7 +15,8 @@ import trio
 import zmq
 from support import FakeEngine
 
-from trio_direct.engine.transport import EngineChannel, open_asyncio_loop
+from trio_direct.engine.transport import EngineChannel, open_transport
+from trio_direct.engine.transport.loop import open_asyncio_loop
 from trio_direct.engine.transport.server import serve_grpc
 from trio_direct.mock.server import MockEngineConfig, RunningMockEngine, run_mock_engine
 from trio_direct.mock.tiny_model import ensure_tiny_model
@@ -23,8 +24,9 @@ from trio_direct.mock.tiny_model import ensure_tiny_model
 
 @pytest.fixture
 async def aio_loop():
-    """The trio-asyncio loop engine calls need; pytest-trio carries its contextvar into the test."""
-    async with open_asyncio_loop() as loop:
+    """The engine transport's nursery and the trio-asyncio loop in-process engines (grpclib servers)
+    serve on; pytest-trio carries their contextvars into the test."""
+    async with open_asyncio_loop() as loop, open_transport():
         yield loop
 
 

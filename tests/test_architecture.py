@@ -3,8 +3,9 @@
 - No import cycles between modules (an import inside a function counts: it is still a dependency;
   one under `if TYPE_CHECKING:` does not, it never runs).
 - `routing/` is sans-IO: it imports no trio, zmq or socket code.
-- asyncio, trio-asyncio and grpclib's runtime are imported only by `engine/transport/`, and the
-  transport's server half only by the mock engine (and tests).
+- asyncio, trio-asyncio and grpclib's runtime are imported only by the transport's server half
+  (`engine/transport/server.py`, `loop.py`), and that only by the mock engine (and tests): the
+  frontend's gRPC client is trio alone, its HTTP/2 protocol (`wire.py`) sans-IO.
 """
 
 from __future__ import annotations
@@ -154,11 +155,16 @@ def test_routing_is_sans_io():
     assert offenders == {}
 
 
-def test_asyncio_and_grpclib_runtime_stay_inside_the_transport():
-    transport = "trio_direct.engine.transport"
+def test_the_grpc_wire_protocol_is_sans_io():
+    io = {"trio", "trio_asyncio", "zmq", "socket", "asyncio", "selectors", "trio_util", "h2", "grpclib"}
+    assert _external_imports("trio_direct.engine.transport.wire") & io == set()
+
+
+def test_asyncio_and_grpclib_runtime_stay_inside_the_transport_server():
+    server_half = {"trio_direct.engine.transport.server", "trio_direct.engine.transport.loop"}
     offenders = {}
     for name in MODULES:
-        if name == transport or name.startswith(transport + "."):
+        if name in server_half:
             continue
         modules = {module for module, _ in _runtime_imports(MODULES[name])}
         bad = {

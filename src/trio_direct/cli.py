@@ -466,10 +466,9 @@ def _only_interrupts(exc: BaseException) -> bool:
 
 
 async def _serve_mock_engine(config: MockEngineConfig) -> None:
-    from trio_direct.engine.transport import open_asyncio_loop
     from trio_direct.mock.server import run_mock_engine
 
-    async with open_asyncio_loop(), trio.open_nursery() as nursery:
+    async with trio.open_nursery() as nursery:
         nursery.start_soon(_stop_on_sigterm, nursery.cancel_scope)
         running = await nursery.start(run_mock_engine, config)
         print(json.dumps(running.ready_event()), flush=True)

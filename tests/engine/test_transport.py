@@ -1,8 +1,7 @@
-"""The trio <-> grpclib bridge: delivery, typed errors, and cancellation reaching the engine."""
+"""The trio gRPC client against grpclib servers: delivery, typed errors, and cancellation reaching the engine."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 import h2.connection
@@ -52,26 +51,6 @@ async def test_stream_delivers_every_message_in_order(engine):
     async with channel.open_stream(GENERATE, pb.GenerateRequest(), pb.GenerateResponse, timeout=5) as stream:
         received = [message.output_ids[0] async for message in stream]
     assert received == list(range(500))
-    channel.close()
-
-
-async def test_a_reader_that_falls_behind_holds_a_bounded_buffer_and_loses_nothing(engine):
-    """A stream whose reader stops (its client stopped reading) stops being read from the engine:
-    HTTP/2 flow control holds the rest back instead of this process's memory."""
-
-    def generate(call):
-        for i in range(5_000):
-            call.send(pb.GenerateResponse(output_ids=[i]))
-        call.finish()
-
-    engine.handlers[GENERATE] = generate
-    channel = engine.channel()
-    async with channel.open_stream(GENERATE, pb.GenerateRequest(), pb.GenerateResponse, timeout=30) as stream:
-        received = [(await stream.__anext__()).output_ids[0]]
-        await trio.sleep(0.5)  # the engine could have sent everything by now
-        assert stream._receive.statistics().current_buffer_used <= transport.STREAM_BUFFER
-        received += [message.output_ids[0] async for message in stream]
-    assert received == list(range(5_000))
     channel.close()
 
 
@@ -297,14 +276,10 @@ async def test_an_extra_connection_that_cannot_open_queues_the_stream_instead_of
             streams.start_soon(read_stream, channel, received)
         await wait_until(lambda: len(held) == 2)  # the first connection is full
 
-        connect = transport._Connection.__connect__
+        async def connect_times_out(self, timeout):
+            raise OSError("simulated: the engine did not accept in time")  # open connections still work
 
-        async def connect_times_out(self):
-            if not self._connected:  # a new connection; open ones still work
-                raise OSError("simulated: the engine did not accept in time")
-            return await connect(self)
-
-        monkeypatch.setattr(transport._Connection, "__connect__", connect_times_out)
+        monkeypatch.setattr(transport._Connection, "_open_socket", connect_times_out)
         streams.start_soon(read_stream, channel, received)  # needs a second connection, which cannot open
         await trio.sleep(0.2)
         assert len(held) == 2, "queued on the full connection, not failed"
@@ -343,9 +318,7 @@ async def test_a_new_stream_goes_to_the_least_loaded_connection(fake_engine_fact
     channel.close()
 
 
-async def test_a_connection_remembers_only_recently_closed_streams(engine, monkeypatch):
-    monkeypatch.setattr(transport, "_CLOSED_STREAMS_REMEMBERED", 16)
-
+async def test_a_connection_keeps_no_state_of_ended_streams(engine):
     def generate(call):
         call.send(pb.GenerateResponse(output_ids=[1]))
         call.finish()
@@ -357,8 +330,7 @@ async def test_a_connection_remembers_only_recently_closed_streams(engine, monke
         await read_stream(channel, received)
     assert len(received) == 40
     (connection,) = channel._streaming
-    h2_connection = connection._protocol.connection._connection
-    assert len(h2_connection._closed_streams) + len(h2_connection.streams) <= 16 + 2
+    assert connection.wire.streams == {} and connection.open_streams == 0
     channel.close()
 
 
@@ -389,14 +361,14 @@ async def test_connecting_ahead_opens_the_connection_the_first_streams_then_use(
 
 async def test_a_stream_that_leaves_while_its_connection_opens_leaves_the_connect_to_the_others(engine, monkeypatch):
     attempts = []
-    connect = transport._Connection._create_connection
+    connect = transport._Connection._open_socket
 
-    async def slow_connect(self):
+    async def slow_connect(self, timeout):
         attempts.append(self)
-        await asyncio.sleep(0.3)  # long enough for the first stream's client to leave meanwhile
-        return await connect(self)
+        await trio.sleep(0.3)  # long enough for the first stream's client to leave meanwhile
+        return await connect(self, timeout)
 
-    monkeypatch.setattr(transport._Connection, "_create_connection", slow_connect)
+    monkeypatch.setattr(transport._Connection, "_open_socket", slow_connect)
     engine.handlers[GENERATE] = lambda call: (call.send(pb.GenerateResponse(output_ids=[1])), call.finish())
     channel = engine.channel()
     received: list = []
@@ -462,49 +434,75 @@ async def test_the_pool_shares_one_channel_per_engine_and_reconnects_after_a_res
     pool.close()
 
 
-def test_writes_of_one_loop_turn_leave_in_one_send():
-    """A request's HEADERS and DATA frames (two grpclib writes) reach the socket as one write."""
-    import asyncio
+async def test_a_reader_that_stops_holds_back_its_engine_stream_after_one_window(engine):
+    """Flow control as backpressure: unread messages stay at the engine, not in the frontend."""
+    calls = []
 
-    class Recording:
-        def __init__(self) -> None:
-            self.writes: list[bytes] = []
-            self.closed = False
+    def generate(call):
+        calls.append(call)
+        for i in range(15_000):
+            call.send(pb.GenerateResponse(output_ids=[i] * 20))  # ~45 bytes each on the wire
+        call.finish()
 
-        def write(self, data: bytes) -> None:
-            self.writes.append(data)
+    engine.handlers[GENERATE] = generate
+    channel = engine.channel()
+    async with channel.open_stream(GENERATE, pb.GenerateRequest(), pb.GenerateResponse, timeout=None) as stream:
+        first = await stream.__anext__()
+        await trio.sleep(0.5)  # the reader stalls; the engine has ~650 KB to send
+        buffered = stream._stream._queued_bytes
+        assert buffered <= channel.config.stream_window
+        assert calls[0]._replies, "the engine still holds replies it could not send"
+        rest = [message.output_ids[0] async for message in stream]
+    assert [first.output_ids[0], *rest] == list(range(15_000))
+    channel.close()
 
-        def is_closing(self) -> bool:
-            return self.closed
 
-        def close(self) -> None:
-            self.closed = True
+async def test_an_engine_that_speaks_garbage_fails_calls_as_unavailable_without_hanging(aio_loop, nursery):
+    from functools import partial
 
-        def get_extra_info(self, name: str) -> str:
-            return f"extra:{name}"
+    async def garbage(stream: trio.SocketStream) -> None:
+        await stream.send_all(b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")  # a valid empty SETTINGS
+        await stream.receive_some(65536)  # the request
+        await stream.send_all(b"\x00\x00\x05\x00\x00\x00\x00\x00\x63hello")  # DATA on stream 99
+        await trio.sleep_forever()
 
-    async def scenario() -> Recording:
-        socket = Recording()
-        coalescing = transport._CoalescingTransport(socket)
-        coalescing.write(b"headers")
-        coalescing.write(b"data")
-        assert socket.writes == [], "nothing is sent within the turn"
-        await asyncio.sleep(0)
-        assert socket.writes == [b"headersdata"]
-        coalescing.write(b"last")
-        coalescing.close()  # closing sends what is pending first
-        assert socket.writes == [b"headersdata", b"last"] and socket.closed
-        assert coalescing.get_extra_info("peername") == "extra:peername"
-        return socket
+    (listener,) = await nursery.start(partial(trio.serve_tcp, garbage, 0, host="127.0.0.1"))
+    channel = EngineChannel("127.0.0.1", listener.socket.getsockname()[1], connect_timeout=2.0)
+    with trio.fail_after(5), pytest.raises(errors.EngineUnavailable) as raised:
+        async with channel.open_stream(GENERATE, pb.GenerateRequest(), pb.GenerateResponse, timeout=None) as stream:
+            async for _ in stream:
+                pass
+    assert "PROTOCOL_ERROR" in str(raised.value)
+    channel.close()
 
-    asyncio.run(scenario())
+
+async def test_cancelling_a_unary_work_call_resets_it_at_the_engine(engine):
+    cancelled = []
+
+    def health(call):
+        call.on_cancel = lambda: cancelled.append(1)  # never answers
+
+    engine.handlers[HEALTH] = health
+    channel = engine.channel()
+    with trio.move_on_after(0.3):
+        await channel.unary_work(HEALTH, pb.HealthCheckRequest(), pb.HealthCheckResponse, timeout=None)
+    await wait_until(lambda: cancelled == [1])
+    assert channel.idle
+    channel.close()
+
+
+async def test_calls_outside_the_transport_fail_as_unavailable_with_the_reason():
+    channel = EngineChannel("127.0.0.1", 1, connect_timeout=1.0)
+    with pytest.raises(errors.EngineUnavailable, match="open_transport"):
+        await channel.unary(HEALTH, pb.HealthCheckRequest(), pb.HealthCheckResponse, timeout=1)
+    channel.close()
 
 
 _GRPCLIB_FIRST = """
 import grpclib.client  # before trio-asyncio: grpclib binds asyncio.current_task first
 import trio
 from trio_direct._proto.native import sglang_pb2 as pb
-from trio_direct.engine.transport import EngineChannel, open_asyncio_loop
+from trio_direct.engine.transport import EngineChannel, open_transport
 from trio_direct.engine.transport.server import RpcMethod, serve_grpc
 
 def health(call):
@@ -514,7 +512,7 @@ def health(call):
 async def main():
     path = "/sglang.runtime.v1.SglangService/HealthCheck"
     method = RpcMethod(path, False, pb.HealthCheckRequest, pb.HealthCheckResponse, health)
-    async with open_asyncio_loop(), trio.open_nursery() as nursery:
+    async with open_transport(), trio.open_nursery() as nursery:
         channel = EngineChannel("127.0.0.1", await nursery.start(serve_grpc, [method], "127.0.0.1", 0))
         reply = await channel.unary(path, pb.HealthCheckRequest(), pb.HealthCheckResponse, timeout=5)
         assert reply.healthy
@@ -525,8 +523,9 @@ trio.run(main)
 """
 
 
-def test_calls_work_when_grpclib_was_imported_before_the_transport():
-    """On Python 3.12+ asyncio.current_task is C and blind to trio-asyncio's loop unless patched."""
+def test_the_grpclib_server_works_when_grpclib_was_imported_before_trio_asyncio():
+    """On Python 3.12+ asyncio.current_task is C and blind to trio-asyncio's loop unless patched;
+    the mock engine's server (grpclib on a trio-asyncio loop of its own) depends on the patch."""
     import subprocess
     import sys
 

@@ -109,3 +109,46 @@ async def test_idle_keep_alive_connections_do_not_hold_shutdown(nursery, path):
         process.send_signal(signal.SIGTERM)
         with trio.fail_after(10):  # nothing in flight: no reason to wait out the 30 s
             assert await process.wait() == 0
+
+
+_SERVE_REPORTING_MODULES = """
+import atexit, json, sys
+from trio_direct.cli import main
+
+def report():
+    loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("asyncio", "trio_asyncio", "grpclib"))
+    print("MODULES " + json.dumps(loaded), file=sys.stderr, flush=True)
+
+atexit.register(report)
+sys.argv = ["trio-direct", *sys.argv[1:]]
+sys.exit(main())
+"""
+
+
+async def test_serve_streams_with_no_asyncio_trio_asyncio_or_grpclib_loaded(nursery):
+    """The frontend's engine client is trio alone: after streaming and a SIGTERM, neither
+    trio-asyncio nor grpclib (nor asyncio itself) was ever imported by `serve`."""
+    engine = await start_mock_engine(nursery, "--incremental-streaming-output", "--speedup", "inf")
+    port = free_port()
+    command = [sys.executable, "-c", _SERVE_REPORTING_MODULES, "serve", "--port", str(port), "--engine-url", engine.url]
+    process = await nursery.start(partial(trio.run_process, command, check=False, stderr=subprocess.PIPE))
+    stderr = bytearray()
+
+    async def collect() -> None:
+        async for data in process.stderr:
+            stderr.extend(data)
+
+    nursery.start_soon(collect)
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+        await wait_healthy(client)
+        model = (await client.get("/v1/models")).json()["data"][0]["id"]
+        body = {"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 20, "stream": True}
+        async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+            lines = [line async for line in response.aiter_lines()]
+        assert "data: [DONE]" in lines and any(line.startswith("data: {") for line in lines)
+    process.send_signal(signal.SIGTERM)
+    with trio.fail_after(20):
+        assert await process.wait() == 0
+    await trio.sleep(0.1)
+    [report] = [line for line in stderr.decode().splitlines() if line.startswith("MODULES ")]
+    assert json.loads(report.removeprefix("MODULES ")) == []

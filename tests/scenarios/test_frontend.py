@@ -280,9 +280,14 @@ async def test_hypercorn_cli_serves_the_app(aio_loop, nursery, tmp_path):
         with trio.fail_after(60):
             while not await ready():
                 await trio.sleep(0.2)
-        response = await chat(client, await model_of(client))
+        model = await model_of(client)
+        response = await chat(client, model)
+        body = {"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8, "stream": True}
+        async with client.stream("POST", "/v1/chat/completions", json=body) as streamed:
+            lines = [line async for line in streamed.aiter_lines() if line]
     assert response.status_code == 200
     assert response.json()["choices"][0]["message"]["role"] == "assistant"
+    assert lines[-1] == "data: [DONE]" and len(lines) > 2  # streamed through ASGI under plain hypercorn
 
 
 @pytest.mark.parametrize("api", ["native", "smg", "vllm"])

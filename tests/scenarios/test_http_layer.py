@@ -247,3 +247,51 @@ async def test_streams_still_open_at_shutdown_end_with_an_error_event_and_done(a
     account = await engine_accounting(engine.url)
     assert account["started"] == 1 and not account["live"], account
     assert account["aborted"] + account["cancelled"] == 1 and account["abort_rpcs"], account
+
+
+async def test_streamed_bodies_go_straight_to_the_connection_and_http10_clients_still_get_theirs(
+    aio_loop, nursery, monkeypatch
+):
+    """Under `serve`, SSE events are written as chunk frames by the project, not as ASGI messages
+    through hypercorn and h11 (only the body's end goes that way); an HTTP/1.0 client,
+    whose body h11 delimits by closing, is served through ASGI as before."""
+    from hypercorn.protocol import h11 as hypercorn_h11
+    from hypercorn.protocol.events import Body
+
+    bodies: list[int] = []
+    original = hypercorn_h11.H11Protocol.stream_send
+
+    async def counting(self, event):
+        if isinstance(event, Body):
+            bodies.append(len(event.data))
+        await original(self, event)
+
+    monkeypatch.setattr(hypercorn_h11.H11Protocol, "stream_send", counting)
+    base = await start_frontend(nursery, *FAST)
+    async with httpx.AsyncClient(base_url=base, timeout=30) as client:
+        model = await model_of(client)
+        body = chat(model, max_tokens=12, stream=True)
+        async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+            assert response.headers["transfer-encoding"] == "chunked"
+            lines = [line async for line in response.aiter_lines() if line]
+        events = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+        assert lines[-1] == "data: [DONE]" and events[-1]["choices"][0]["finish_reason"] == "length"
+        assert len(events) > 2 and len(bodies) == 1, "only the body's end went through ASGI"
+        # the connection stays usable for the next request (h11 saw the whole response end)
+        assert (await client.get("/v1/models")).status_code == 200
+    bodies.clear()
+    payload = json.dumps(body).encode()
+    host, port = base.removeprefix("http://").split(":")
+    with trio.fail_after(30):
+        sock = await trio.open_tcp_stream(host, int(port))
+        async with sock:
+            await sock.send_all(
+                b"POST /v1/chat/completions HTTP/1.0\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\n\r\n%b" % (len(payload), payload)
+            )
+            raw = b""
+            while data := await sock.receive_some(65536):
+                raw += data
+    head, _, text = raw.partition(b"\r\n\r\n")
+    assert b" 200 " in head.split(b"\r\n")[0] and b"transfer-encoding" not in head.lower()
+    assert text.rstrip().endswith(b"data: [DONE]") and len(bodies) > 2

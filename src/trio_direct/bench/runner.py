@@ -460,7 +460,7 @@ async def run_bench(
     `timeout` bounds each request; `duration` bounds the run: at the cap no more requests start and
     those in flight are cancelled (recorded with error "cancelled at the duration cap").
     `load_targets` (name, host, port) are mock engines whose native `GetLoad` is sampled every
-    250 ms (needs the trio-asyncio loop, as every gRPC call here). `progress` writes to
+    250 ms (needs `open_transport()`, as every gRPC call here). `progress` writes to
     `progress_stream` (default stderr): on a terminal one line, rewritten in place; otherwise (a log
     file, CI) a line every `progress_interval` seconds, so a long run still shows it is alive.
     Either way the final counts end it.
@@ -705,7 +705,7 @@ async def open_embedded_fleet(spec: FleetSpec) -> AsyncIterator[EmbeddedFleet]:
     `trio-direct serve` rejects (e.g. a router mode it does not have).
     """
     from trio_direct.config import parse_serve_args
-    from trio_direct.engine.transport import open_asyncio_loop
+    from trio_direct.engine.transport import open_transport
     from trio_direct.frontend.serve import serve
     from trio_direct.mock.server import MockEngineConfig, load_model_files, run_mock_engine
     from trio_direct.mock.tiny_model import default_tiny_model_dir, ensure_tiny_model
@@ -716,7 +716,7 @@ async def open_embedded_fleet(spec: FleetSpec) -> AsyncIterator[EmbeddedFleet]:
     model_path = spec.model_path or str(ensure_tiny_model(default_tiny_model_dir()))
     model = load_model_files(Path(model_path))
     kv_events = _json_encode({"publisher": "zmq", "endpoint": "tcp://127.0.0.1:0"}).decode()
-    async with open_asyncio_loop(), trio.open_nursery() as nursery:
+    async with open_transport(), trio.open_nursery() as nursery:
         engines = []
         for index in range(spec.engines):
             config = MockEngineConfig(

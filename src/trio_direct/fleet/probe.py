@@ -27,7 +27,7 @@ from trio_direct.engine.errors import (
 )
 from trio_direct.engine.native import NativeEngineClient
 from trio_direct.engine.smg import SmgEngineClient
-from trio_direct.engine.transport import ChannelPool, open_asyncio_loop
+from trio_direct.engine.transport import ChannelPool, open_transport
 from trio_direct.engine.types import EngineClient
 from trio_direct.engine.vllm import VllmEngineClient, sampling_defaults
 from trio_direct.fleet.card import CardError, EngineCard, engine_card
@@ -123,7 +123,7 @@ async def probe_command(urls: Sequence[str], api: ApiChoice = "auto", timeout: f
         except (EngineError, CardError, ValueError) as error:
             results[index] = f"{url}: {error}"
 
-    async with open_asyncio_loop():
+    async with open_transport():
         pool = ChannelPool(connect_timeout=min(timeout, 5.0))
         try:
             async with trio.open_nursery() as nursery:

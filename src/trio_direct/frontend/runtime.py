@@ -33,7 +33,7 @@ from trio_direct.config import ServeConfig
 from trio_direct.core.render import StreamCutter
 from trio_direct.core.watch import StreamWatch
 from trio_direct.engine.errors import EngineError
-from trio_direct.engine.transport import ChannelPool, client_config, open_asyncio_loop
+from trio_direct.engine.transport import ChannelPool, client_config, open_transport
 from trio_direct.engine.types import EngineClient
 from trio_direct.fleet.card import EngineCard
 from trio_direct.fleet.discovery import EngineIds, EngineSpec
@@ -839,7 +839,7 @@ async def run_frontend(
     them as it always did (`probe_fleet`); the discovery sources are then asked once, and start-up
     waits (at most `--engine-wait-timeout`) for a first probe of every engine they named.
     """
-    async with open_asyncio_loop(), trio.open_nursery() as nursery:
+    async with open_transport(), trio.open_nursery() as nursery:
         keepalive = client_config(config.engine_keepalive_interval, config.engine_keepalive_timeout)
         channels = ChannelPool(connect_timeout=config.connect_timeout, config=keepalive)
         try:

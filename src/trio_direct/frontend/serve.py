@@ -1,7 +1,7 @@
 """`trio-direct serve`: hypercorn's trio worker serving the app, beside the frontend's own tasks.
 
-hypercorn is started from code inside the trio-asyncio loop, so every request task inherits the loop
-that engine calls need. trio's sockets set TCP_NODELAY on accepted connections, which avoids the
+hypercorn is started from code inside the engine transport's nursery (`open_transport`), where every
+engine connection's task runs. trio's sockets set TCP_NODELAY on accepted connections, which avoids the
 ~40 ms delayed-ACK floor peers show with keep-alive SSE clients.
 
 Shutdown (`Shutdown.drain`): readiness turns unready, hypercorn stops accepting connections, and
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import trio
 
 from trio_direct.config import ServeConfig
-from trio_direct.engine.transport import open_asyncio_loop
+from trio_direct.engine.transport import open_transport
 from trio_direct.fleet.fleet import FleetError
 from trio_direct.frontend.runtime import Frontend, run_frontend
 from trio_direct.http.app import create_app, tenants_settings
@@ -57,7 +57,7 @@ async def serve(
         tenants = Tenants.load(tenants_settings(config))
     except TenantFileError as error:
         raise FleetError(f"--tenants-file: {error}") from None
-    async with open_asyncio_loop(), trio.open_nursery() as nursery:
+    async with open_transport(), trio.open_nursery() as nursery:
         # The port listens before any engine is probed: `/live` answers at once, `/health` and the
         # model routes answer 503 with Retry-After until the frontend is up (an orchestrator's
         # liveness probe never kills a frontend that waits for its engines). A port that cannot be

@@ -328,7 +328,7 @@ def _shutdown_write(sock: socket.socket) -> None:
 
 async def supervise(config: ServeConfig) -> int:
     """`trio-direct serve --workers N`; returns the process exit status."""
-    from trio_direct.engine.transport import open_asyncio_loop
+    from trio_direct.engine.transport import open_transport
     from trio_direct.frontend.runtime import has_engine_sources, start_mock_engines
 
     try:
@@ -340,7 +340,7 @@ async def supervise(config: ServeConfig) -> int:
     shared_state: str | None = None
     try:
         log.info("listening on %s; starting %d workers", http_address(listener), config.workers)
-        async with open_asyncio_loop(), trio.open_nursery() as nursery:
+        async with open_transport(), trio.open_nursery() as nursery:
             mocks = None
             if not has_engine_sources(config):
                 # One fleet for all children: the supervisor runs the built-in mock engines.

@@ -24,6 +24,7 @@ from trio_direct.core.admission import Admission, Ticket
 from trio_direct.core.plan import RequestPlan
 from trio_direct.core.render import Renderer, stream_response, unary_response
 from trio_direct.frontend.runtime import session_key
+from trio_direct.http.connection import direct_body_writer
 from trio_direct.openai import errors
 from trio_direct.tenants.limiter import Grant
 
@@ -77,7 +78,7 @@ class Exchange:
 
     __slots__ = (
         "scope", "_send", "body", "params", "started", "_frontend", "status", "headers_sent", "ended",
-        "extra_headers", "model", "stream", "admission", "ticket", "grant", "plan", "counted",
+        "extra_headers", "model", "stream", "admission", "ticket", "grant", "plan", "counted", "_write_body",
     )  # fmt: skip
 
     def __init__(
@@ -99,6 +100,9 @@ class Exchange:
         self.status = 0
         self.headers_sent = False
         self.ended = False
+        #: How `send` writes body bytes, chosen at the first: straight to the connection where it
+        #: offers that (`http.connection.direct_body_writer`), else as ASGI messages.
+        self._write_body: Callable[[bytes], Awaitable[None]] | None = None
         #: Headers every response of this request carries (CORS).
         self.extra_headers = extra_headers
         #: Metrics labels, known once the body is read.
@@ -151,6 +155,12 @@ class Exchange:
         await self._send({"type": "http.response.start", "status": status, "headers": headers + self.extra_headers})
 
     async def send(self, data: bytes) -> None:
+        write = self._write_body
+        if write is None:
+            write = self._write_body = direct_body_writer() or self._send_body
+        await write(data)
+
+    async def _send_body(self, data: bytes) -> None:
         await self._send({"type": "http.response.body", "body": data, "more_body": True})
         grant = self.grant
         if grant is not None and grant.tracked and grant.charge_due(time.monotonic()):

@@ -1,8 +1,7 @@
 """The mock engine process: model files, KV publishers, PD bootstrap, schedulers and gRPC.
 
 `run_mock_engine` assembles one mock SGLang engine from a `MockEngineConfig` and serves it until
-cancelled. The caller provides the trio-asyncio loop (`open_asyncio_loop()`), as for every gRPC
-user in this project; the CLI (`trio-direct mock-engine`) opens it.
+cancelled. Its gRPC server (grpclib) runs on the caller's trio-asyncio loop, else on one of its own.
 """
 
 from __future__ import annotations
@@ -201,7 +200,7 @@ async def run_mock_engine(
 ) -> None:
     """Serve one mock engine until cancelled; reports a `RunningMockEngine` when it accepts calls.
 
-    Must run inside `open_asyncio_loop()`.
+    Its gRPC server opens a trio-asyncio loop of its own when the caller has none.
     """
     config.validate()
     model_path = config.model_directory()

@@ -1,22 +1,32 @@
-"""The asyncio boundary: grpclib driven from trio. No other package of trio-direct imports asyncio,
-trio-asyncio or grpclib's runtime.
+"""Engine gRPC transport, in trio: no asyncio, trio-asyncio or grpclib in the frontend process.
 
-grpclib is asyncio-only, so it runs on a trio-asyncio loop in the *bridge* shape: every call enters
-asyncio exactly once, and messages cross to trio through a memory channel with ``send_nowait``
-(safe: the asyncio loop runs on the trio thread). Cancelling the trio side cancels that one asyncio
-task, whose ``async with channel.request(...)`` exit then runs *inside asyncio* and resets the
-HTTP/2 stream, so the engine sees the cancel. Wrapping grpclib's stream context manager from trio
-instead leaks the stream when the trio side is cancelled (the exit runs outside asyncio and never
-reaches the wire).
+- `wire`: a sans-IO HTTP/2 client connection made for gRPC (frames in, messages and outcomes out).
+- `client`: its trio shell: connections to an engine and the calls the frontend makes
+  (`EngineChannel`), running in the nursery `open_transport()` opens around the program.
+- `server`: gRPC serving for the mock engine and tests, on grpclib and trio-asyncio (never
+  imported by the frontend; it opens its own trio-asyncio loop).
 
-- `loop`: the trio-asyncio loop every call needs, and how trio code calls into it.
-- `client`: connections to an engine and the calls the frontend makes (`EngineChannel`).
-- `server`: gRPC serving for the mock engine and tests (never imported by the frontend).
-
-Every grpclib and connection failure leaves this package as a typed `EngineError`.
+Every protocol and connection failure leaves this package as a typed `EngineError`.
 """
 
-from trio_direct.engine.transport.client import ChannelPool, EngineChannel, MessageStream, client_config
-from trio_direct.engine.transport.loop import open_asyncio_loop
+from trio_direct.engine.transport.client import (
+    ChannelPool,
+    ClientConfig,
+    EngineChannel,
+    MessageStream,
+    client_config,
+    open_transport,
+)
 
-__all__ = ["ChannelPool", "EngineChannel", "MessageStream", "client_config", "open_asyncio_loop"]
+#: The former name of `open_transport` (engine calls ran on a trio-asyncio loop then).
+open_asyncio_loop = open_transport
+
+__all__ = [
+    "ChannelPool",
+    "ClientConfig",
+    "EngineChannel",
+    "MessageStream",
+    "client_config",
+    "open_asyncio_loop",
+    "open_transport",
+]

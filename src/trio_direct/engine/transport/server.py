@@ -15,14 +15,21 @@ from dataclasses import dataclass
 from typing import Any
 
 import trio
+from grpclib.config import Configuration
 from grpclib.const import Cardinality, Handler, Status
 from grpclib.exceptions import GRPCError
 from grpclib.server import Server
 
-from trio_direct.engine.transport.client import HTTP2_CONFIG
-from trio_direct.engine.transport.loop import aio
+from trio_direct.engine.transport.loop import aio, open_asyncio_loop
 
 __all__ = ["RpcMethod", "ServerCall", "serve_grpc"]
+
+#: Larger HTTP/2 windows than grpclib's defaults: prompts of many thousand token ids never wait on
+#: flow-control updates.
+SERVER_HTTP2_CONFIG = Configuration(
+    http2_connection_window_size=16 * 1024 * 1024,
+    http2_stream_window_size=4 * 1024 * 1024,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,8 +168,15 @@ async def serve_grpc(
     *,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve `methods` on host:port until cancelled; reports the bound port (port 0 = ephemeral)."""
-    server = _Server([_Service(methods)], config=HTTP2_CONFIG)
+    """Serve `methods` on host:port until cancelled; reports the bound port (port 0 = ephemeral).
+
+    Runs on the trio-asyncio loop of its caller, else on one of its own."""
+    async with open_asyncio_loop():
+        await _serve(methods, host, port, task_status)
+
+
+async def _serve(methods: Iterable[RpcMethod], host: str, port: int, task_status: trio.TaskStatus[int]) -> None:
+    server = _Server([_Service(methods)], config=SERVER_HTTP2_CONFIG)
     await aio(server.start)(host, port)
     try:
         # grpclib types this AbstractServer | None; start() set it to the Server that create_server returns
