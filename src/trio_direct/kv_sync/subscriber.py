@@ -34,7 +34,6 @@ from typing import Protocol
 
 import trio
 import zmq
-from zmq.utils.monitor import parse_monitor_message
 
 from trio_direct.fleet.card import KvEventSource
 from trio_direct.routing.kv_events import (
@@ -92,6 +91,13 @@ class KvEventSink(Protocol):
     def on_events(self, dp_rank: int, events: tuple[KvEvent, ...]) -> None: ...
 
     def on_clear(self, dp_rank: int, reason: str) -> None: ...
+
+
+def _monitor_event(frames: list[bytes]) -> int:
+    """The event number of a ZMQ socket-monitor message (its first frame: a little-endian uint16
+    event, then a uint32 value). Parsed here rather than with `zmq.utils.monitor`, which imports
+    `zmq.asyncio` and with it asyncio into a frontend that runs on trio alone."""
+    return int.from_bytes(frames[0][:2], "little") if frames and len(frames[0]) >= 2 else 0
 
 
 @dataclass(slots=True)
@@ -280,7 +286,7 @@ class KvEventSubscriber:
         assert rank.monitor is not None
         while True:
             frames = await rank.monitor.recv_multipart()
-            if parse_monitor_message(frames)["event"] == zmq.EVENT_DISCONNECTED:
+            if _monitor_event(frames) == zmq.EVENT_DISCONNECTED:
                 return
 
     async def _receive(self, rank: _Rank) -> None:
