@@ -26,7 +26,6 @@ NOT_A_SCRIPT = {"loadgen.py"}
 #: executable (installed on first use, as for the interop tests).
 TINY_RUNS: dict[str, str] = {
     "frontend_bench.py": "--requests-per-slot 1 --latency-requests 2 --rounds 1",
-    "grpcio_spike_bench.py": "--rounds 1 --seconds 0.3 --streams 1 --tokens 8",
     "http_floor.py": "--requests 2 --rounds 1",
     "http_layers.py": "--requests 20 --rounds 1",
     "idle_penalty.py": "--samples 3",
