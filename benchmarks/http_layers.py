@@ -147,7 +147,7 @@ async def _measure(port: int, pid: int, path: str, requests: int, concurrency: i
 
 
 async def _wait_listening(port: int) -> None:
-    with trio.fail_after(30):
+    with trio.fail_after(120):
         while True:
             try:
                 stream = await trio.open_tcp_stream("127.0.0.1", port)
