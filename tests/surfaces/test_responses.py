@@ -55,7 +55,10 @@ def events_of(data: bytes) -> list:
 def sdk_answering(body: bytes, content_type: str) -> openai.OpenAI:
     transport = httpx.MockTransport(lambda _: httpx.Response(200, content=body, headers={"content-type": content_type}))
     return openai.OpenAI(
-        api_key="k", base_url="http://frontend.test/v1", max_retries=0, http_client=httpx.Client(transport=transport)
+        api_key="k",
+        base_url="http://frontend.test/v1",
+        max_retries=0,
+        http_client=httpx.Client(transport=transport),  # type: ignore[arg-type]  # the SDK takes a legacy httpx.Client too (checked at run time); its types name only httpx2
     )
 
 
