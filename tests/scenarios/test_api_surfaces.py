@@ -96,9 +96,11 @@ async def test_embeddings_with_the_openai_sdk_over_two_embedding_engines(aio_loo
     # an embedding model generates nothing, and cannot be cut to dimensions it was not trained for
     with pytest.raises(openai.BadRequestError) as caught:
         await client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}])
+    assert isinstance(caught.value.body, dict)
     assert caught.value.body["code"] == "model_not_supported"
     with pytest.raises(openai.BadRequestError) as caught:
         await client.embeddings.create(model=model, input="x", dimensions=64)
+    assert isinstance(caught.value.body, dict)
     assert caught.value.body["param"] == "dimensions"
     await client.close()
     accounts = await settle(engines)
@@ -122,6 +124,7 @@ async def test_a_matryoshka_model_cuts_its_vectors_to_the_dimensions_it_lists(ai
     assert cut == pytest.approx([x / norm(head) for x in head], abs=1e-6)
     with pytest.raises(openai.BadRequestError) as caught:
         await client.embeddings.create(model=model, input="cut me", dimensions=100)
+    assert isinstance(caught.value.body, dict)
     assert "only supports [64, 128, 256]" in caught.value.body["message"]
     await client.close()
 
@@ -328,6 +331,7 @@ async def test_chat_with_images_through_the_sdk_on_multimodal_engines(
         reply = client.chat.completions.create(model=model, messages=messages, max_tokens=4)
         assert reply.choices[0].finish_reason == "length"
         # the engine got both images: each counts its tokens on top of the placeholders' text
+        assert reply.usage is not None
         assert reply.usage.prompt_tokens == text_tokens + 2 * IMAGE_TOKENS
         stream = client.chat.completions.create(
             model=model, messages=messages, max_tokens=4, stream=True, stream_options={"include_usage": True}
@@ -350,7 +354,9 @@ async def test_a_text_only_model_refuses_images_through_the_sdk(aio_loop, nurser
         await client.chat.completions.create(
             model=await model_of(base), messages=[{"role": "user", "content": [image]}], max_tokens=2
         )
+    assert isinstance(caught.value.body, dict)
     assert "multimodal" in caught.value.body["message"]
+    assert isinstance(caught.value.body, dict)
     assert caught.value.body["param"] == "messages[0].content[0].image_url.url"
     await client.close()
 
@@ -506,9 +512,11 @@ async def test_an_embedding_model_and_a_generation_model_behind_one_frontend(aio
     assert reply.choices[0].finish_reason == "length"
     with pytest.raises(openai.BadRequestError) as caught:
         await client.chat.completions.create(model="embedder", messages=[{"role": "user", "content": "Hi"}])
+    assert isinstance(caught.value.body, dict)
     assert caught.value.body["code"] == "model_not_supported"
     with pytest.raises(openai.BadRequestError) as caught:
         await client.responses.create(model="embedder", input="Hi")
+    assert isinstance(caught.value.body, dict)
     assert caught.value.body["code"] == "model_not_supported"
     with pytest.raises(openai.BadRequestError) as caught:
         await client.embeddings.create(model="writer", input="a fox")

@@ -75,6 +75,7 @@ async def test_models_tokenize_and_prompt_logprobs_with_the_sdk(two_apis):
         for _ in range(2):  # round-robin: once on each engine API
             reply = client.completions.create(model=card.id, prompt="Hello there", echo=True, logprobs=2, max_tokens=3)
             logprobs = reply.choices[0].logprobs
+            assert reply.usage is not None
             prompt_tokens = reply.usage.prompt_tokens
             if logprobs.token_logprobs[0] is None:  # the native API: the prompt's rows lead
                 assert len(logprobs.tokens) == prompt_tokens + 3

@@ -195,6 +195,7 @@ async def test_the_official_openai_client_works_for_chat_and_completions(aio_loo
         client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
         model = client.models.list().data[0].id
         reply = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=5)
+        assert reply.usage is not None
         assert reply.choices[0].finish_reason == "length" and reply.usage.completion_tokens == 5
         stream = client.chat.completions.create(
             model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=5, stream=True

@@ -56,6 +56,7 @@ async def test_chat_tools_kv_routing_and_disconnects_over_vllm_engines(aio_loop,
         reply = client.chat.completions.create(model=model, messages=riddle, max_tokens=60)
         message = reply.choices[0].message
         assert (message.content, message.reasoning_content) == ("A piano.", "Keys but no locks... a piano.")
+        assert reply.usage is not None
         assert reply.choices[0].finish_reason == "stop" and reply.usage.completion_tokens > 0
         streamed = client.chat.completions.create(model=model, messages=riddle, max_tokens=60, stream=True)
         text = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
