@@ -43,7 +43,8 @@ async def test_without_max_tokens_the_answer_runs_to_its_end(mock_engine_factory
         chat = client.chat.completions.create(model="trio-direct-mock", messages=[{"role": "user", "content": "Hi"}])
         assert chat.usage is not None
         assert chat.choices[0].finish_reason == "stop" and chat.usage.completion_tokens > 128
-        assert chat.choices[0].message.content.startswith("hello world hello world")
+        content = chat.choices[0].message.content
+        assert content is not None and content.startswith("hello world hello world")
         # The legacy Completions API documents its own default of 16 (OpenAI, vLLM and SGLang alike).
         completion = client.completions.create(model="trio-direct-mock", prompt="Hi")
         assert completion.usage is not None

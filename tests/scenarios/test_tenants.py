@@ -305,7 +305,7 @@ async def test_the_tenant_is_in_the_requests_trace(aio_loop, nursery, tmp_path):
             while not any(s.name == "POST /v1/chat/completions" for s in exporter.get_finished_spans()):
                 await trio.sleep(0.01)
         (root,) = [s for s in exporter.get_finished_spans() if s.name == "POST /v1/chat/completions"]
-        assert root.attributes["trio_direct.tenant"] == "alpha"
+        assert root.attributes is not None and root.attributes["trio_direct.tenant"] == "alpha"
     finally:
         tracing.disable()
 
