@@ -11,12 +11,22 @@ import socket
 from contextlib import aclosing
 from functools import partial
 from itertools import pairwise
+from typing import TYPE_CHECKING
 
 import httpx
 import openai
 import pytest
 import trio
+from openai.types.chat import (
+    ChatCompletionContentPartImageParam,
+    ChatCompletionContentPartParam,
+    ChatCompletionMessageParam,
+)
+from openai.types.responses import ResponseInputContentParam
 from support import RawSseClient, settled_accounts, start_frontend, start_mock_engine
+
+if TYPE_CHECKING:
+    from anthropic.types import ContentBlockParam
 
 pytestmark = pytest.mark.slow
 
@@ -316,13 +326,13 @@ async def test_chat_with_images_through_the_sdk_on_multimodal_engines(
         flags += engine_flags(await two_engines(nursery, "--multimodal", *FAST))
     base = await start_frontend(nursery, "--chat-template", str(template), *flags)
     model = await model_of(base)
-    content = [
+    content: list[ChatCompletionContentPartParam] = [
         {"type": "text", "text": "What is on"},
         {"type": "image_url", "image_url": {"url": url}},
         {"type": "text", "text": "and"},
         {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}},
     ]
-    messages = [{"role": "user", "content": content}]
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": content}]
     async with httpx.AsyncClient(base_url=base, timeout=30) as http:
         text_tokens = (await http.post("/v1/tokenize", json={"model": model, "messages": messages})).json()["count"]
 
@@ -337,6 +347,7 @@ async def test_chat_with_images_through_the_sdk_on_multimodal_engines(
             model=model, messages=messages, max_tokens=4, stream=True, stream_options={"include_usage": True}
         )
         chunks = list(stream)
+        assert chunks[-1].usage is not None
         assert chunks[-1].usage.prompt_tokens == text_tokens + 2 * IMAGE_TOKENS
         assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         client.close()
@@ -349,7 +360,10 @@ async def test_a_text_only_model_refuses_images_through_the_sdk(aio_loop, nurser
     engines = await two_engines(nursery, *FAST)
     base = await start_frontend(nursery, *engine_flags(engines))
     client = sdk(base)
-    image = {"type": "image_url", "image_url": {"url": "https://images.example/cat.png"}}
+    image: ChatCompletionContentPartImageParam = {
+        "type": "image_url",
+        "image_url": {"url": "https://images.example/cat.png"},
+    }
     with pytest.raises(openai.BadRequestError) as caught:
         await client.chat.completions.create(
             model=await model_of(base), messages=[{"role": "user", "content": [image]}], max_tokens=2
@@ -474,7 +488,7 @@ async def test_anthropic_and_responses_image_inputs_reach_the_engine(aio_loop, n
 
     def use_sdks() -> tuple[int, int]:
         claude = anthropic.Anthropic(base_url=base, api_key="unused", max_retries=0)
-        blocks = [
+        blocks: list[ContentBlockParam] = [
             {"type": "text", "text": "Compare"},
             {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}},
             {"type": "image", "source": {"type": "url", "url": "https://images.example/cat.png"}},
@@ -482,15 +496,16 @@ async def test_anthropic_and_responses_image_inputs_reach_the_engine(aio_loop, n
         message = claude.messages.create(model=model, max_tokens=4, messages=[{"role": "user", "content": blocks}])
         claude.close()
         client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
-        parts = [
+        parts: list[ResponseInputContentParam] = [
             {"type": "input_text", "text": "Compare"},
-            {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo="},
-            {"type": "input_image", "image_url": "https://images.example/cat.png"},
+            {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo="},  # type: ignore[list-item]  # "detail" left out: the API defaults it, the SDK marks it Required
+            {"type": "input_image", "image_url": "https://images.example/cat.png"},  # type: ignore[list-item]  # "detail" left out: the API defaults it, the SDK marks it Required
         ]
         response = client.responses.create(
             model=model, max_output_tokens=4, store=False, input=[{"role": "user", "content": parts}]
         )
         client.close()
+        assert response.usage is not None
         return message.usage.input_tokens + (message.usage.cache_read_input_tokens or 0), response.usage.input_tokens
 
     messages_tokens, responses_tokens = await trio.to_thread.run_sync(use_sdks)
