@@ -57,7 +57,13 @@ async def start_fleet(
 ) -> Fleet:
     script = tmp_path / "scripts.json"
     script.write_text(json.dumps(SCRIPTS))
-    common = ("--speedup", speedup, "--incremental-streaming-output", "--scripted-outputs", str(script))
+    common: tuple[str, ...] = (
+        "--speedup",
+        speedup,
+        "--incremental-streaming-output",
+        "--scripted-outputs",
+        str(script),
+    )
     if mode.startswith("vllm-"):
         common = ("--api", "vllm", *common)
     if mode.endswith("aggregated") and not mode.endswith("disaggregated"):

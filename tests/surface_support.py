@@ -3,9 +3,10 @@ surface's planner and renderer (importable from every test folder: `from surface
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 from trio_direct.config import ServeConfig
 from trio_direct.core.output import ChoiceEvent, ChoiceOutput, ChoiceResult
@@ -40,7 +41,9 @@ def one_choice_plan(
     return RequestPlan(id=prefix + KEY, key=KEY, created=CREATED, model="m", prompts=[prompt], choices=[choice])
 
 
-def event(text: str = "", *, reasoning: str = "", calls: tuple = (), finish: str | None = None, matched=None):
+def event(
+    text: str = "", *, reasoning: str = "", calls: Sequence[ToolCallDelta] = (), finish: str | None = None, matched=None
+):
     return ChoiceEvent(0, text, [], finish, matched, reasoning=reasoning, tool_calls=list(calls))
 
 
@@ -97,9 +100,10 @@ def tiny_pool(
     reasoning_parser: str | None = "qwen3",
     tool_call_parser: str | None = "hermes",
     chat_template: str | None = None,
-) -> SimpleNamespace:
+) -> Any:
     """A model pool as planning sees it: the tiny ChatML model's tokenizer and template (or
-    `chat_template`), no engines."""
+    `chat_template`), no engines. Typed `Any`: it stands in for the concrete `ModelPool` with only
+    the attributes planning reads."""
     return SimpleNamespace(
         name="tiny",
         config=ServeConfig(),

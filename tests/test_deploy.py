@@ -16,7 +16,7 @@ MANIFESTS = ROOT / "deploy" / "kubernetes"
 
 
 def documents() -> list[dict]:
-    docs = []
+    docs: list[dict] = []
     for path in sorted(MANIFESTS.glob("*.yaml")):
         docs.extend(doc for doc in yaml.safe_load_all(path.read_text()) if doc)
     return docs

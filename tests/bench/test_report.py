@@ -135,7 +135,7 @@ def test_without_matplotlib_the_json_is_written_and_the_reason_given(tmp_path, r
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     files = write_report(result, tmp_path)
     assert files.results.is_file() and files.plots == []
-    assert "matplotlib is not installed" in files.plots_skipped
+    assert files.plots_skipped is not None and "matplotlib is not installed" in files.plots_skipped
 
 
 def test_a_run_where_everything_failed_still_gets_its_report(tmp_path):

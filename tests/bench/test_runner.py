@@ -106,7 +106,7 @@ async def test_requests_to_a_closed_port_are_recorded_as_errors():
     requests = [TraceRequest(index=i, arrival_s=0.0, input_length=20, output_length=2, hash_ids=(i,)) for i in range(3)]
     result = await run_bench(f"http://127.0.0.1:{port}", "m", requests, timeout=5, progress=False)
     assert len(result.records) == 3
-    assert all(not r.ok and "cannot connect" in r.error for r in result.records)
+    assert all(not r.ok and r.error is not None and "cannot connect" in r.error for r in result.records)
 
 
 @pytest.fixture
@@ -220,7 +220,7 @@ async def test_progress_is_one_rewritten_line_on_a_terminal_and_appended_lines_o
     await bench(fleet, requests, progress=True, progress_stream=terminal)
     assert terminal.text.startswith("\rbench: ") and terminal.text.count("\n") == 1
     assert terminal.text.endswith("bench: 3/3 done, 0 in flight, 0 failed, " + terminal.text.rsplit(", ", 1)[1])
-    terminal.isatty = lambda: False
+    terminal.isatty = lambda: False  # type: ignore[method-assign]  # the same terminal, no longer a tty
     terminal.text = ""
     await bench(fleet, requests, progress=True, progress_stream=terminal, progress_interval=600)
     assert terminal.text.startswith("bench: 3/3 done, 0 in flight, 0 failed, ")  # no line before the first interval

@@ -48,7 +48,7 @@ def test_a_slice_starts_at_zero_and_keeps_trace_indices(trace_file):
 
 def test_conversation_sampling_keeps_every_turn_of_the_kept_conversations(tmp_path):
     # 40 conversations of 3 turns, interleaved in time; each turn repeats the earlier ones.
-    rows = []
+    rows: list[dict] = []
     for turn in range(3):
         for conversation in range(40):
             blocks = [0] + [1000 * conversation + t for t in range(turn + 1)]

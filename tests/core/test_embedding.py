@@ -69,7 +69,7 @@ def pool_of(
     ]
     model = SimpleNamespace(served_model_name="m", context_length=100, is_embedding=embedding)
     config = ServeConfig(max_retries=max_retries, abort_timeout=1.0, stream_idle_timeout=idle_timeout)
-    return ModelPool(config, Fleet(engines, model), RoutingPolicy(), tokenizer=None, chat_template_override=None)
+    return ModelPool(config, Fleet(engines, model), RoutingPolicy(), tokenizer=None, chat_template_override=None)  # type: ignore[arg-type]  # a stand-in model; no tokenizer
 
 
 def prompts(*firsts: int, length: int = 3) -> list[Prompt]:
@@ -186,7 +186,7 @@ async def test_an_embed_call_left_early_is_aborted_and_one_answered_is_not():
     engine = EmbeddingEngine("a", hang={1})
     request = EmbedInput(rid="r" * 36, input_ids=[1])
     with trio.move_on_after(0.05):
-        await embed_on_engine(engine, request, abort_timeout=1.0)
+        await embed_on_engine(engine, request, abort_timeout=1.0)  # type: ignore[arg-type]  # a partial engine client
     assert engine.aborted == ["r" * 36]
-    await embed_on_engine(engine, EmbedInput(rid="s" * 36, input_ids=[2]), abort_timeout=1.0)
+    await embed_on_engine(engine, EmbedInput(rid="s" * 36, input_ids=[2]), abort_timeout=1.0)  # type: ignore[arg-type]  # a partial engine client
     assert engine.aborted == ["r" * 36]

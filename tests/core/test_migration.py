@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from types import SimpleNamespace
+from typing import Any
 
 from core.test_render import Digits, ScriptedEngine, Writer, events
 
@@ -19,6 +20,7 @@ from trio_direct.core.plan import ChoicePlan, Prompt, RequestPlan
 from trio_direct.core.render import StreamCutter, stream_response, unary_response
 from trio_direct.engine.errors import (
     EngineCancelled,
+    EngineError,
     EngineInternal,
     EngineInvalidArgument,
     EngineResourceExhausted,
@@ -49,17 +51,26 @@ class RecordingEngine(ScriptedEngine):
         return super().generate(request)
 
 
+def stand_in(**attributes: object) -> Any:
+    """An engine card or fleet model with only the attributes serving reads (typed as what it stands in for)."""
+    return SimpleNamespace(**attributes)
+
+
+#: Routing and migration never tokenize.
+NO_TOKENIZER: Any = None
+
+
 def fleet_of(*scripts: list, migrations: int = 1, sampling: SamplingOptions | None = None, stops=None):
     clients = [RecordingEngine(script, f"engine{i}") for i, script in enumerate(scripts)]
     engines = [
-        Engine(f"e{i}", SimpleNamespace(role="aggregated", dp_size=1, url=f"grpc://e{i}:1"), client, healthy=True)
+        Engine(f"e{i}", stand_in(role="aggregated", dp_size=1, url=f"grpc://e{i}:1"), client, healthy=True)  # type: ignore[arg-type]  # a partial engine client
         for i, client in enumerate(clients)
     ]
     pool = ModelPool(
         ServeConfig(migration_limit=migrations),
-        Fleet(engines, model=SimpleNamespace(served_model_name="m", context_length=None)),
+        Fleet(engines, model=stand_in(served_model_name="m", context_length=None)),
         RoutingPolicy(),  # round-robin: the first request goes to e0, the next route to e1
-        tokenizer=None, chat_template_override=None,
+        tokenizer=NO_TOKENIZER, chat_template_override=None,
     )  # fmt: skip
     request = GenerateInput(rid=RID, input_ids=[1, 2], sampling=sampling or SamplingOptions(max_new_tokens=4))
     output = ChoiceOutput(0, Digits(), stops)
@@ -164,25 +175,30 @@ async def test_an_engine_failing_after_the_last_token_ends_the_stream_at_its_len
 
 def test_which_failures_move_a_stream():
     request = GenerateInput(rid=RID, input_ids=[1])
+    error: EngineError
     for error in (EngineUnavailable(), EngineStalled(), EngineInternal()):
         assert migration_refusal(request, error) is None, error
     for error in (EngineInvalidArgument(), EngineResourceExhausted(), EngineCancelled()):
         assert migration_refusal(request, error) is not None, error
     for field in ("json_schema", "regex", "ebnf", "structural_tag"):
-        guided = replace(request, sampling=SamplingOptions(**{field: "x"}))
-        assert "guided" in migration_refusal(guided, EngineUnavailable())
+        guide: dict[str, Any] = {field: "x"}
+        guided = replace(request, sampling=SamplingOptions(**guide))
+        refusal = migration_refusal(guided, EngineUnavailable())
+        assert refusal is not None and "guided" in refusal
 
 
 def test_the_continuation_request():
     sampling = SamplingOptions(temperature=0.3, max_new_tokens=10, min_new_tokens=5, seed=7, stop=("x",))
     request = GenerateInput(rid=RID, input_ids=[1, 2], sampling=sampling, routed_dp_rank=1, priority=3)
     continuation = continuation_request(request, [1, 2], [7, 8, 9], "b" * 36)
+    assert continuation is not None
     assert list(continuation.input_ids) == [1, 2, 7, 8, 9] and continuation.rid == "b" * 36
     assert (continuation.sampling.max_new_tokens, continuation.sampling.min_new_tokens) == (7, 2)
     assert continuation.sampling.temperature == 0.3 and continuation.sampling.seed == 7
     assert continuation.priority == 3 and continuation.routed_dp_rank is None  # routing decides again
     unbounded = replace(request, sampling=SamplingOptions())
-    assert continuation_request(unbounded, [1], [2] * 50, "c" * 36).sampling.max_new_tokens is None
+    unbounded_continuation = continuation_request(unbounded, [1], [2] * 50, "c" * 36)
+    assert unbounded_continuation is not None and unbounded_continuation.sampling.max_new_tokens is None
     assert continuation_request(request, [1, 2], list(range(10)), "d" * 36) is None  # nothing left to generate
 
 
@@ -191,17 +207,17 @@ def pd_fleet_of(prefill_scripts: list[list], decode_scripts: list[list]):
 
     def engines(role: str, scripts: list[list], first: int) -> tuple[list, list]:
         clients = [RecordingEngine(script, f"{role}{i}") for i, script in enumerate(scripts)]
-        card = lambda i: SimpleNamespace(  # noqa: E731
+        card = lambda i: stand_in(  # noqa: E731
             role=role, dp_size=1, url=f"grpc://{role}{i}:1", host=f"{role}{i}", bootstrap_host=None, bootstrap_port=8998
         )
-        return clients, [Engine(f"e{first + i}", card(i), c, healthy=True) for i, c in enumerate(clients)]
+        return clients, [Engine(f"e{first + i}", card(i), c, healthy=True) for i, c in enumerate(clients)]  # type: ignore[arg-type]  # a partial engine client
 
     prefills, prefill_engines = engines("prefill", prefill_scripts, 0)
     decodes, decode_engines = engines("decode", decode_scripts, len(prefill_scripts))
     pool = ModelPool(
         ServeConfig(migration_limit=1),
-        Fleet(prefill_engines + decode_engines, model=SimpleNamespace(served_model_name="m", context_length=None)),
-        RoutingPolicy(), tokenizer=None, chat_template_override=None,
+        Fleet(prefill_engines + decode_engines, model=stand_in(served_model_name="m", context_length=None)),
+        RoutingPolicy(), tokenizer=NO_TOKENIZER, chat_template_override=None,
     )  # fmt: skip
     request = GenerateInput(rid=RID, input_ids=[1, 2], sampling=SamplingOptions(max_new_tokens=2))
     plan = RequestPlan(

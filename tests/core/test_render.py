@@ -120,11 +120,11 @@ class Digits:
 def setup(script: list, *, n: int = 1, include_usage: bool = False, healthy: bool = True):
     client = ScriptedEngine(script)
     card = SimpleNamespace(role="aggregated", dp_size=1, url="grpc://scripted:1")
-    engine = Engine("e0", card, client, healthy=healthy)
+    engine = Engine("e0", card, client, healthy=healthy)  # type: ignore[arg-type]  # a stand-in card and a partial engine client
     ledger = LoadLedger()
     pool = ModelPool(
-        ServeConfig(), Fleet([engine], model=SimpleNamespace(served_model_name="m", context_length=None)),
-        RoutingPolicy(kv=ledger), tokenizer=None, chat_template_override=None,
+        ServeConfig(), Fleet([engine], model=SimpleNamespace(served_model_name="m", context_length=None)),  # type: ignore[arg-type]  # a stand-in model
+        RoutingPolicy(kv=ledger), tokenizer=None, chat_template_override=None,  # type: ignore[arg-type]  # a load ledger for KV routing; no tokenizer
     )  # fmt: skip
     choices = [
         ChoicePlan(GenerateInput(rid=f"{'a' * 32}{i:04x}", input_ids=[1, 2]), ChoiceOutput(i, Digits()))

@@ -104,7 +104,7 @@ async def test_cancelling_the_trio_scope_resets_the_stream_at_the_engine(engine,
     engine.handlers[GENERATE] = generate
     nursery.start_soon(tokens)
     channel = engine.channel()
-    delays = []
+    delays: list[float] = []
     for _ in range(5):
         with trio.move_on_after(10) as timeout:
             async with channel.open_stream(GENERATE, pb.GenerateRequest(), pb.GenerateResponse, timeout=None) as stream:
@@ -249,7 +249,7 @@ async def test_a_tiny_stream_limit_does_not_open_connections_without_bound(fake_
 
     engine.handlers[GENERATE] = generate
     channel = engine.channel()
-    received = []
+    received: list = []
 
     async with trio.open_nursery() as streams:
         for _ in range(40):
@@ -269,7 +269,7 @@ async def test_an_extra_connection_that_cannot_open_queues_the_stream_instead_of
     """An engine too busy to accept another connection in time still serves on the ones it has."""
     engine, held = await engine_holding_streams(fake_engine_factory, monkeypatch, 2)
     channel = engine.channel()
-    received = []
+    received: list = []
 
     async with trio.open_nursery() as streams:
         for _ in range(2):
@@ -380,7 +380,7 @@ async def test_a_stream_that_leaves_while_its_connection_opens_leaves_the_connec
 
     async with trio.open_nursery() as streams:
         streams.start_soon(leaving_stream)
-        await wait_until(lambda: attempts)  # its connect is under way
+        await wait_until(lambda: bool(attempts))  # its connect is under way
         for _ in range(3):
             streams.start_soon(read_stream, channel, received)
         await trio.sleep(0.05)

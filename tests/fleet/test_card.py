@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+from typing import Any
 
 import pytest
 
@@ -25,7 +26,7 @@ NATIVE_MODEL_INFO = {
 }
 
 # GetServerInfo.json_info of the same engine: resolved server args + scheduler info + descriptor (§7.1).
-NATIVE_SERVER_INFO = {
+NATIVE_SERVER_INFO: dict[str, Any] = {
     "model_path": "Qwen/Qwen3-8B",
     "tokenizer_path": "Qwen/Qwen3-8B",
     "served_model_name": "qwen3-8b",

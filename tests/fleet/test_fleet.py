@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import trio
@@ -220,18 +221,20 @@ def engines_up_at(monkeypatch):
 
 
 URLS = ["h:1", "h:2", "h:3"]
+#: No channels: these tests replace probing (the `engines_up_at` fixture).
+NO_POOL: Any = None
 
 
 async def test_start_up_goes_as_soon_as_every_engine_is_up(autojump_clock, engines_up_at):
     engines_up_at.update({"h:1": 0.0, "h:2": 1.0, "h:3": 2.5})
-    fleet = await Fleet.connect(URLS, pool=None, wait_timeout=120, join_grace=5)
+    fleet = await Fleet.connect(URLS, pool=NO_POOL, wait_timeout=120, join_grace=5)
     assert [e.id for e in fleet.engines] == ["e0", "e1", "e2"] and not fleet.pending
     assert trio.current_time() < 5  # the retries' backoff, not the grace
 
 
 async def test_start_up_waits_only_the_grace_after_the_first_engine_is_up(autojump_clock, engines_up_at):
     engines_up_at.update({"h:1": 10.0, "h:2": None, "h:3": 11.0})
-    fleet = await Fleet.connect(URLS, pool=None, wait_timeout=120, join_grace=5)
+    fleet = await Fleet.connect(URLS, pool=NO_POOL, wait_timeout=120, join_grace=5)
     assert [e.id for e in fleet.engines] == ["e0", "e2"]
     assert [(p.id, p.url) for p in fleet.pending] == [("e1", "h:2")]
     first_up = 11.2  # the retry after 10 s (0.2 s doubling to 5 s: ..., 6.2, 11.2)
@@ -240,18 +243,18 @@ async def test_start_up_waits_only_the_grace_after_the_first_engine_is_up(autoju
 
 async def test_start_up_never_waits_past_the_timeout(autojump_clock, engines_up_at):
     engines_up_at.update({"h:1": 0.0, "h:2": None, "h:3": None})
-    await Fleet.connect(URLS, pool=None, wait_timeout=2, join_grace=60)
+    await Fleet.connect(URLS, pool=NO_POOL, wait_timeout=2, join_grace=60)
     assert trio.current_time() == pytest.approx(2)
     engines_up_at.update({"h:1": None})
     expected = r"engine e0 \(h:1\) did not come up within 2s: cannot connect to h:1; engine e1"
     with pytest.raises(FleetError, match=expected):
-        await Fleet.connect(URLS, pool=None, wait_timeout=2, join_grace=60)
+        await Fleet.connect(URLS, pool=NO_POOL, wait_timeout=2, join_grace=60)
 
 
 async def test_an_unusable_engine_stops_start_up_during_the_grace(autojump_clock, engines_up_at):
     engines_up_at.update({"h:1": 0.0, "h:2": (3.0, EngineUnimplemented("unknown service")), "h:3": None})
     with pytest.raises(FleetError, match=r"engine e1 \(h:2\) does not serve the native or the SMG gRPC API"):
-        await Fleet.connect(URLS, pool=None, wait_timeout=120, join_grace=5)
+        await Fleet.connect(URLS, pool=NO_POOL, wait_timeout=120, join_grace=5)
 
 
 # --- joining after start-up (no engines needed) ----------------------------------------------------

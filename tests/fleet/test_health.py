@@ -207,10 +207,15 @@ async def test_an_unanswered_check_while_open_calls_produce_nothing_marks_the_en
     client = _BusyEngineClient()
     client.last_output_at = trio.current_time() - 1  # it streamed a moment ago, then nothing
     engine = Engine("e0", SimpleNamespace(url="hung:1"), client)  # type: ignore[arg-type]
-    calls, downs = _OpenCalls(3), []
+    calls, downs = _OpenCalls(3), list[Engine]()
     health = EngineHealth(
-        Fleet([engine], model=None), pool=None, interval=5.0, timeout=0.05, calls=calls, on_down=downs.append
-    )  # type: ignore[arg-type]
+        Fleet([engine], model=None),  # type: ignore[arg-type]
+        pool=None,  # type: ignore[arg-type]
+        interval=5.0,
+        timeout=0.05,
+        calls=calls,
+        on_down=downs.append,
+    )
     await health.check(engine)  # one check is enough: no failures_to_down to wait for
     assert not engine.healthy and downs == [engine]
     assert len(calls.failed) == 1 and "hung" in calls.failed[0] and "3 open call(s)" in calls.failed[0]

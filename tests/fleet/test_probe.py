@@ -46,7 +46,7 @@ async def test_incremental_engine_gets_a_client_that_expects_deltas(start_mock, 
     running = await start_mock(incremental_streaming_output=True)
     probed = await probe_engine(url(running), pool)
     assert probed.card.incremental_streaming is True
-    assert probed.client.incremental is True
+    assert isinstance(probed.client, NativeEngineClient) and probed.client.incremental is True
 
 
 async def test_smg_only_engine_falls_back_to_the_smg_api(start_mock, pool):

@@ -3,26 +3,40 @@
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
 from trio_direct.config import ServeConfig
-from trio_direct.fleet.fleet import Engine, Fleet, FleetError
+from trio_direct.fleet.fleet import Engine, Fleet, FleetError, FleetModel
 from trio_direct.frontend.runtime import ModelPool, check_roles
+from trio_direct.kv_sync.subscriber import KvEventSubscriber
 from trio_direct.routing.busy import BusyThreshold, EngineLoads
 from trio_direct.routing.policy import RoutingPolicy
 from trio_direct.routing.simple import NoWorkerAvailable
 
+#: The fleet's model, which routing never reads.
+MODEL = FleetModel("m", "m", "m", block_size=None, context_length=None, tool_call_parser=None, reasoning_parser=None)
+
 
 def engine(engine_id: str, role: str, url: str = "") -> Engine:
-    card = SimpleNamespace(role=role, dp_size=1, url=url or f"grpc://{engine_id}:1")
+    card: Any = SimpleNamespace(role=role, dp_size=1, url=url or f"grpc://{engine_id}:1")
     return Engine(engine_id, card, client=SimpleNamespace(api="native", name=engine_id))
 
 
 def frontend(engines: list[Engine], **config) -> ModelPool:
     settings = ServeConfig(**config)
     routing = RoutingPolicy(settings.router_mode, enforce_disagg=settings.enforce_disagg)
-    return ModelPool(settings, Fleet(engines, model=None), routing, tokenizer=None, chat_template_override=None)
+    no_tokenizer: Any = None  # routing never tokenizes
+    return ModelPool(
+        settings, Fleet(engines, model=MODEL), routing, tokenizer=no_tokenizer, chat_template_override=None
+    )
+
+
+def pair(route) -> tuple[str, str]:
+    """The prefill and decode engines of a disaggregated route."""
+    assert route.prefill is not None
+    return route.prefill.engine.id, route.decode.engine.id
 
 
 def test_aggregated_engines_take_turns():
@@ -35,7 +49,7 @@ def test_aggregated_engines_take_turns():
 
 def test_prefill_and_decode_pools_are_paired_and_each_round_robin():
     front = frontend([engine("p0", "prefill"), engine("p1", "prefill"), engine("d0", "decode"), engine("d1", "decode")])
-    pairs = [(r.prefill.engine.id, r.decode.engine.id) for r in (front.choose_route() for _ in range(4))]
+    pairs = [pair(front.choose_route()) for _ in range(4)]
     assert pairs == [("p0", "d0"), ("p1", "d1"), ("p0", "d0"), ("p1", "d1")]
     assert front.disaggregated and front.healthy()
 
@@ -69,7 +83,7 @@ def test_roles_come_from_the_probe_and_prefill_engine_url_asserts_prefill():
             engine("e1", "decode", "grpc://b:1"),
             engine("e2", "prefill", "grpc://c:1"),
         ],
-        model=None,
+        model=MODEL,
     )
     check_roles(fleet, [])  # without --prefill-engine-url the probe alone decides
     check_roles(fleet, ["grpc://a:1", "grpc://c:1"])
@@ -84,7 +98,7 @@ def test_a_prefill_engine_given_with_engine_url_serves_as_prefill():
     )
     check_roles(pool.fleet, pool.config.prefill_engine_url)
     route = pool.choose_route()
-    assert (route.prefill.engine.id, route.decode.engine.id) == ("p0", "d0")
+    assert pair(route) == ("p0", "d0")
 
 
 # --- engines that join after start-up --------------------------------------------------------------
@@ -111,7 +125,7 @@ def test_debug_routing_lists_pending_engines_and_never_routes_to_them():
 
 
 def kv_engine(engine_id: str, role: str = "aggregated", page: int = 4, kv_events=()) -> Engine:
-    card = SimpleNamespace(
+    card: Any = SimpleNamespace(
         role=role,
         dp_size=1,
         url=f"grpc://{engine_id}:1",
@@ -128,9 +142,10 @@ def test_kv_routing_indexes_a_joining_engine_and_refuses_one_whose_page_does_not
     from trio_direct.kv_sync.feeds import KvFeeds
     from trio_direct.routing.kv_routing import KvRouting
 
-    fleet = Fleet([kv_engine("e0", page=4)], model=None)
+    fleet = Fleet([kv_engine("e0", page=4)], model=MODEL)
     kv = KvRouting([e.card for e in fleet.engines], ServeConfig(router_mode="kv"))
     feeds = KvFeeds(kv, fleet)
+    assert kv.index is not None
     assert kv.block_size == 16 and kv.index.stats()["workers"] == 1
     with pytest.raises(ValueError, match="page size 3 does not divide the routing block 16"):
         kv.check_join(kv_engine("e1", page=3).card)
@@ -161,13 +176,15 @@ async def test_kv_routing_follows_an_engine_back_on_new_kv_event_endpoints(nurse
     from trio_direct.routing.kv_routing import KvRouting
 
     engine = kv_engine("e0", kv_events=(KvEventSource(0, "tcp://127.0.0.1:1"),))  # where it published before
-    fleet = Fleet([engine], model=None)
+    fleet = Fleet([engine], model=MODEL)
     kv = KvRouting([engine.card], ServeConfig(router_mode="kv"))
     feeds = KvFeeds(kv, fleet)
+    assert kv.index is not None
     front = frontend([engine], router_mode="kv")
     front.kv_feeds = feeds
     await nursery.start(feeds.run)
     [before] = feeds.subscribers
+    assert isinstance(before, KvEventSubscriber)
     config = KvEventsConfig.from_dict({"publisher": "zmq", "endpoint": "tcp://127.0.0.1:0", "topic": "kv"})
     async with open_kv_publishers(config, 1) as publishers:
         publisher = publishers[0]
@@ -175,6 +192,7 @@ async def test_kv_routing_follows_an_engine_back_on_new_kv_event_endpoints(nurse
         old, engine.card = engine.card, changed(engine.card, kv_events=(source,))
         front.engine_changed(engine, old)
         [subscriber] = feeds.subscribers
+        assert isinstance(subscriber, KvEventSubscriber)
         assert subscriber is not before and subscriber.sources == (source,)
         with trio.fail_after(10):  # a SUB joins late: publish until it has everything
             while subscriber.last_applied(0) != publisher.next_seq - 1:
@@ -198,7 +216,8 @@ def test_kv_routing_re_registers_ranks_when_the_dp_size_changes_and_keeps_a_same
 
     engine = kv_engine("e0", kv_events=(KvEventSource(0, "tcp://127.0.0.1:1"),))
     kv = KvRouting([engine.card], ServeConfig(router_mode="kv"))
-    feeds = KvFeeds(kv, Fleet([engine], model=None))
+    feeds = KvFeeds(kv, Fleet([engine], model=MODEL))
+    assert kv.index is not None
     [first] = feeds.subscribers
 
     old, engine.card = engine.card, changed(engine.card, url="grpc://elsewhere:1")
@@ -213,6 +232,7 @@ def test_kv_routing_re_registers_ranks_when_the_dp_size_changes_and_keeps_a_same
     assert "tcp://127.0.0.1:2, tcp://127.0.0.1:3 (was tcp://127.0.0.1:1" in line and "re-subscribed" in line
     assert kv.index.workers() == [RoutingKey("e0", 0), RoutingKey("e0", 1)]
     [subscriber] = feeds.subscribers
+    assert isinstance(subscriber, KvEventSubscriber)
     assert subscriber is not first and subscriber.sources == ranks
 
     old, engine.card = engine.card, changed(engine.card, role="decode", dp_size=1, kv_events=())
@@ -245,6 +265,7 @@ async def test_an_engine_that_left_leaves_the_kv_index_the_routers_and_its_subsc
     front.kv_feeds = KvFeeds(kv, front.fleet)
     await nursery.start(front.kv_feeds.run)
     [subscription, _] = front.kv_feeds.subscribers
+    assert isinstance(subscription, KvEventSubscriber) and kv.index is not None
     tokens = tuple(range(16))
     kv.index.apply(RoutingKey("e0", None), BlockStored((1, 2, 3, 4), None, tokens, 4))
     assert kv.held_blocks("e0", leaving.card) == 1
@@ -263,7 +284,9 @@ async def test_an_engine_that_left_leaves_the_kv_index_the_routers_and_its_subsc
 
 def test_a_busy_decode_engine_is_not_paired_and_no_prefill_starts_while_every_decode_engine_is_busy():
     front = frontend([engine("p0", "prefill"), engine("d0", "decode"), engine("d1", "decode")])
-    front.busy = EngineLoads(BusyThreshold.parse("2"))  # as serve sets it for --engine-busy-threshold 2
+    threshold = BusyThreshold.parse("2")
+    assert threshold is not None
+    front.busy = EngineLoads(threshold)  # as serve sets it for --engine-busy-threshold 2
     by_id = {e.id: e for e in front.fleet.engines}
     front.apply_load(by_id["d0"], [{"num_running_reqs": 2, "num_waiting_reqs": 0}])
     assert front.headroom() == 2  # d1 takes two more; the prefill engine is idle

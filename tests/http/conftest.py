@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import pytest
 import trio
@@ -86,7 +87,7 @@ def start_server(nursery, app) -> StartServer:
 
     async def start(
         *, max_body_bytes: int = 1000, shutdown: trio.Event | None = None, drained: trio.Event | None = None,
-        **limits: float,
+        **limits: Any,
     ) -> int:  # fmt: skip
         limits.setdefault("keep_alive_timeout", LONG)
         connection_limits = ConnectionLimits(**limits)

@@ -72,7 +72,7 @@ async def test_an_oversized_declared_body_is_answered_413_with_connection_close_
 async def test_a_request_with_both_length_headers_has_its_chunks_read_before_the_400():
     recorder = Recorder()
     chunks = [{"type": "http.request", "body": b"x" * 600, "more_body": True}] * 5  # past the limit: stop
-    received = []
+    received: list[dict] = []
 
     async def receive() -> dict:
         received.append(chunks[len(received)])
@@ -102,7 +102,7 @@ async def test_other_requests_and_the_lifespan_reach_the_app():
 @pytest.mark.parametrize("extension", [True, False])
 async def test_a_websocket_handshake_is_refused(extension):
     recorder = Recorder()
-    scope = {"type": "websocket", "path": "/v1/models", "headers": [], "extensions": {}}
+    scope: dict = {"type": "websocket", "path": "/v1/models", "headers": [], "extensions": {}}
     if extension:
         scope["extensions"]["websocket.http.response"] = {}
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import pytest
 import trio
@@ -132,7 +133,7 @@ async def _join(publisher: Publisher, subscriber: KvEventSubscriber) -> None:
 
 @asynccontextmanager
 async def _subscribed(
-    ctx: zmq.Context, sources: list[KvEventSource], **options: object
+    ctx: zmq.Context, sources: list[KvEventSource], **options: Any
 ) -> AsyncIterator[tuple[KvEventSubscriber, RecordingSink]]:
     sink = RecordingSink()
     subscriber = KvEventSubscriber("e1", sources, sink, ctx=ctx, **options)

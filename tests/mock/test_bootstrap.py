@@ -156,7 +156,7 @@ async def test_cancelled_prefill_fails_decode_promptly() -> None:
 
 async def test_aborted_handle_fails_decode_with_the_reason() -> None:
     async with open_bootstrap_server(HOST) as server, trio.open_nursery() as nursery:
-        outcome: list[Exception] = []
+        outcome: list[BootstrapFailed] = []
 
         async def decode_leg() -> None:
             try:

@@ -164,7 +164,7 @@ async def pd(mock_engine_factory, dial):
 async def test_pd_legs_meet_in_either_order(pd, first):
     prefill, decode, to_prefill, to_decode = await pd(bootstrap_timeout=10)
     request = pd_request("pd-1", prefill.bootstrap_port, room=4242)
-    legs = {"prefill": (prefill, to_prefill, {}), "decode": (decode, to_decode, {})}
+    legs: dict[str, tuple] = {"prefill": (prefill, to_prefill, {}), "decode": (decode, to_decode, {})}
     second = "decode" if first == "prefill" else "prefill"
 
     with trio.fail_after(10):
@@ -189,7 +189,8 @@ async def test_pd_legs_meet_in_either_order(pd, first):
 async def test_pd_samples_pair_by_room_plus_index(pd):
     prefill, decode, to_prefill, to_decode = await pd(bootstrap_timeout=10)
     request = pd_request("pd-n", prefill.bootstrap_port, room=500, n=2, max_new_tokens=3)
-    prefill_out, decode_out = {}, {}
+    prefill_out: dict = {}
+    decode_out: dict = {}
 
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery:
@@ -223,7 +224,8 @@ async def test_aborting_the_prefill_leg_fails_the_decode_leg(pd):
     prefill, decode, to_prefill, to_decode = await pd(bootstrap_timeout=30, speedup=0.05)
     long_prompt = pd_request("pair", prefill.bootstrap_port, room=99)
     long_prompt.input_ids[:] = list(range(3, 3 + 4000))
-    decode_out, prefill_out = {}, {}
+    decode_out: dict = {}
+    prefill_out: dict = {}
 
     with trio.fail_after(15):
         async with trio.open_nursery() as nursery:

@@ -8,6 +8,7 @@ from support import kv_events_config
 
 from trio_direct.mock.kv_publisher import (
     END_SEQ,
+    EventFormat,
     KvEventPublisher,
     KvEventsConfig,
     bind_kv_publishers,
@@ -17,13 +18,13 @@ from trio_direct.mock.kv_publisher import (
     open_kv_publishers,
     rank_endpoint,
 )
-from trio_direct.mock.kv_types import AllBlocksCleared, BlockRemoved, BlockStored
+from trio_direct.mock.kv_types import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
 from trio_direct.zmqio import TrioSocket
 
 STORED = BlockStored(block_hashes=(11, 12), parent_block_hash=10, token_ids=(1, 2, 3, 4), block_size=2)
 ROOT_STORED = BlockStored(block_hashes=(5,), parent_block_hash=None, token_ids=(9, 9), block_size=2)
 REMOVED = BlockRemoved(block_hashes=(11,))
-EVENTS = [STORED, ROOT_STORED, REMOVED, AllBlocksCleared()]
+EVENTS: list[KvEvent] = [STORED, ROOT_STORED, REMOVED, AllBlocksCleared()]
 
 
 def _seq(frame: bytes) -> int:
@@ -51,7 +52,8 @@ async def _subscribe(ctx: zmq.Context, publisher: KvEventPublisher) -> TrioSocke
     return sub
 
 
-async def _replay(ctx: zmq.Context, endpoint: str, start_seq: int) -> list[list[bytes]]:
+async def _replay(ctx: zmq.Context, endpoint: str | None, start_seq: int) -> list[list[bytes]]:
+    assert endpoint is not None, "the publisher has no replay socket"
     """Everything a DEALER receives for one replay request, END marker included."""
     with TrioSocket(ctx, zmq.DEALER) as dealer, trio.fail_after(10):
         dealer.connect(endpoint)
@@ -68,7 +70,7 @@ async def _replay(ctx: zmq.Context, endpoint: str, start_seq: int) -> list[list[
 
 
 @pytest.mark.parametrize("fmt", ["map", "array"])
-def test_batch_round_trips(fmt: str) -> None:
+def test_batch_round_trips(fmt: EventFormat) -> None:
     payload = encode_batch(1.5, EVENTS, 3, fmt)
     assert decode_batch(payload) == (1.5, EVENTS, 3)
 
@@ -172,8 +174,8 @@ async def test_ranks_get_consecutive_ports_and_their_own_rank(ctx: zmq.Context) 
     async with open_kv_publishers(kv_events_config(), 3, ctx) as publishers:
         ports = [p.bound_port for p in publishers]
         replay_ports = [p.bound_replay_port for p in publishers]
-        assert ports == [ports[0] + r for r in range(3)]
-        assert replay_ports == [replay_ports[0] + r for r in range(3)]
+        assert ports[0] is not None and ports == [ports[0] + r for r in range(3)]
+        assert replay_ports[0] is not None and replay_ports == [replay_ports[0] + r for r in range(3)]
         assert publishers.config.endpoint == f"tcp://127.0.0.1:{ports[0]}"
         sub = await _subscribe(ctx, publishers[2])
         with sub, trio.fail_after(10):
@@ -187,6 +189,7 @@ def test_describe_matches_sglang_server_info(ctx: zmq.Context) -> None:
     with_replay = publishers.config
     publishers.close()
     port = int(with_replay.endpoint.rsplit(":", 1)[1])
+    assert with_replay.replay_endpoint is not None
     replay_port = int(with_replay.replay_endpoint.rsplit(":", 1)[1])
     info = describe("10.0.0.5", with_replay, 2, 16)
     assert info["kv_events"] == {
@@ -299,6 +302,7 @@ async def test_long_replay_to_a_slow_reader_arrives_complete(ctx: zmq.Context) -
         publisher = publishers[0]
         for _ in range(3000):  # ~15 MB, seqs 1..3000
             publisher.publish([big], ts=1.0)
+        assert publisher.bound_replay_endpoint is not None
         with TrioSocket(ctx, zmq.DEALER, rcvhwm=100) as dealer, trio.fail_after(30):
             dealer.connect(publisher.bound_replay_endpoint)
             await dealer.send_multipart([b"", (0).to_bytes(8, "big")])
@@ -328,6 +332,7 @@ async def test_drop_next_makes_a_gap_that_replay_fills(ctx: zmq.Context) -> None
 async def test_malformed_replay_request_is_ignored(ctx: zmq.Context) -> None:
     async with open_kv_publishers(kv_events_config(), 1, ctx) as publishers:
         endpoint = publishers[0].bound_replay_endpoint
+        assert endpoint is not None
         with TrioSocket(ctx, zmq.DEALER) as dealer:
             dealer.connect(endpoint)
             await dealer.send_multipart([b"", b"short"])

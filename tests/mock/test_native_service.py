@@ -296,7 +296,8 @@ async def abort(channel, rid: str = "", abort_all: bool = False) -> pb.AbortResp
 async def test_abort_on_a_live_stream_ends_it_cancelled(mock_engine_factory, dial):
     running = await mock_engine_factory(speedup=1.0)
     channel = dial(running.port)
-    started, outcome = trio.Event(), {}
+    started = trio.Event()
+    outcome: dict = {}
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_stream_until_aborted, channel, long_request("victim"), started, outcome)
         await started.wait()
@@ -315,7 +316,7 @@ async def test_abort_needs_a_live_exact_rid_then_cascades_by_prefix(mock_engine_
     running = await mock_engine_factory(speedup=1.0)
     channel = dial(running.port)
     rids = ["job-1", "job-1-child", "job-2"]
-    outcomes = {rid: {} for rid in rids}
+    outcomes: dict[str, dict] = {rid: {} for rid in rids}
     async with trio.open_nursery() as nursery:
         for rid in rids:
             started = trio.Event()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import replace
+from typing import Literal
 
 import pytest
 
@@ -25,6 +26,7 @@ from trio_direct.mock.scheduler import (
 from trio_direct.mock.timing import TimingModel
 
 EOS = 0
+PD_CHOICES: list[Literal["none", "prefill", "decode"]] = ["none", "none", "prefill", "decode"]
 
 
 def make(**overrides: object) -> Scheduler:
@@ -101,7 +103,8 @@ def test_a_variation_changes_the_tokens_but_not_where_the_answer_stops() -> None
         outcomes[variation] = generate(make(), req)
     (plain, plain_end), (one, one_end), (two, two_end) = outcomes.values()
     assert len(plain) == len(one) == len(two) < 3000  # a stop is sampled, at the same step each time
-    assert plain_end.finish == one_end.finish == two_end.finish and plain_end.finish.kind == "stop"
+    assert plain_end.finish == one_end.finish == two_end.finish
+    assert plain_end.finish is not None and plain_end.finish.kind == "stop"
     assert plain[-1] == one[-1] == two[-1]
     assert plain[:-1] != one[:-1] != two[:-1] and plain[:-1] != two[:-1]
     assert not {EOS, 7} & set(one[:-1] + two[:-1])  # the variation's own tokens never stop
@@ -531,7 +534,7 @@ def test_random_traffic_keeps_outputs_and_memory_consistent(seed: int) -> None:
         op = rng.random()
         if op < 0.3:
             body = shared[: rng.randint(0, 12)] + prompt(rng.randint(1, 10), rng.randint(20, 40))
-            pd = rng.choice(["none", "none", "prefill", "decode"])
+            pd = rng.choice(PD_CHOICES)
             req = MockRequest(f"r{i:03d}", body, rng.randint(0, 12), seed=rng.randint(0, 3), pd=pd)
             sched.add(req)
             reqs[req.rid] = req

@@ -92,7 +92,7 @@ async def test_n_samples_are_tagged_by_index(channel):
 async def test_matched_stop_token_and_stop_string(channel, tiny_model):
     from tokenizers import Tokenizer
 
-    greedy = {"max_new_tokens": 12, "temperature": 0.0}  # repeatable: the SMG API has no seed
+    greedy: dict = {"max_new_tokens": 12, "temperature": 0.0}  # repeatable: the SMG API has no seed
     [free] = await collect(channel, gen("free", ignore_eos=True, **greedy))
     ids = list(free.complete.output_ids)
     [by_token] = await collect(channel, gen("tok", stop_token_ids=[ids[4]], **greedy))
@@ -155,7 +155,8 @@ def long_request(request_id: str) -> pb.GenerateRequest:
 async def test_abort_leaves_a_running_stream_silent(mock_engine_factory, dial):
     running = await mock_engine_factory(api="smg", speedup=1.0)
     channel = dial(running.port)
-    started, outcome = trio.Event(), {}
+    started = trio.Event()
+    outcome: dict = {}
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_consume, channel, long_request("quiet"), started, outcome)
         await started.wait()
@@ -170,7 +171,8 @@ async def test_abort_leaves_a_running_stream_silent(mock_engine_factory, dial):
 async def test_abort_cascade_reaches_other_streams_as_an_abort_finish(mock_engine_factory, dial):
     running = await mock_engine_factory(api="smg", speedup=1.0)
     channel = dial(running.port)
-    named, cascaded = {}, {}
+    named: dict = {}
+    cascaded: dict = {}
     async with trio.open_nursery() as nursery:
         for request_id, outcome in (("req-1", named), ("req-10", cascaded)):
             started = trio.Event()

@@ -97,10 +97,13 @@ def test_sdk_chat_body_with_every_feature_decodes(sent_body):
     assert isinstance(request, ChatCompletionRequest)
     assert [m.role for m in request.messages] == ["developer", "system", "user", "assistant", "tool"]
     user = request.messages[2]
+    assert isinstance(user.content, list)
     assert isinstance(user.content[0], TextPart) and isinstance(user.content[1], ImageURLPart)
-    assert user.content[1].image_url.detail == "low"
-    assert request.messages[3].tool_calls[0].function.arguments == '{"x": 1}'
-    assert request.stream and request.stream_options.include_usage
+    image = user.content[1]
+    assert isinstance(image, ImageURLPart) and image.image_url.detail == "low"
+    tool_calls = request.messages[3].tool_calls
+    assert tool_calls is not None and tool_calls[0].function.arguments == '{"x": 1}'
+    assert request.stream and request.stream_options is not None and request.stream_options.include_usage
     assert (request.max_completion_tokens, request.n, request.top_k, request.min_p) == (64, 2, 20, 0.05)
     assert request.stop == ["\n\n", "END"]
     assert isinstance(request.tool_choice, NamedToolChoice)

@@ -7,7 +7,7 @@ import json
 import openai
 import pytest
 from openai.types import Completion, Model
-from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from openai.types.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionMessageFunctionToolCall
 
 from trio_direct.core.plan import Usage
 from trio_direct.openai import errors
@@ -59,28 +59,32 @@ def test_final_chunk_carries_finish_reason_tool_calls_and_logprobs():
     event = chat_chunk(ID, CREATED, MODEL, 0, {"tool_calls": [tool_call]}, "tool_calls", logprobs=logprobs)
     choice = ChatCompletionChunk.model_validate(sse_payload(event)).choices[0]
     assert choice.finish_reason == "tool_calls"
-    assert choice.delta.tool_calls[0].function.name == "f"
+    assert choice.delta.tool_calls is not None and choice.logprobs is not None and choice.logprobs.content is not None
+    function = choice.delta.tool_calls[0].function
+    assert function is not None and function.name == "f"
     assert choice.logprobs.content[0].logprob == -0.5
 
 
 def test_usage_follows_the_spec():
     usage = Usage(prompt_tokens=10, completion_tokens=5, cached_tokens=4)
     chunk = ChatCompletionChunk.model_validate(sse_payload(usage_chunk(ID, CREATED, MODEL, usage)))
-    assert chunk.choices == []
+    assert chunk.choices == [] and chunk.usage is not None
     assert (chunk.usage.prompt_tokens, chunk.usage.completion_tokens, chunk.usage.total_tokens) == (10, 5, 15)
-    assert chunk.usage.prompt_tokens_details.cached_tokens == 4
+    assert chunk.usage.prompt_tokens_details is not None and chunk.usage.prompt_tokens_details.cached_tokens == 4
     assert "completion_tokens_details" not in sse_payload(usage_chunk(ID, CREATED, MODEL, usage))["usage"]
 
 
 def test_reasoning_tokens_appear_only_when_there_was_reasoning():
     usage = Usage(prompt_tokens=1, completion_tokens=9, reasoning_tokens=6)
     chunk = ChatCompletionChunk.model_validate(sse_payload(usage_chunk(ID, CREATED, MODEL, usage)))
+    assert chunk.usage is not None and chunk.usage.completion_tokens_details is not None
     assert chunk.usage.completion_tokens_details.reasoning_tokens == 6
 
 
 def test_continuous_usage_rides_on_a_content_chunk():
     event = chat_chunk(ID, CREATED, MODEL, 0, {"content": "x"}, usage=Usage(3, 1))
-    assert ChatCompletionChunk.model_validate(sse_payload(event)).usage.total_tokens == 4
+    usage = ChatCompletionChunk.model_validate(sse_payload(event)).usage
+    assert usage is not None and usage.total_tokens == 4
 
 
 def test_completion_chunks_match_the_sdk_model():
@@ -89,7 +93,12 @@ def test_completion_chunks_match_the_sdk_model():
     assert chunk.object == "text_completion"
     assert (chunk.choices[0].index, chunk.choices[0].text, chunk.choices[0].finish_reason) == (2, "abc", "length")
     final = Completion.model_validate(sse_payload(usage_chunk("cmpl-1", CREATED, MODEL, Usage(2, 3), chat=False)))
-    assert final.object == "text_completion" and final.choices == [] and final.usage.total_tokens == 5
+    assert (
+        final.object == "text_completion"
+        and final.choices == []
+        and final.usage is not None
+        and final.usage.total_tokens == 5
+    )
 
 
 def test_unary_chat_completion_matches_the_sdk_model():
@@ -103,8 +112,11 @@ def test_unary_chat_completion_matches_the_sdk_model():
     assert response.object == "chat.completion"
     first, second = response.choices
     assert (first.message.role, first.message.content, first.finish_reason) == ("assistant", "Hello", "stop")
-    assert first.message.model_extra["reasoning_content"] == "Think."
-    assert second.message.content is None and second.message.tool_calls[0].function.arguments == '{"a": 1}'
+    assert first.message.model_extra is not None and first.message.model_extra["reasoning_content"] == "Think."
+    assert second.message.content is None and second.message.tool_calls is not None
+    call = second.message.tool_calls[0]
+    assert isinstance(call, ChatCompletionMessageFunctionToolCall) and call.function.arguments == '{"a": 1}'
+    assert response.usage is not None and response.usage.prompt_tokens_details is not None
     assert response.usage.prompt_tokens_details.cached_tokens == 2
     raw = json.loads(body)
     assert "reasoning_content" not in raw["choices"][1]["message"] and "content" in raw["choices"][1]["message"]
@@ -114,6 +126,7 @@ def test_unary_completion_matches_the_sdk_model():
     choices = [CompletionChoice(index=0, text="abc", finish_reason="stop")]
     body = completion("cmpl-1", CREATED, MODEL, choices, Usage(1, 3))
     response = Completion.model_validate_json(body)
+    assert response.usage is not None
     assert (response.object, response.choices[0].text, response.usage.total_tokens) == ("text_completion", "abc", 4)
 
 

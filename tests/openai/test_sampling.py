@@ -77,14 +77,15 @@ def test_top_k_zero_means_disabled():
 
 def test_json_object_becomes_an_object_schema():
     options = sampling_options(chat(response_format={"type": "json_object"}), eos_token_ids=())
-    assert json.loads(options.json_schema) == {"type": "object"}
+    assert options.json_schema is not None and json.loads(options.json_schema) == {"type": "object"}
     assert options.regex is None and options.ebnf is None
 
 
 def test_json_schema_is_sent_as_json_text():
     schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
     request = chat(response_format={"type": "json_schema", "json_schema": {"name": "place", "schema": schema}})
-    assert json.loads(sampling_options(request, eos_token_ids=()).json_schema) == schema
+    sent = sampling_options(request, eos_token_ids=()).json_schema
+    assert sent is not None and json.loads(sent) == schema
 
 
 def test_text_response_format_is_no_constraint():

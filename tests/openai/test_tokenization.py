@@ -23,7 +23,7 @@ def test_a_prompt_or_a_list_of_prompts_or_messages():
     assert decode_tokenize_request(body(prompt="hi")).prompt == "hi"
     assert decode_tokenize_request(body(prompt=["a", "b"])).prompt == ["a", "b"]
     chat = decode_tokenize_request(body(messages=[{"role": "user", "content": "hi"}], add_generation_prompt=False))
-    assert chat.messages[0].content == "hi" and chat.add_generation_prompt is False
+    assert chat.messages is not None and chat.messages[0].content == "hi" and chat.add_generation_prompt is False
     assert chat.add_special_tokens is None  # the surface picks vLLM's default per form
 
 

@@ -403,7 +403,8 @@ def test_any_chunking_equals_whole_text(config: Config, text: str, cuts: list[in
 def _reference_tags(text: str, tags: Sequence[str], in_reasoning: bool) -> tuple[str, str]:
     """Independent one-character-at-a-time reading of the think-tag formats."""
     start, end, *tool = tags
-    reasoning, content = [], []
+    reasoning: list[str] = []
+    content: list[str] = []
     i = 0
     while i < len(text):
         active = (end, start, *tool) if in_reasoning else (start, end)

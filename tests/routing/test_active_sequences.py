@@ -125,7 +125,7 @@ def test_two_replicas_polling_one_engine_see_the_same_load():
     one, two = ActiveSequences(BS), ActiveSequences(BS)
     for i in range(6):
         add(one if i % 2 else two, f"r{i}", A, tokens(i, 4 * BS))
-    engine = {"running": 6, "waiting": 0, "used_tokens": 24 * BS}
+    engine: dict = {"running": 6, "waiting": 0, "used_tokens": 24 * BS}
     for replica in (one, two):
         replica.set_external_load(A, **engine)
     assert one.active_requests(A) == two.active_requests(A) == 6

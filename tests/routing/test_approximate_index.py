@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Hashable
 
 import pytest
 
@@ -121,7 +122,7 @@ def test_matches_agree_with_a_plain_model_of_routed_prefixes():
             for value in prompt:
                 last_routed[value, worker] = now
             continue
-        expected = {}
+        expected: dict[Hashable, int] = {}
         for worker in (A, B):
             depth = 0
             while depth < len(prompt):

@@ -30,7 +30,7 @@ def _payload(events: list[Any], ts: Any = 1.5, rank: Any = 0) -> bytes:
 
 
 # 0.5.23: "type"-tagged maps, optional keys omitted when null, lora_id always present.
-MAP_EVENTS = [
+MAP_EVENTS: list[dict[str, Any]] = [
     {
         "type": "BlockStored",
         "block_hashes": [11, -12],

@@ -344,7 +344,7 @@ def conversation_prompts(seed: int, count: int) -> list[list[int]]:
     """Prompts sharing system prompts and earlier turns, as chat traffic does."""
     rng = random.Random(seed)
     systems = [tokens(seed * 100 + i, rng.randrange(20, 70)) for i in range(3)]
-    prompts = []
+    prompts: list[list[int]] = []
     for _ in range(count):
         if prompts and rng.random() < 0.5:
             base = rng.choice(prompts)
@@ -432,7 +432,7 @@ class Model:
             for h in doomed:
                 del pages[h]
 
-    def ancestry(self, worker: str, value: int) -> tuple[list[int], int | None]:
+    def ancestry(self, worker: str, value: int | None) -> tuple[list[int], int | None]:
         """The chain from ``value`` up, and the parent it ends at (None: the root)."""
         chain, pages = [], self.pages[worker]
         while value is not None and value in pages:
@@ -645,6 +645,7 @@ def test_per_page_stores_are_located_once_the_run_is_long_enough():
     index.note_routed(A, prompt)
     cache.insert(prompt)
     (coalesced,) = cache.drain_events()
+    assert isinstance(coalesced, BlockStored)
     parent = coalesced.parent_block_hash
     for i, value in enumerate(coalesced.block_hashes):
         page = BlockStored((value,), parent, coalesced.token_ids[i : i + 1], 1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 from collections import Counter
+from collections.abc import Hashable
 
 import pytest
 
@@ -26,8 +27,9 @@ def tokens(seed: int, n: int) -> list[int]:
     return [rng.randrange(150_000) for _ in range(n)]
 
 
-def cache(index: KvIndex, worker, token_ids: list[int]) -> None:
+def cache(index: KvIndex | None, worker, token_ids: list[int]) -> None:
     """``worker``'s engine reports ``token_ids`` cached (one page per routing block)."""
+    assert index is not None
     hashes, _ = block_hash_chain(token_ids, BS)
     index.apply(worker, BlockStored(tuple(hashes), None, tuple(token_ids), BS))
 
@@ -195,7 +197,7 @@ def test_one_worker_is_the_only_candidate():
 
 
 def test_temperature_zero_is_reproducible_with_a_seed_and_breaks_ties_at_random():
-    def choices(seed: int) -> list[RoutingKey]:
+    def choices(seed: int) -> list[Hashable]:
         router = router_with(rng_seed=seed)
         return [router.decide(tokens(i, 3 * BS), WORKERS).worker for i in range(60)]
 
@@ -334,6 +336,8 @@ def test_each_candidate_says_whether_its_overlap_was_seen_stored_or_inferred():
     assert router.route("r0", first, [A]).worker == A  # the prompt this router sent there
     router.free("r0")
     warm.insert(first)
+    assert router.index is not None
+    assert router.index is not None
     for event in warm.drain_events():
         router.index.apply(A, event)
     decision = router.decide(system + tokens(2, 2 * BS), WORKERS)

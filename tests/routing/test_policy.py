@@ -59,7 +59,7 @@ def test_a_session_moves_when_its_engine_is_unhealthy_and_stays_on_the_new_one()
 def test_weighing_a_route_for_debug_pins_nothing():
     policy = RoutingPolicy("round-robin", affinity=SessionAffinity(60))
     policy.choose(candidates(), (), None, session_key="chat-1")
-    assert policy.affinity.get("chat-1") is None
+    assert policy.affinity is not None and policy.affinity.get("chat-1") is None
 
 
 def test_in_kv_mode_a_session_overrides_the_cost_and_leaves_a_busy_engine():
@@ -70,6 +70,7 @@ def test_in_kv_mode_a_session_overrides_the_cost_and_leaves_a_busy_engine():
     # load elsewhere is lower, yet the session stays (its prefix is cached there)
     kv.router.active.set_external_load(pinned, running=5, waiting=0, used_tokens=100 * 16, max_tokens=1000 * 16)
     route = policy.choose(candidates(), prompt(1), "r1", session_key="s")
+    assert route.decision is not None
     assert route.decode == pinned and route.sticky and route.decision.reason == "session affinity"
     assert kv.router.active.worker_of("r1") == pinned, "the pinned request counts as load there"
     # its KV cache fills up: the session goes elsewhere, and stays there
@@ -100,6 +101,7 @@ def test_least_load_takes_the_engine_with_the_fewest_requests_everyone_sent():
     # e1 (2 requests) first; at equal requests the engine with fewer KV blocks in use
     assert chosen == [WORKERS[1], WORKERS[2], WORKERS[1], WORKERS[0]]
     route = policy.choose(candidates(), prompt(9), None)
+    assert route.decision is not None
     assert route.decision.mode == "load" and route.decision.chosen.requests == 4
 
 
@@ -111,7 +113,7 @@ def test_power_of_two_takes_the_less_loaded_of_two_and_spreads_load():
     assert chosen[WORKERS[0]] == 0, "the busiest engine loses every draw it is in"
     assert chosen[WORKERS[1]] > 10 and chosen[WORKERS[2]] > 10
     decision = policy.choose(candidates(), prompt(99), None).decision
-    assert decision.reason.startswith("less loaded of two drawn")
+    assert decision is not None and decision.reason.startswith("less loaded of two drawn")
 
 
 # -- cost presets ------------------------------------------------------------------------------------

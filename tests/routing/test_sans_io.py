@@ -14,7 +14,7 @@ IO_MODULES = {"trio", "trio_util", "zmq", "socket", "asyncio", "selectors", "sel
 
 
 def imported_modules(path: Path) -> set[str]:
-    found = set()
+    found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)

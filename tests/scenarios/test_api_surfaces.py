@@ -11,12 +11,22 @@ import socket
 from contextlib import aclosing
 from functools import partial
 from itertools import pairwise
+from typing import TYPE_CHECKING
 
 import httpx
 import openai
 import pytest
 import trio
+from openai.types.chat import (
+    ChatCompletionContentPartImageParam,
+    ChatCompletionContentPartParam,
+    ChatCompletionMessageParam,
+)
+from openai.types.responses import ResponseInputContentParam
 from support import RawSseClient, settled_accounts, start_frontend, start_mock_engine
+
+if TYPE_CHECKING:
+    from anthropic.types import ContentBlockParam
 
 pytestmark = pytest.mark.slow
 
@@ -96,9 +106,11 @@ async def test_embeddings_with_the_openai_sdk_over_two_embedding_engines(aio_loo
     # an embedding model generates nothing, and cannot be cut to dimensions it was not trained for
     with pytest.raises(openai.BadRequestError) as caught:
         await client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}])
+    assert isinstance(caught.value.body, dict)
     assert caught.value.body["code"] == "model_not_supported"
     with pytest.raises(openai.BadRequestError) as caught:
         await client.embeddings.create(model=model, input="x", dimensions=64)
+    assert isinstance(caught.value.body, dict)
     assert caught.value.body["param"] == "dimensions"
     await client.close()
     accounts = await settle(engines)
@@ -122,6 +134,7 @@ async def test_a_matryoshka_model_cuts_its_vectors_to_the_dimensions_it_lists(ai
     assert cut == pytest.approx([x / norm(head) for x in head], abs=1e-6)
     with pytest.raises(openai.BadRequestError) as caught:
         await client.embeddings.create(model=model, input="cut me", dimensions=100)
+    assert isinstance(caught.value.body, dict)
     assert "only supports [64, 128, 256]" in caught.value.body["message"]
     await client.close()
 
@@ -313,13 +326,13 @@ async def test_chat_with_images_through_the_sdk_on_multimodal_engines(
         flags += engine_flags(await two_engines(nursery, "--multimodal", *FAST))
     base = await start_frontend(nursery, "--chat-template", str(template), *flags)
     model = await model_of(base)
-    content = [
+    content: list[ChatCompletionContentPartParam] = [
         {"type": "text", "text": "What is on"},
         {"type": "image_url", "image_url": {"url": url}},
         {"type": "text", "text": "and"},
         {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}},
     ]
-    messages = [{"role": "user", "content": content}]
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": content}]
     async with httpx.AsyncClient(base_url=base, timeout=30) as http:
         text_tokens = (await http.post("/v1/tokenize", json={"model": model, "messages": messages})).json()["count"]
 
@@ -328,11 +341,13 @@ async def test_chat_with_images_through_the_sdk_on_multimodal_engines(
         reply = client.chat.completions.create(model=model, messages=messages, max_tokens=4)
         assert reply.choices[0].finish_reason == "length"
         # the engine got both images: each counts its tokens on top of the placeholders' text
+        assert reply.usage is not None
         assert reply.usage.prompt_tokens == text_tokens + 2 * IMAGE_TOKENS
         stream = client.chat.completions.create(
             model=model, messages=messages, max_tokens=4, stream=True, stream_options={"include_usage": True}
         )
         chunks = list(stream)
+        assert chunks[-1].usage is not None
         assert chunks[-1].usage.prompt_tokens == text_tokens + 2 * IMAGE_TOKENS
         assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         client.close()
@@ -345,12 +360,17 @@ async def test_a_text_only_model_refuses_images_through_the_sdk(aio_loop, nurser
     engines = await two_engines(nursery, *FAST)
     base = await start_frontend(nursery, *engine_flags(engines))
     client = sdk(base)
-    image = {"type": "image_url", "image_url": {"url": "https://images.example/cat.png"}}
+    image: ChatCompletionContentPartImageParam = {
+        "type": "image_url",
+        "image_url": {"url": "https://images.example/cat.png"},
+    }
     with pytest.raises(openai.BadRequestError) as caught:
         await client.chat.completions.create(
             model=await model_of(base), messages=[{"role": "user", "content": [image]}], max_tokens=2
         )
+    assert isinstance(caught.value.body, dict)
     assert "multimodal" in caught.value.body["message"]
+    assert isinstance(caught.value.body, dict)
     assert caught.value.body["param"] == "messages[0].content[0].image_url.url"
     await client.close()
 
@@ -468,7 +488,7 @@ async def test_anthropic_and_responses_image_inputs_reach_the_engine(aio_loop, n
 
     def use_sdks() -> tuple[int, int]:
         claude = anthropic.Anthropic(base_url=base, api_key="unused", max_retries=0)
-        blocks = [
+        blocks: list[ContentBlockParam] = [
             {"type": "text", "text": "Compare"},
             {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}},
             {"type": "image", "source": {"type": "url", "url": "https://images.example/cat.png"}},
@@ -476,15 +496,16 @@ async def test_anthropic_and_responses_image_inputs_reach_the_engine(aio_loop, n
         message = claude.messages.create(model=model, max_tokens=4, messages=[{"role": "user", "content": blocks}])
         claude.close()
         client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
-        parts = [
+        parts: list[ResponseInputContentParam] = [
             {"type": "input_text", "text": "Compare"},
-            {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo="},
-            {"type": "input_image", "image_url": "https://images.example/cat.png"},
+            {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo="},  # type: ignore[list-item]  # "detail" left out: the API defaults it, the SDK marks it Required
+            {"type": "input_image", "image_url": "https://images.example/cat.png"},  # type: ignore[list-item]  # "detail" left out: the API defaults it, the SDK marks it Required
         ]
         response = client.responses.create(
             model=model, max_output_tokens=4, store=False, input=[{"role": "user", "content": parts}]
         )
         client.close()
+        assert response.usage is not None
         return message.usage.input_tokens + (message.usage.cache_read_input_tokens or 0), response.usage.input_tokens
 
     messages_tokens, responses_tokens = await trio.to_thread.run_sync(use_sdks)
@@ -506,9 +527,11 @@ async def test_an_embedding_model_and_a_generation_model_behind_one_frontend(aio
     assert reply.choices[0].finish_reason == "length"
     with pytest.raises(openai.BadRequestError) as caught:
         await client.chat.completions.create(model="embedder", messages=[{"role": "user", "content": "Hi"}])
+    assert isinstance(caught.value.body, dict)
     assert caught.value.body["code"] == "model_not_supported"
     with pytest.raises(openai.BadRequestError) as caught:
         await client.responses.create(model="embedder", input="Hi")
+    assert isinstance(caught.value.body, dict)
     assert caught.value.body["code"] == "model_not_supported"
     with pytest.raises(openai.BadRequestError) as caught:
         await client.embeddings.create(model="writer", input="a fox")

@@ -21,7 +21,7 @@ MODEL = "{model}"
 HELLO = [{"role": "user", "content": "Hello"}]
 
 #: (name, method, path, body (bytes, or JSON with {model} filled in), status, param or None)
-CASES = [
+CASES: list[tuple[str, str, str, bytes | dict | None, int, str | None]] = [
     ("malformed JSON", "POST", CHAT, b"{not json", 400, None),
     ("body is a list", "POST", CHAT, b"[1, 2]", 400, None),
     ("empty body", "POST", CHAT, b"", 400, None),

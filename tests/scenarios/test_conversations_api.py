@@ -8,10 +8,20 @@ import httpx
 import openai
 import pytest
 import trio
+from openai.types.conversations import Message
+from openai.types.responses import ResponseInputMessageItem, ResponseInputText, ResponseOutputText
 from state_servers import free_port
 from surface_scenarios import start_fleet
 
 pytestmark = pytest.mark.slow
+
+
+def text_of(item: object) -> str:
+    """The text of a conversation item that must be a message whose first part is text."""
+    assert isinstance(item, Message)
+    part = item.content[0]
+    assert isinstance(part, ResponseInputText | ResponseOutputText)
+    return part.text
 
 
 async def test_conversations_and_input_items_with_the_openai_sdk(aio_loop, nursery, tmp_path):
@@ -29,28 +39,35 @@ async def test_conversations_and_input_items_with_the_openai_sdk(aio_loop, nurse
         added = client.conversations.items.create(
             conversation.id, items=[{"type": "message", "role": "assistant", "content": "I will remember, Ada."}]
         )
-        assert [item.role for item in added.data] == ["assistant"]
+        (reply,) = added.data
+        assert isinstance(reply, Message) and reply.role == "assistant"
 
         # a response in the conversation reads its items, and adds its input and output to them
         answer = client.responses.create(model=fleet.model, conversation=conversation.id, input="What is my name?")
         assert answer.output_text == "Your name is Ada."
         items = list(client.conversations.items.list(conversation.id, order="asc"))
         assert [item.type for item in items] == ["message", "message", "message", "message"]
-        assert items[2].content[0].text == "What is my name?" and items[3].content[0].text == "Your name is Ada."
+        assert text_of(items[2]) == "What is my name?" and text_of(items[3]) == "Your name is Ada."
         newest = client.conversations.items.list(conversation.id, limit=1)
         assert [item.id for item in newest.data] == [items[3].id] and newest.has_more
-        assert client.conversations.items.retrieve(items[0].id, conversation_id=conversation.id).id == items[0].id
-        client.conversations.items.delete(items[0].id, conversation_id=conversation.id)
+        first_id = items[0].id
+        assert first_id is not None
+        assert client.conversations.items.retrieve(first_id, conversation_id=conversation.id).id == first_id
+        client.conversations.items.delete(first_id, conversation_id=conversation.id)
         assert len(list(client.conversations.items.list(conversation.id))) == 3
         with pytest.raises(openai.NotFoundError):
-            client.conversations.items.retrieve(items[0].id, conversation_id=conversation.id)
+            client.conversations.items.retrieve(first_id, conversation_id=conversation.id)
 
         # input_items: what a stored response was made from
         told = client.responses.create(model=fleet.model, input="My name is Ada. Please remember it.")
         inputs = client.responses.input_items.list(told.id)
-        assert [(item.type, item.role, item.content[0].text) for item in inputs.data] == [
-            ("message", "user", "My name is Ada. Please remember it.")
-        ]
+        (sent,) = inputs.data
+        assert isinstance(sent, ResponseInputMessageItem) and isinstance(sent.content[0], ResponseInputText)
+        assert (sent.type, sent.role, sent.content[0].text) == (
+            "message",
+            "user",
+            "My name is Ada. Please remember it.",
+        )
         with pytest.raises(openai.NotFoundError):
             client.responses.input_items.list("resp_unknown")
         with pytest.raises(openai.BadRequestError):
@@ -78,7 +95,8 @@ async def test_a_state_store_that_is_down_fails_only_the_requests_that_need_it(a
         client = openai.OpenAI(base_url=fleet.base + "/v1", api_key="unused", max_retries=0)
         with pytest.raises(openai.InternalServerError) as raised:
             client.responses.create(model=fleet.model, input="Tell me the riddle answer")
-        assert raised.value.status_code == 503 and raised.value.body["type"] == "service_unavailable"
+        assert raised.value.status_code == 503
+        assert isinstance(raised.value.body, dict) and raised.value.body["type"] == "service_unavailable"
         with pytest.raises(openai.InternalServerError):
             client.responses.retrieve("resp_1")
         with pytest.raises(openai.InternalServerError):

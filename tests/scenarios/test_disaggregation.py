@@ -272,7 +272,7 @@ async def test_kv_routing_sends_a_shared_prefix_to_the_prefill_engine_that_has_i
     )  # fmt: skip
     model = await model_of(base)
     system = "You are a careful assistant. " + "Always cite the rules. " * 60
-    body = {
+    body: dict = {
         "model": model,
         "messages": [{"role": "system", "content": system}, {"role": "user", "content": "one"}],
         "max_tokens": 3,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import httpx
 import openai
 import pytest
@@ -70,12 +72,15 @@ async def test_models_tokenize_and_prompt_logprobs_with_the_sdk(two_apis):
         client = openai.OpenAI(base_url=base + "/v1", api_key="client-secret", max_retries=0)
         [card] = client.models.list().data
         extra = card.model_extra
+        assert extra is not None
         assert card.owned_by == "trio-direct" and extra["root"] == native.info.model_path
         assert extra["parent"] is None and extra["max_model_len"] == native.info.max_req_input_len
         for _ in range(2):  # round-robin: once on each engine API
             reply = client.completions.create(model=card.id, prompt="Hello there", echo=True, logprobs=2, max_tokens=3)
             logprobs = reply.choices[0].logprobs
+            assert reply.usage is not None
             prompt_tokens = reply.usage.prompt_tokens
+            assert logprobs is not None and logprobs.token_logprobs is not None and logprobs.tokens is not None
             assert len(logprobs.tokens) == prompt_tokens + 3  # both APIs: the prompt's rows lead
             assert logprobs.token_logprobs[0] is None
             assert all(lp is not None for lp in logprobs.token_logprobs[1:])
@@ -93,7 +98,7 @@ async def test_echo_logprobs_show_the_prompt_once_over_every_engine_api(mock_eng
 
     def ask(stream: bool, max_tokens: int) -> tuple[list, int, str]:
         client = openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0)
-        args = {"model": "trio-direct-mock", "prompt": "Hello there", "echo": True, "logprobs": 1}
+        args: dict[str, Any] = {"model": "trio-direct-mock", "prompt": "Hello there", "echo": True, "logprobs": 1}
         args |= {"max_tokens": max_tokens, "temperature": 0}
         if not stream:
             reply = client.completions.create(**args)

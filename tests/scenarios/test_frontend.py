@@ -10,11 +10,15 @@ import subprocess
 import sys
 from contextlib import aclosing
 from functools import partial
+from typing import TYPE_CHECKING
 
 import httpx
 import pytest
 import trio
 from support import RawSseClient, engine_accounting, settled_accounts, start_frontend, start_mock_engine
+
+if TYPE_CHECKING:
+    from openai.types.chat import ChatCompletionMessageParam
 
 pytestmark = pytest.mark.slow
 
@@ -195,6 +199,7 @@ async def test_the_official_openai_client_works_for_chat_and_completions(aio_loo
         client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
         model = client.models.list().data[0].id
         reply = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=5)
+        assert reply.usage is not None
         assert reply.choices[0].finish_reason == "length" and reply.usage.completion_tokens == 5
         stream = client.chat.completions.create(
             model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=5, stream=True
@@ -300,11 +305,13 @@ async def test_logprobs_come_through_in_openai_shape(aio_loop, nursery, api):
     def use_client() -> None:
         client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
         model = client.models.list().data[0].id
-        messages = [{"role": "user", "content": "Hi"}]
+        messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Hi"}]
         reply = client.chat.completions.create(
             model=model, messages=messages, max_tokens=6, logprobs=True, top_logprobs=3
         )
+        assert reply.choices[0].logprobs is not None
         content = reply.choices[0].logprobs.content
+        assert content is not None
         assert len(content) == 6 and all(len(t.top_logprobs) == 3 for t in content)
         assert all(t.logprob < 0 and t.top_logprobs[0].logprob == t.logprob for t in content)
         streamed = client.chat.completions.create(
@@ -314,11 +321,13 @@ async def test_logprobs_come_through_in_openai_shape(aio_loop, nursery, api):
             t
             for chunk in streamed
             if chunk.choices and chunk.choices[0].logprobs
-            for t in chunk.choices[0].logprobs.content
+            for t in chunk.choices[0].logprobs.content or ()
         ]
         assert len(rows) == 6 and [len(t.top_logprobs) for t in rows] == [2] * 6
         legacy = client.completions.create(model=model, prompt="Once", max_tokens=5, logprobs=2)
         logprobs = legacy.choices[0].logprobs
+        assert logprobs is not None and logprobs.tokens is not None and logprobs.token_logprobs is not None
+        assert logprobs.text_offset is not None and logprobs.top_logprobs is not None
         assert len(logprobs.tokens) == len(logprobs.token_logprobs) == len(logprobs.text_offset) == 5
         assert all(len(top) <= 2 for top in logprobs.top_logprobs)
         assert logprobs.text_offset == sorted(logprobs.text_offset)

@@ -165,7 +165,9 @@ async def start_limited(nursery: trio.Nursery, open_files: int, *args: str) -> t
 
     nursery.start_soon(read_log)
     await wait_until(lambda: server.logged(r"OpenAI API for model.* on http://") != [], timeout=60)
-    base = re.search(r"on (http://\S+)", server.logged(r"OpenAI API for model")[0])[1]
+    address = re.search(r"on (http://\S+)", server.logged(r"OpenAI API for model")[0])
+    assert address is not None
+    base = address[1]
     return server, port_of(base)
 
 
@@ -191,7 +193,9 @@ async def health(stream: trio.SocketStream) -> int:
 
 async def test_past_the_connection_cap_new_connections_are_refused_at_once_and_served_ones_carry_on(nursery):
     server, port = await start_limited(nursery, 256, "--header-read-timeout", LONG)
-    cap = int(re.search(r"at most (\d+) client connections", server.logged(r"at most \d+ client")[0])[1])
+    announced = re.search(r"at most (\d+) client connections", server.logged(r"at most \d+ client")[0])
+    assert announced is not None
+    cap = int(announced[1])
     assert cap == 256 - 64  # the open-file limit less its reserve
     opened: list[trio.SocketStream] = []
     try:

@@ -173,7 +173,7 @@ async def test_four_million_message_bodies_are_refused_fast_and_never_stall_the_
     than the bodies, and `/live` answers within 200 ms throughout."""
     process, base, model = await serve(nursery, "--mock-speedup", "inf")
     message = {"role": "user", "content": "hi"}
-    compact = {"separators": (",", ":")}  # 31 bytes a message: 31 MB, under the 32 MiB body limit
+    compact: dict = {"separators": (",", ":")}  # 31 bytes a message: 31 MB, under the 32 MiB body limit
     chat = json.dumps({"model": model, "messages": [message] * 1_000_000}, **compact).encode()
     anthropic = json.dumps({"model": model, "max_tokens": 4, "messages": [message] * 1_000_000}, **compact).encode()
     replies: list[tuple[httpx.Response, float]] = []
@@ -263,7 +263,7 @@ async def test_junk_kv_frames_on_a_dead_engines_port_log_little_and_index_nothin
         caplog.clear()
         caplog.set_level(logging.INFO, logger="trio_direct.kv_sync")
 
-        ctx = zmq.Context.instance()
+        ctx: zmq.Context = zmq.Context.instance()
         pub = ctx.socket(zmq.PUB)
         pub.setsockopt(zmq.SNDHWM, 0)
         pub.setsockopt(zmq.LINGER, 0)

@@ -66,6 +66,7 @@ async def test_the_sdk_retrieves_a_model_and_an_unknown_one_is_not_found(aio_loo
     assert (model.id, model.object) == ("org/tiny-model", "model")
     with pytest.raises(openai.NotFoundError) as caught:
         await client.models.retrieve("no-such-model")
+    assert isinstance(caught.value.body, dict)
     assert caught.value.body["code"] == "model_not_found"
     await client.close()
 

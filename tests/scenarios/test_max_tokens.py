@@ -41,14 +41,18 @@ async def test_without_max_tokens_the_answer_runs_to_its_end(mock_engine_factory
     def ask() -> None:
         client = sdk(base)
         chat = client.chat.completions.create(model="trio-direct-mock", messages=[{"role": "user", "content": "Hi"}])
+        assert chat.usage is not None
         assert chat.choices[0].finish_reason == "stop" and chat.usage.completion_tokens > 128
-        assert chat.choices[0].message.content.startswith("hello world hello world")
+        content = chat.choices[0].message.content
+        assert content is not None and content.startswith("hello world hello world")
         # The legacy Completions API documents its own default of 16 (OpenAI, vLLM and SGLang alike).
         completion = client.completions.create(model="trio-direct-mock", prompt="Hi")
+        assert completion.usage is not None
         assert completion.usage.completion_tokens == 16
         # The SDK's helper raises unless the response completes.
         with client.responses.stream(model="trio-direct-mock", input="Hi") as stream:
             final = stream.get_final_response()
+        assert final.usage is not None
         assert final.status == "completed" and final.usage.output_tokens > 128
 
     await trio.to_thread.run_sync(ask)
@@ -61,11 +65,13 @@ async def test_the_operator_caps_requests_without_a_limit(mock_engine_factory, n
     def ask() -> None:
         client = sdk(base)
         capped = client.chat.completions.create(model="trio-direct-mock", messages=[{"role": "user", "content": "Hi"}])
+        assert capped.usage is not None
         assert capped.choices[0].finish_reason == "length" and capped.usage.completion_tokens == 40
         # A client's own limit still wins over the operator's default.
         own = client.chat.completions.create(
             model="trio-direct-mock", messages=[{"role": "user", "content": "Hi"}], max_tokens=200
         )
+        assert own.usage is not None
         assert own.usage.completion_tokens == 200
 
     await trio.to_thread.run_sync(ask)

@@ -12,12 +12,21 @@ import anthropic
 import httpx
 import pytest
 import trio
+from anthropic.types import (
+    MessageParam,
+    TextBlock,
+    ThinkingBlock,
+    ToolParam,
+    ToolResultBlockParam,
+    ToolUseBlock,
+)
+from anthropic.types.message_create_params import MessageCreateParamsNonStreaming
 from support import RawSseClient
 from surface_scenarios import MODES, aborted, generations, settle, start_fleet
 
 pytestmark = pytest.mark.slow
 
-TOOLS = [
+TOOLS: list[ToolParam] = [
     {
         "name": "get_weather",
         "description": "Current weather in a city",
@@ -37,15 +46,17 @@ async def test_messages_with_the_anthropic_sdk(aio_loop, nursery, tmp_path, mode
 
     def use_client() -> None:
         client = sdk(fleet.base)
-        riddle = [{"role": "user", "content": "Tell me the riddle answer"}]
+        riddle: list[MessageParam] = [{"role": "user", "content": "Tell me the riddle answer"}]
 
         # thinking blocks from the reasoning parser, then the text
         reply = client.messages.create(model=model, max_tokens=100, messages=riddle, thinking={"type": "adaptive"})
         assert reply.id.startswith("msg_") and reply.stop_reason == "end_turn"
         thinking, text = reply.content
+        assert isinstance(thinking, ThinkingBlock) and isinstance(text, TextBlock)
         assert (thinking.type, thinking.thinking) == ("thinking", "Keys but no locks... a piano.")
         assert (text.type, text.text) == ("text", "A piano.")
         usage = reply.usage
+        assert usage.cache_read_input_tokens is not None
         assert usage.input_tokens >= 0 and usage.output_tokens > 0 and usage.cache_read_input_tokens >= 0
 
         # the same prompt counted: exactly the tokens the request sent
@@ -60,24 +71,34 @@ async def test_messages_with_the_anthropic_sdk(aio_loop, nursery, tmp_path, mode
         assert [block.type for block in final.content] == ["thinking", "text"] and final.stop_reason == "end_turn"
 
         # a tool round trip: tool_use, then the tool_result answered
-        ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+        ask: list[MessageParam] = [{"role": "user", "content": "What is the weather in Paris?"}]
         first = client.messages.create(model=model, max_tokens=200, messages=ask, tools=TOOLS)
         assert first.stop_reason == "tool_use"
         call = first.content[-1]
+        assert isinstance(call, ToolUseBlock)
         assert (call.type, call.name, call.input) == ("tool_use", "get_weather", {"city": "Paris"})
-        result = {"type": "tool_result", "tool_use_id": call.id, "content": "22C"}
-        turns = [*ask, {"role": "assistant", "content": first.content}, {"role": "user", "content": [result]}]
+        result: ToolResultBlockParam = {"type": "tool_result", "tool_use_id": call.id, "content": "22C"}
+        turns: list[MessageParam] = [
+            *ask,
+            {"role": "assistant", "content": first.content},
+            {"role": "user", "content": [result]},
+        ]
         second = client.messages.create(model=model, max_tokens=200, messages=turns, tools=TOOLS)
-        assert (second.stop_reason, second.content[-1].text) == ("end_turn", "It is 22C and sunny in Paris.")
+        answer = second.content[-1]
+        assert isinstance(answer, TextBlock)
+        assert (second.stop_reason, answer.text) == ("end_turn", "It is 22C and sunny in Paris.")
         with client.messages.stream(model=model, max_tokens=200, messages=ask, tools=TOOLS) as stream:
             streamed = stream.get_final_message()
-        assert streamed.stop_reason == "tool_use" and streamed.content[-1].input == {"city": "Paris"}
+        streamed_call = streamed.content[-1]
+        assert isinstance(streamed_call, ToolUseBlock)
+        assert streamed.stop_reason == "tool_use" and streamed_call.input == {"city": "Paris"}
 
         # stop sequences
-        counting = [{"role": "user", "content": "Count for me"}]
+        counting: list[MessageParam] = [{"role": "user", "content": "Count for me"}]
         stopped = client.messages.create(model=model, max_tokens=50, messages=counting, stop_sequences=["STOP"])
         assert (stopped.stop_reason, stopped.stop_sequence) == ("stop_sequence", "STOP")
-        assert stopped.content[0].text == "one two three "
+        stopped_text = stopped.content[0]
+        assert isinstance(stopped_text, TextBlock) and stopped_text.text == "one two three "
         capped = client.messages.create(model=model, max_tokens=2, messages=counting)
         assert capped.stop_reason == "max_tokens" and capped.usage.output_tokens == 2
         client.close()
@@ -93,7 +114,11 @@ async def test_messages_with_the_anthropic_sdk(aio_loop, nursery, tmp_path, mode
 
 async def test_x_api_key_and_bearer_both_authenticate_messages(aio_loop, nursery, tmp_path):
     fleet = await start_fleet(nursery, tmp_path, "aggregated", api_key="sesame")
-    body = {"model": fleet.model, "max_tokens": 4, "messages": [{"role": "user", "content": "Hello"}]}
+    body: MessageCreateParamsNonStreaming = {
+        "model": fleet.model,
+        "max_tokens": 4,
+        "messages": [{"role": "user", "content": "Hello"}],
+    }
 
     def use_client() -> None:
         with sdk(fleet.base, "sesame") as client:  # the SDK sends x-api-key

@@ -230,7 +230,7 @@ async def test_a_busy_engine_gets_nothing_new_and_when_all_are_busy_requests_wai
         httpx.AsyncClient(base_url=base, timeout=60) as client,
     ):
         model = await model_of(client)
-        load = [{} for _ in range(3)]
+        load: list[dict] = [{} for _ in range(3)]
         async with trio.open_nursery() as loading:
             for into in load:
                 loading.start_soon(stream_chat, loader, chat(model, max_tokens=400), into)
@@ -243,7 +243,7 @@ async def test_a_busy_engine_gets_nothing_new_and_when_all_are_busy_requests_wai
             assert (await engine_accounting(busy.url))["started"] == started, "the busy engine got new requests"
             # Now the idle engine gets busy too (three streams through this frontend): the next
             # request waits for room rather than pile onto either engine.
-            mine = [{} for _ in range(3)]
+            mine: list[dict] = [{} for _ in range(3)]
             for into in mine:
                 loading.start_soon(stream_chat, client, chat(model, max_tokens=120), into)
             await wait_until(lambda: all(i.get("chunks", 0) > 0 for i in mine), timeout=20)
@@ -302,7 +302,7 @@ async def test_streams_of_an_engine_killed_mid_way_complete_on_the_other(aio_loo
     )  # fmt: skip
     async with httpx.AsyncClient(base_url=base, timeout=60, limits=httpx.Limits(max_connections=100)) as client:
         model = await model_of(client)
-        streams = [{} for _ in range(50)]
+        streams: list[dict] = [{} for _ in range(50)]
         migrated = await metric(client, 'trio_direct_migrations_total{outcome="migrated"}')
         async with trio.open_nursery() as reading:
             for i, into in enumerate(streams):
@@ -331,7 +331,7 @@ async def test_streams_of_a_stopped_engine_move_within_the_idle_timeout(aio_loop
     )  # fmt: skip
     async with httpx.AsyncClient(base_url=base, timeout=60) as client:
         model = await model_of(client)
-        streams = [{} for _ in range(8)]
+        streams: list[dict] = [{} for _ in range(8)]
         stalls = await metric(client, "trio_direct_engine_stalls_total")
         try:
             async with trio.open_nursery() as reading:
@@ -363,7 +363,7 @@ async def test_keepalive_pings_notice_a_dead_connection_and_its_streams_move(aio
     )  # fmt: skip
     async with httpx.AsyncClient(base_url=base, timeout=60) as client:
         model = await model_of(client)
-        streams = [{} for _ in range(4)]
+        streams: list[dict] = [{} for _ in range(4)]
         try:
             async with trio.open_nursery() as reading:
                 for i, into in enumerate(streams):
@@ -391,7 +391,7 @@ async def test_a_decode_engine_lost_mid_stream_continues_through_a_fresh_prefill
     )  # fmt: skip
     async with httpx.AsyncClient(base_url=base, timeout=60) as client:
         model = await model_of(client)
-        streams = [{} for _ in range(8)]
+        streams: list[dict] = [{} for _ in range(8)]
         async with trio.open_nursery() as reading:
             for i, into in enumerate(streams):
                 reading.start_soon(stream_chat, client, chat(model, f"story {i}"), into)
@@ -476,15 +476,16 @@ async def test_traces_continue_the_clients_traceparent_down_to_the_engine(aio_lo
         await wait_until(lambda: any(s.name.startswith("POST") for s in exporter.get_finished_spans()))
         spans = exporter.get_finished_spans()
         (root,) = [s for s in spans if s.name == "POST /v1/chat/completions"]
+        assert root.context is not None and root.parent is not None and root.attributes is not None
         assert f"{root.context.trace_id:032x}" == trace_id and root.parent.span_id == 0x00F067AA0BA902B7
         assert root.attributes["trio_direct.request_id"] == "traced"
         children = {s.name: s for s in spans if s.parent is not None and s.parent.span_id == root.context.span_id}
         assert {"plan", "response", "engine.generate"} <= set(children), sorted(children)
         call = children["engine.generate"]
-        assert (
-            call.attributes["trio_direct.rid"].startswith("traced---")
-            and call.attributes["trio_direct.role"] == "aggregated"
-        )
+        assert call.attributes is not None
+        rid = call.attributes["trio_direct.rid"]
+        assert isinstance(rid, str) and rid.startswith("traced---")
+        assert call.attributes["trio_direct.role"] == "aggregated"
         (seen,) = [r["trace_headers"] for r in running.engine.accounting.requests.values()]
         assert seen["traceparent"].split("-")[1] == trace_id  # the engine continues the client's trace
         assert seen["traceparent"].split("-")[2] == f"{call.context.span_id:016x}"

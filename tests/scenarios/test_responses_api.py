@@ -12,14 +12,21 @@ import httpx
 import openai
 import pytest
 import trio
+from openai.types.responses import (
+    FunctionToolParam,
+    ResponseFunctionCallArgumentsDeltaEvent,
+    ResponseFunctionToolCall,
+    ResponseReasoningItem,
+)
+from openai.types.responses.response_input_param import FunctionCallOutput
 from support import RawSseClient
 from surface_scenarios import MODES, aborted, generations, settle, start_fleet
 
 pytestmark = pytest.mark.slow
 
 MODEL = "{model}"  # filled in from /v1/models
-TOOLS = [
-    {
+TOOLS: list[FunctionToolParam] = [
+    {  # type: ignore[typeddict-item]  # "strict" left out on purpose: the API defaults it, the SDK marks it Required
         "type": "function",
         "name": "get_weather",
         "description": "Current weather in a city",
@@ -39,8 +46,11 @@ async def test_responses_with_the_openai_sdk(aio_loop, nursery, tmp_path, mode):
         plain = client.responses.create(model=fleet.model, input="Tell me the riddle answer", max_output_tokens=100)
         assert plain.status == "completed" and plain.id.startswith("resp_")
         assert [item.type for item in plain.output] == ["reasoning", "message"]
-        assert plain.output[0].content[0].text == "Keys but no locks... a piano."
+        reasoning = plain.output[0]
+        assert isinstance(reasoning, ResponseReasoningItem) and reasoning.content is not None
+        assert reasoning.content[0].text == "Keys but no locks... a piano."
         assert plain.output_text == "A piano."
+        assert plain.usage is not None
         assert plain.usage.input_tokens > 0 and plain.usage.output_tokens > 0
         assert plain.usage.input_tokens_details.cached_tokens >= 0
 
@@ -58,18 +68,22 @@ async def test_responses_with_the_openai_sdk(aio_loop, nursery, tmp_path, mode):
         first = client.responses.create(model=fleet.model, input=ask, tools=TOOLS)
         call = first.output[-1]
         assert [item.type for item in first.output] == ["reasoning", "message", "function_call"]
+        assert isinstance(call, ResponseFunctionToolCall)
         assert (call.name, json.loads(call.arguments)) == ("get_weather", {"city": "Paris"})
-        result = {"type": "function_call_output", "call_id": call.call_id, "output": "22C"}
+        result: FunctionCallOutput = {"type": "function_call_output", "call_id": call.call_id, "output": "22C"}
         chained = client.responses.create(model=fleet.model, previous_response_id=first.id, input=[result], tools=TOOLS)
         assert chained.output_text == "It is 22C and sunny in Paris."
         assert chained.previous_response_id == first.id
         replayed = client.responses.create(
-            model=fleet.model, input=[{"role": "user", "content": ask}, *first.output, result], tools=TOOLS, store=False
+            model=fleet.model,
+            input=[{"role": "user", "content": ask}, *first.output, result],  # type: ignore[list-item]  # the SDK sends its own output items back as input; its types take only *Param dicts
+            tools=TOOLS,
+            store=False,
         )
         assert replayed.output_text == "It is 22C and sunny in Paris."
         streamed_call = [
             e for e in client.responses.create(model=fleet.model, input=ask, tools=TOOLS, stream=True)
-            if e.type == "response.function_call_arguments.delta"
+            if isinstance(e, ResponseFunctionCallArgumentsDeltaEvent)
         ]  # fmt: skip
         assert json.loads("".join(e.delta for e in streamed_call)) == {"city": "Paris"}
 
@@ -78,6 +92,7 @@ async def test_responses_with_the_openai_sdk(aio_loop, nursery, tmp_path, mode):
         assert told.output_text == "I will remember, Ada."
         again = client.responses.create(model=fleet.model, previous_response_id=told.id, input="What is my name?")
         assert again.output_text == "Your name is Ada."
+        assert again.usage is not None and told.usage is not None
         assert again.usage.input_tokens > told.usage.input_tokens
         assert client.responses.retrieve(told.id).model_dump() == told.model_dump()
         client.responses.delete(told.id)

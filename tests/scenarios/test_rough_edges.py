@@ -163,7 +163,7 @@ async def test_hypercorn_serving_the_app_logs_in_the_frontend_format_at_the_conf
     pattern = format_pattern(FORMAT)
     unformatted = [line for line in lines if not pattern.fullmatch(line)]
     assert not unformatted, f"lines not in trio-direct's format: {unformatted[:5]}"
-    records = [pattern.fullmatch(line) for line in lines]
+    records = [record for line in lines if (record := pattern.fullmatch(line))]  # all of them, as checked above
     assert any(r["name"] == "trio_direct.frontend.runtime" and "serving model" in r["message"] for r in records)
     request_lines = [r for r in records if r["request_id"] == reply.headers["x-request-id"]]
     assert any(r["levelname"] == "DEBUG" and r["name"].startswith("trio_direct.") for r in request_lines)

@@ -65,6 +65,7 @@ async def test_two_models_with_their_own_tokenizers_serve_side_by_side(aio_loop,
             counts = {}
             for model in ("alpha", "beta"):
                 reply = client.completions.create(model=model, prompt=PROMPT, max_tokens=3)
+                assert reply.usage is not None
                 counts[model] = reply.usage.prompt_tokens
                 assert reply.model == model and reply.choices[0].text
                 chat = client.chat.completions.create(

@@ -67,11 +67,16 @@ async def start_serve(nursery: trio.Nursery, *args: str) -> Serve:
     return serve
 
 
-def client(base: str, **headers: str) -> openai.OpenAI:
+def client(base: str | None, **headers: str) -> openai.OpenAI:
     """An SDK client that opens a new connection for every request (any worker may answer)."""
+    assert base is not None, "serve has not logged its address"
     http = httpx.Client(limits=httpx.Limits(max_keepalive_connections=0), timeout=30)
     return openai.OpenAI(
-        base_url=base + "/v1", api_key="unused", max_retries=0, http_client=http, default_headers=headers
+        base_url=base + "/v1",
+        api_key="unused",
+        max_retries=0,
+        http_client=http,  # type: ignore[arg-type]  # the SDK takes a legacy httpx.Client too (checked at run time); its types name only httpx2
+        default_headers=headers,
     )
 
 
@@ -136,6 +141,7 @@ async def test_two_frontends_share_responses_and_the_fleet_and_survive_a_databas
         assert answer.status_code == 201, answer.text
 
         async def listed_as_serving() -> bool:
+            assert second.base is not None
             async with httpx.AsyncClient(timeout=30, headers=admin) as fresh:
                 engines = (await fresh.get(second.base + "/admin/engines")).json()["data"]
             return any(e["url"] == added.url and e["state"] == "serving" and e["healthy"] for e in engines)
@@ -160,6 +166,7 @@ async def test_two_frontends_share_responses_and_the_fleet_and_survive_a_databas
         assert (await http.delete(f"{second.base}/admin/engines/{engine_id}")).status_code == 200
 
         async def excluded_by_first() -> bool:
+            assert first.base is not None
             async with httpx.AsyncClient(timeout=30, headers=admin) as fresh:
                 body = (await fresh.get(first.base + "/admin/engines")).json()
             serving = [e for e in body["data"] if e["url"] == added.url and e["state"] == "serving"]
@@ -245,9 +252,10 @@ async def test_a_tenants_limits_hold_across_every_frontend_on_one_store(nursery,
         model = (await http.get(first.base + "/v1/models")).json()["data"][0]["id"]
 
     def send_five() -> tuple[list[str], openai.RateLimitError]:
+        assert first.base is not None and second.base is not None
         one = openai.OpenAI(
             base_url=first.base + "/v1", api_key=key, max_retries=0,
-            http_client=httpx.Client(limits=httpx.Limits(max_keepalive_connections=0), timeout=30),
+            http_client=httpx.Client(limits=httpx.Limits(max_keepalive_connections=0), timeout=30),  # type: ignore[arg-type]  # the SDK takes a legacy httpx.Client too (checked at run time); its types name only httpx2
         )  # fmt: skip
         other = one.with_options(base_url=second.base + "/v1")
         remaining = []

@@ -141,6 +141,7 @@ async def test_each_key_is_its_tenant_with_its_models_and_limits_and_the_headers
     with pytest.raises(openai.RateLimitError) as refused:
         await alpha.chat.completions.create(**chat())
     response = refused.value.response
+    assert isinstance(refused.value.body, dict)
     assert refused.value.body["code"] == "rate_limit_exceeded" and refused.value.body["type"] == "rate_limit_error"
     assert 1 <= int(response.headers["retry-after"]) <= 60
     assert response.headers["x-ratelimit-remaining-requests"] == "0"
@@ -148,6 +149,7 @@ async def test_each_key_is_its_tenant_with_its_models_and_limits_and_the_headers
     # beta may use only a model this server does not serve: the one it does is "not found" to it
     with pytest.raises(openai.NotFoundError) as hidden:
         await beta.chat.completions.create(**chat())
+    assert isinstance(hidden.value.body, dict)
     assert hidden.value.body["code"] == "model_not_found"
     assert [m.id async for m in beta.models.list()] == []
     with pytest.raises(openai.NotFoundError):
@@ -156,6 +158,7 @@ async def test_each_key_is_its_tenant_with_its_models_and_limits_and_the_headers
 
     with pytest.raises(openai.AuthenticationError) as wrong:
         await client(base, "key-gamma").chat.completions.create(**chat())
+    assert isinstance(wrong.value.body, dict)
     assert wrong.value.body["code"] == "invalid_api_key"
 
     # the Messages API answers in Anthropic's envelope, with the same headers
@@ -163,6 +166,7 @@ async def test_each_key_is_its_tenant_with_its_models_and_limits_and_the_headers
     _OPEN.append(claude)
     with pytest.raises(anthropic.RateLimitError) as limited:
         await claude.messages.create(model=MODEL, max_tokens=4, messages=[{"role": "user", "content": "Hi"}])
+    assert isinstance(limited.value.body, dict)
     assert limited.value.body["type"] == "error" and limited.value.body["error"]["type"] == "rate_limit_error"
     assert limited.value.response.headers["x-ratelimit-limit-requests"] == "3"
     stranger = anthropic.AsyncAnthropic(base_url=base, api_key="nope", max_retries=0)
@@ -301,7 +305,7 @@ async def test_the_tenant_is_in_the_requests_trace(aio_loop, nursery, tmp_path):
             while not any(s.name == "POST /v1/chat/completions" for s in exporter.get_finished_spans()):
                 await trio.sleep(0.01)
         (root,) = [s for s in exporter.get_finished_spans() if s.name == "POST /v1/chat/completions"]
-        assert root.attributes["trio_direct.tenant"] == "alpha"
+        assert root.attributes is not None and root.attributes["trio_direct.tenant"] == "alpha"
     finally:
         tracing.disable()
 

@@ -12,12 +12,17 @@ from dataclasses import dataclass
 
 import pytest
 import trio
+from openai.types.chat import (
+    ChatCompletionFunctionToolParam,
+    ChatCompletionMessageFunctionToolCall,
+    ChatCompletionMessageParam,
+)
 from support import start_frontend, start_mock_engine
 
 pytestmark = pytest.mark.slow
 
 D = "\uff5cDSML\uff5c"
-TOOLS = [
+TOOLS: list[ChatCompletionFunctionToolParam] = [
     {
         "type": "function",
         "function": {
@@ -146,14 +151,18 @@ async def test_a_tool_call_family_through_the_openai_sdk(aio_loop, nursery, tmp_
     def use_client() -> None:
         client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
         model = client.models.list().data[0].id
-        ask = [{"role": "user", "content": "Weather in Paris for 3 days, and the time in CET?"}]
+        ask: list[ChatCompletionMessageParam] = [
+            {"role": "user", "content": "Weather in Paris for 3 days, and the time in CET?"}
+        ]
         reply = client.chat.completions.create(model=model, messages=ask, tools=TOOLS, max_tokens=1000)
         choice = reply.choices[0]
         assert choice.finish_reason == "tool_calls"
         assert choice.message.content == family.content
         assert (choice.message.model_extra or {}).get("reasoning_content") == family.reasoning
         calls = choice.message.tool_calls or []
-        assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == CALLS
+        function_calls = [c for c in calls if isinstance(c, ChatCompletionMessageFunctionToolCall)]
+        assert function_calls == calls
+        assert [(c.function.name, json.loads(c.function.arguments)) for c in function_calls] == CALLS
         assert len({c.id for c in calls}) == 2
 
         stream = client.chat.completions.create(model=model, messages=ask, tools=TOOLS, max_tokens=1000, stream=True)
@@ -167,6 +176,7 @@ async def test_a_tool_call_family_through_the_openai_sdk(aio_loop, nursery, tmp_
             content.append(delta.content or "")
             reasoning.append((delta.model_extra or {}).get("reasoning_content") or "")
             for call in delta.tool_calls or ():
+                assert call.function is not None
                 if call.function.name:
                     assert call.index not in names and call.id, "id and name come once, first"
                     names[call.index] = call.function.name

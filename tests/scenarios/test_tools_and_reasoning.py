@@ -10,6 +10,11 @@ import json
 
 import pytest
 import trio
+from openai.types.chat import (
+    ChatCompletionFunctionToolParam,
+    ChatCompletionMessageFunctionToolCall,
+    ChatCompletionMessageParam,
+)
 from support import start_frontend, start_mock_engine
 
 pytestmark = pytest.mark.slow
@@ -24,7 +29,7 @@ SCRIPTS = [
     {"match": "Rome", "text": '{"city": "Rome"}'},
     {"match": "Oslo", "text": '[{"name": "get_weather", "parameters": {"city": "Oslo"}}]'},
 ]
-TOOLS = [
+TOOLS: list[ChatCompletionFunctionToolParam] = [
     {
         "type": "function",
         "function": {
@@ -58,13 +63,16 @@ async def test_tool_calls_and_reasoning_unary_and_streamed(base):
     def use_client() -> None:
         client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
         model = client.models.list().data[0].id
-        ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+        ask: list[ChatCompletionMessageParam] = [{"role": "user", "content": "What is the weather in Paris?"}]
         reply = client.chat.completions.create(model=model, messages=ask, tools=TOOLS, max_tokens=200)
         choice = reply.choices[0]
         assert choice.finish_reason == "tool_calls"
         assert choice.message.content == "Let me check."
+        assert choice.message.model_extra is not None
         assert choice.message.model_extra["reasoning_content"] == "The user wants the weather in Paris."
+        assert choice.message.tool_calls is not None
         (call,) = choice.message.tool_calls
+        assert isinstance(call, ChatCompletionMessageFunctionToolCall)
         assert call.function.name == "get_weather" and call.id.startswith("call_")
         assert json.loads(call.function.arguments) == {"city": "Paris", "unit": "celsius"}
 
@@ -76,10 +84,11 @@ async def test_tool_calls_and_reasoning_unary_and_streamed(base):
             delta = chunk.choices[0].delta
             content.append(delta.content or "")
             reasoning.append((delta.model_extra or {}).get("reasoning_content") or "")
-            for call in delta.tool_calls or ():
-                if call.function.name:
-                    names.append(call.function.name)
-                arguments.append(call.function.arguments or "")
+            for delta_call in delta.tool_calls or ():
+                assert delta_call.function is not None
+                if delta_call.function.name:
+                    names.append(delta_call.function.name)
+                arguments.append(delta_call.function.arguments or "")
             finish = chunk.choices[0].finish_reason or finish
         assert "".join(content) == "Let me check." and "<tool_call>" not in "".join(content)
         assert "".join(reasoning) == "The user wants the weather in Paris."
@@ -91,6 +100,7 @@ async def test_tool_calls_and_reasoning_unary_and_streamed(base):
         )
         assert plain.choices[0].finish_reason == "stop"
         assert plain.choices[0].message.content == "A piano."
+        assert plain.choices[0].message.model_extra is not None
         assert plain.choices[0].message.model_extra["reasoning_content"] == "Keys but no locks... a piano."
         raw = client.chat.completions.create(
             model=model,
@@ -98,7 +108,8 @@ async def test_tool_calls_and_reasoning_unary_and_streamed(base):
             max_tokens=200,
             extra_body={"separate_reasoning": False},
         )
-        assert raw.choices[0].message.content.startswith("<think>")
+        raw_content = raw.choices[0].message.content
+        assert raw_content is not None and raw_content.startswith("<think>")
         client.close()
 
     await trio.to_thread.run_sync(use_client)
@@ -117,7 +128,9 @@ async def test_forced_tool_choice_gives_tool_calls(base):
             tool_choice={"type": "function", "function": {"name": "get_weather"}},
             max_tokens=100,
         )
+        assert named.choices[0].message.tool_calls is not None
         (call,) = named.choices[0].message.tool_calls
+        assert isinstance(call, ChatCompletionMessageFunctionToolCall)
         assert (call.function.name, json.loads(call.function.arguments)) == ("get_weather", {"city": "Rome"})
         required = client.chat.completions.create(
             model=model,
@@ -128,18 +141,20 @@ async def test_forced_tool_choice_gives_tool_calls(base):
             stream=True,
         )
         calls = [c for chunk in required if chunk.choices for c in chunk.choices[0].delta.tool_calls or ()]
-        assert [c.function.name for c in calls] == ["get_weather"]
-        assert json.loads(calls[0].function.arguments) == {"city": "Oslo"}
+        (only,) = calls
+        assert only.function is not None and only.function.arguments is not None
+        assert only.function.name == "get_weather"
+        assert json.loads(only.function.arguments) == {"city": "Oslo"}
         client.close()
 
     await trio.to_thread.run_sync(use_client)
 
 
 def test_forced_tool_choices_become_guided_decoding_schemas():
-    from trio_direct.openai.requests import decode_chat_request
+    from trio_direct.openai.requests import ChatCompletionRequest, decode_chat_request
     from trio_direct.openai.tool_choice import tool_choice_schema
 
-    def request(tool_choice) -> object:
+    def request(tool_choice) -> ChatCompletionRequest:
         body = {
             "model": "m",
             "messages": [{"role": "user", "content": "x"}],
@@ -149,9 +164,13 @@ def test_forced_tool_choices_become_guided_decoding_schemas():
         return decode_chat_request(json.dumps(body).encode())
 
     assert tool_choice_schema(request("auto")) is None
-    named = json.loads(tool_choice_schema(request({"type": "function", "function": {"name": "get_weather"}})))
+    named_schema = tool_choice_schema(request({"type": "function", "function": {"name": "get_weather"}}))
+    assert named_schema is not None
+    named = json.loads(named_schema)
     assert named == TOOLS[0]["function"]["parameters"]
-    required = json.loads(tool_choice_schema(request("required")))
+    required_schema = tool_choice_schema(request("required"))
+    assert required_schema is not None
+    required = json.loads(required_schema)
     assert required["type"] == "array" and required["minItems"] == 1
     (option,) = required["items"]["anyOf"]
     assert option["properties"]["name"] == {"type": "string", "enum": ["get_weather"]}

@@ -16,6 +16,12 @@ import httpx
 import openai
 import pytest
 import trio
+from openai.types.chat import (
+    ChatCompletionFunctionToolParam,
+    ChatCompletionMessageFunctionToolCall,
+    ChatCompletionMessageParam,
+)
+from openai.types.shared_params.response_format_json_schema import JSONSchema
 from support import RawSseClient, engine_accounting, settled_accounts, start_frontend, start_mock_engine
 from surface_scenarios import SCRIPTS
 
@@ -23,7 +29,7 @@ pytestmark = pytest.mark.slow
 
 KV_EVENTS = json.dumps({"publisher": "zmq", "endpoint": "tcp://127.0.0.1:0", "topic": ""})
 SYSTEM = "You are a careful assistant. " + " ".join(f"Rule {i}: answer briefly and cite sources." for i in range(40))
-TOOLS = [
+TOOLS: list[ChatCompletionFunctionToolParam] = [
     {
         "type": "function",
         "function": {
@@ -52,23 +58,33 @@ async def test_chat_tools_kv_routing_and_disconnects_over_vllm_engines(aio_loop,
     def use_client() -> list[str]:
         client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
         model = client.models.list().data[0].id
-        riddle = [{"role": "user", "content": "Tell me the riddle answer"}]
+        riddle: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Tell me the riddle answer"}]
         reply = client.chat.completions.create(model=model, messages=riddle, max_tokens=60)
         message = reply.choices[0].message
-        assert (message.content, message.reasoning_content) == ("A piano.", "Keys but no locks... a piano.")
+        assert message.model_extra is not None
+        assert (message.content, message.model_extra["reasoning_content"]) == (
+            "A piano.",
+            "Keys but no locks... a piano.",
+        )
+        assert reply.usage is not None
         assert reply.choices[0].finish_reason == "stop" and reply.usage.completion_tokens > 0
         streamed = client.chat.completions.create(model=model, messages=riddle, max_tokens=60, stream=True)
         text = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
         assert text == "A piano."
-        ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+        ask: list[ChatCompletionMessageParam] = [{"role": "user", "content": "What is the weather in Paris?"}]
         called = client.chat.completions.create(model=model, messages=ask, tools=TOOLS, max_tokens=100)
         assert called.choices[0].finish_reason == "tool_calls"
+        assert called.choices[0].message.tool_calls is not None
         call = called.choices[0].message.tool_calls[0]
+        assert isinstance(call, ChatCompletionMessageFunctionToolCall)
         assert (call.function.name, json.loads(call.function.arguments)) == ("get_weather", {"city": "Paris"})
         # A long system prompt twice: the second goes where the first left it cached.
         rids = []
         for question in ("First question?", "Second question?"):
-            prefixed = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
+            prefixed: list[ChatCompletionMessageParam] = [
+                {"role": "system", "content": SYSTEM},
+                {"role": "user", "content": question},
+            ]
             rids.append(client.chat.completions.create(model=model, messages=prefixed, max_tokens=3).id)
             if not rids[1:]:
                 with httpx.Client(base_url=base) as http:  # the engine's KV events reach the index
@@ -77,7 +93,7 @@ async def test_chat_tools_kv_routing_and_disconnects_over_vllm_engines(aio_loop,
                             break
                         time.sleep(0.02)
         # Structured output and logprobs reach the engine in the contract's own fields.
-        schema = {"name": "answer", "schema": {"type": "object"}}
+        schema: JSONSchema = {"name": "answer", "schema": {"type": "object"}}
         rids.append(
             client.chat.completions.create(
                 model=model, messages=ask, max_tokens=4, response_format={"type": "json_schema", "json_schema": schema},

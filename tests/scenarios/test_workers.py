@@ -116,7 +116,9 @@ async def served_by_each_worker(base: str) -> dict[int, float]:
         while len(counts) < 2:
             async with httpx.AsyncClient(base_url=base, timeout=10) as client:
                 text = (await client.get("/metrics")).text
-            pid = int(re.search(r'trio_direct_worker_info\{pid="(\d+)"', text)[1])
+            info = re.search(r'trio_direct_worker_info\{pid="(\d+)"', text)
+            assert info is not None
+            pid = int(info[1])
             counts[pid] = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                               if line.startswith("trio_direct_requests_total{"))  # fmt: skip
     return counts
@@ -126,7 +128,9 @@ async def served_by_each_worker(base: str) -> dict[int, float]:
 async def test_two_workers_share_one_port_survive_a_crash_and_stop_cleanly_on_sigterm(nursery):
     supervisor = await start_supervisor(nursery, "--workers", "2")
     await wait_until(lambda: supervisor.logged(r"all 2 workers ready on (http://\S+)") is not None, timeout=60)
-    base = supervisor.logged(r"all 2 workers ready on (http://\S+)")[1]
+    ready = supervisor.logged(r"all 2 workers ready on (http://\S+)")
+    assert ready is not None
+    base = ready[1]
     assert not base.endswith(":0")
     workers = supervisor.pids("started")
     assert len(set(workers.values())) == 2 and os.getpid() not in workers.values()
@@ -201,7 +205,9 @@ async def test_kv_workers_send_a_shared_prefix_to_the_same_warm_engine(nursery):
         nursery, "--workers", "2", "--router-mode", "kv", "--served-model-name", "trio-direct-mock", *urls
     )
     await wait_until(lambda: supervisor.logged(r"all 2 workers ready on (http://\S+)") is not None, timeout=60)
-    base = supervisor.logged(r"all 2 workers ready on (http://\S+)")[1]
+    ready = supervisor.logged(r"all 2 workers ready on (http://\S+)")
+    assert ready is not None
+    base = ready[1]
     system = "You are the assistant of one team. " + " ".join(f"Rule {i}: answer with care." for i in range(150))
 
     async def ask(question: str) -> dict:

@@ -21,7 +21,7 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": 
 
 def pool_for(model_path: str, **config) -> ModelPool:
     card = SimpleNamespace(role="aggregated", dp_size=1, url="grpc://e0:1")
-    engine = Engine("e0", card, client=SimpleNamespace(api="native", name="e0"))
+    engine = Engine("e0", card, client=SimpleNamespace(api="native", name="e0"))  # type: ignore[arg-type]  # a stand-in card
     served = FleetModel(
         served_model_name=model_path, model_path=model_path, tokenizer_path=model_path, block_size=None,
         context_length=None, tool_call_parser=None, reasoning_parser=None,

@@ -58,7 +58,7 @@ def image(url: str) -> dict:
 
 def test_image_parts_become_placeholders_and_urls_in_order():
     plain = {"role": "system", "content": "Be brief."}
-    messages = [plain, {"role": "user", "content": [text("a"), image(CAT), text("b"), image(DOG)]}]
+    messages: list[dict] = [plain, {"role": "user", "content": [text("a"), image(CAT), text("b"), image(DOG)]}]
     taken = take_images(messages)
     assert taken.urls == [CAT, DOG]
     assert taken.params == ["messages[1].content[1].image_url.url", "messages[1].content[3].image_url.url"]

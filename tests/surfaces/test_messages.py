@@ -8,7 +8,7 @@ import json
 import anthropic
 import httpx2
 import pytest
-from anthropic.types import Message, RawMessageStreamEvent
+from anthropic.types import Message, MessageParam, RawMessageStreamEvent, TextBlock, ThinkingBlock, ToolUseBlock
 from pydantic import TypeAdapter
 from surface_support import (
     SWITCHES_TEMPLATE,
@@ -104,6 +104,7 @@ def test_the_sdk_accumulates_the_stream_into_the_final_message():
         final = events.get_final_message()
     assert text == "\n\nLet me check."
     thinking, said, call = final.content
+    assert isinstance(thinking, ThinkingBlock) and isinstance(said, TextBlock) and isinstance(call, ToolUseBlock)
     assert thinking.thinking == "The user wants the weather." and said.text == text
     assert (call.type, call.name, call.input) == ("tool_use", "get_weather", {"city": "Paris"})
     assert final.stop_reason == "tool_use" and final.usage.output_tokens == 7
@@ -119,7 +120,9 @@ def test_stop_reasons(finish, matched, reason, sequence):
     final = events_of(stream(MessagesRenderer(plan), plan, batches))[-2]
     assert (final.delta.stop_reason, final.delta.stop_sequence) == (reason, sequence)
     message = Message.model_validate_json(MessagesRenderer(plan).unary([result_of(batches)], plan.usage()))
-    assert (message.stop_reason, message.stop_sequence, message.content[0].text) == (reason, sequence, "Hello there")
+    text = message.content[0]
+    assert isinstance(text, TextBlock)
+    assert (message.stop_reason, message.stop_sequence, text.text) == (reason, sequence, "Hello there")
 
 
 def test_a_failure_mid_stream_is_anthropics_error_event():
@@ -134,7 +137,7 @@ def test_a_failure_mid_stream_is_anthropics_error_event():
         "error": {"type": "overloaded_error", "message": "The server is shutting down."},
     }
     client = sdk_answering(data, "text/event-stream")
-    messages = [{"role": "user", "content": "x"}]
+    messages: list[MessageParam] = [{"role": "user", "content": "x"}]
     with (
         pytest.raises(anthropic.APIStatusError, match="shutting down"),
         client.messages.stream(model="m", max_tokens=8, messages=messages) as events,
@@ -151,11 +154,13 @@ def test_the_unary_message_matches_the_sdk_model_and_the_stream():
     message = Message.model_validate_json(body)
     assert (message.type, message.role, message.stop_reason) == ("message", "assistant", "tool_use")
     assert [b.type for b in message.content] == ["thinking", "text", "tool_use"]
-    assert message.content[2].input == {"city": "Paris"}
+    call = message.content[2]
+    assert isinstance(call, ToolUseBlock) and call.input == {"city": "Paris"}
     assert (message.usage.input_tokens, message.usage.cache_read_input_tokens, message.usage.output_tokens) == (8, 4, 7)
     client = sdk_answering(body, "application/json")
     reply = client.messages.create(model="m", max_tokens=64, messages=[{"role": "user", "content": "x"}])
-    assert reply.content[1].text == "\n\nLet me check."
+    said = reply.content[1]
+    assert isinstance(said, TextBlock) and said.text == "\n\nLet me check."
 
 
 # ---- input ------------------------------------------------------------------------------------------
@@ -233,9 +238,11 @@ async def test_thinking_is_the_templates_enable_thinking(tiny_model, thinking, s
 async def test_any_and_named_tool_choices_are_guided_decoding(tiny_model):
     pool = tiny_pool(tiny_model)
     named = await plan_message(pool, request(tools=TOOLS, tool_choice={"type": "tool", "name": "get_weather"}))
-    assert json.loads(named.choices[0].request.sampling.json_schema) == TOOLS[0]["input_schema"]
+    named_schema = named.choices[0].request.sampling.json_schema
+    assert named_schema is not None and json.loads(named_schema) == TOOLS[0]["input_schema"]
     required = await plan_message(pool, request(tools=TOOLS, tool_choice={"type": "any"}))
-    assert json.loads(required.choices[0].request.sampling.json_schema)["minItems"] == 1
+    required_schema = required.choices[0].request.sampling.json_schema
+    assert required_schema is not None and json.loads(required_schema)["minItems"] == 1
     structured = await plan_message(
         pool, request(output_config={"format": {"type": "json_schema", "schema": {"type": "object"}}})
     )
@@ -261,7 +268,8 @@ async def test_a_last_assistant_message_is_continued(tiny_model):
 
 def test_count_tokens_takes_the_prompt_fields_without_max_tokens():
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "system": "s", "tools": TOOLS}
-    assert decode_count_tokens_request(json.dumps(body).encode()).tools[0].name == "get_weather"
+    tools = decode_count_tokens_request(json.dumps(body).encode()).tools
+    assert tools is not None and tools[0].name == "get_weather"
 
 
 @pytest.mark.parametrize(

@@ -24,7 +24,8 @@ async def test_a_stored_response_comes_back_as_sent_with_its_conversation_and_in
     assert entry is not None and entry.body == b'{"id":"resp_1"}'
     assert entry.conversation() == TURN and entry.input_items() == INPUTS
     entry.conversation().append({"role": "user", "content": "changed"})  # a copy: the store keeps its own
-    assert (await responses.get("resp_1")).conversation() == TURN
+    again = await responses.get("resp_1")
+    assert again is not None and again.conversation() == TURN
     assert await responses.get("resp_unknown") is None
     assert await responses.delete("resp_1") and not await responses.delete("resp_1")
 
@@ -56,7 +57,8 @@ async def test_conversations_keep_metadata_and_items_in_order():
     assert await conversations.get(created["id"]) == created
     await conversations.add_items(created, [{**INPUTS[0], "id": "msg_2"}])
     assert [item["id"] for item in await conversations.items(created["id"])] == ["msg_1", "msg_2"]
-    assert (await conversations.update(created["id"], {"topic": "y"}))["metadata"] == {"topic": "y"}
+    updated = await conversations.update(created["id"], {"topic": "y"})
+    assert updated is not None and updated["metadata"] == {"topic": "y"}
     assert await conversations.delete_item(created["id"], "msg_1")
     assert [item["id"] for item in await conversations.items(created["id"])] == ["msg_2"]
     assert await conversations.delete(created["id"])

@@ -8,7 +8,7 @@ import json
 import httpx
 import openai
 import pytest
-from openai.types.responses import Response, ResponseStreamEvent
+from openai.types.responses import FunctionToolParam, Response, ResponseFunctionToolCall, ResponseStreamEvent
 from pydantic import TypeAdapter
 from surface_support import (
     TOOL_TURN,
@@ -32,7 +32,9 @@ from trio_direct.surfaces.responses import (
 )
 
 EVENTS = TypeAdapter(ResponseStreamEvent)
-TOOLS = [{"type": "function", "name": "get_weather", "parameters": {"type": "object", "properties": {}}}]
+TOOLS: list[FunctionToolParam] = [
+    {"type": "function", "name": "get_weather", "parameters": {"type": "object", "properties": {}}}  # type: ignore[typeddict-item]  # "strict" left out on purpose: the API defaults it, the SDK marks it Required
+]
 
 
 def request(**fields):
@@ -55,7 +57,10 @@ def events_of(data: bytes) -> list:
 def sdk_answering(body: bytes, content_type: str) -> openai.OpenAI:
     transport = httpx.MockTransport(lambda _: httpx.Response(200, content=body, headers={"content-type": content_type}))
     return openai.OpenAI(
-        api_key="k", base_url="http://frontend.test/v1", max_retries=0, http_client=httpx.Client(transport=transport)
+        api_key="k",
+        base_url="http://frontend.test/v1",
+        max_retries=0,
+        http_client=httpx.Client(transport=transport),  # type: ignore[arg-type]  # the SDK takes a legacy httpx.Client too (checked at run time); its types name only httpx2
     )
 
 
@@ -178,7 +183,8 @@ def test_the_unary_response_matches_the_sdk_model_and_the_stream():
         ],
     }
     client = sdk_answering(body, "application/json")
-    assert client.responses.create(model="m", input="x").output[2].call_id == "call_1"
+    call = client.responses.create(model="m", input="x").output[2]
+    assert isinstance(call, ResponseFunctionToolCall) and call.call_id == "call_1"
 
 
 # ---- input ------------------------------------------------------------------------------------------
@@ -274,7 +280,8 @@ async def test_a_forced_function_is_guided_decoding_of_its_parameters(tiny_model
     pool = tiny_pool(tiny_model)
     req = request(tools=TOOLS, tool_choice={"type": "function", "name": "get_weather"})
     plan = await plan_response(pool, req, input_messages(req.input))
-    assert json.loads(plan.choices[0].request.sampling.json_schema) == TOOLS[0]["parameters"]
+    schema = plan.choices[0].request.sampling.json_schema
+    assert schema is not None and json.loads(schema) == TOOLS[0]["parameters"]
     assert type(plan.choices[0].output.tool_parser).__name__ == "NamedToolCallParser"
 
 

@@ -177,7 +177,9 @@ def test_a_waiter_that_leaves_is_out_of_the_line_and_idle_tenants_are_forgotten(
 
 def test_a_full_queue_makes_room_for_a_tenant_with_fewer_waiting_at_the_floods_expense():
     queue = AdmissionQueue(max_active=2, max_queued=4)
-    running = [queue.arrive("flood"), queue.arrive("flood")]
+    first, second = queue.arrive("flood"), queue.arrive("flood")
+    assert first is not None and second is not None
+    running = [first, second]
     assert all(ticket.state == ADMITTED for ticket in running)
     woken: list[Ticket] = []
     flood = []
@@ -205,8 +207,9 @@ def test_a_full_queue_makes_room_for_a_tenant_with_fewer_waiting_at_the_floods_e
 async def test_a_displaced_request_is_answered_429():
     admission = Admission(max_active=1, max_queued=2, timeout=30)
     running = admission.arrive("flood")
-    waiting = [admission.arrive("flood"), admission.arrive("flood")]
-    assert running is not None and None not in waiting
+    first, second = admission.arrive("flood"), admission.arrive("flood")
+    assert running is not None and first is not None and second is not None
+    waiting = [first, second]
     outcome: dict = {}
 
     async def wait(ticket) -> None:

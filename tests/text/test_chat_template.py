@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -36,7 +37,7 @@ WEATHER_TOOL = {
 }
 
 
-def _render(source: str, messages: list[dict] | None = None, **kwargs: object) -> str:
+def _render(source: str, messages: list[dict] | None = None, **kwargs: Any) -> str:
     return compile_chat_template(source).render(messages or [], **kwargs)
 
 
@@ -172,7 +173,7 @@ def test_tool_call_arguments_become_dicts_and_none_fields_vanish() -> None:
         "{% for m in messages %}{{ m.content is defined }}"
         "{% for c in m.tool_calls %}{{ c.function.arguments | tojson }}{% endfor %}{% endfor %}"
     )
-    messages = [
+    messages: list[dict[str, Any]] = [
         {
             "role": "assistant",
             "content": None,

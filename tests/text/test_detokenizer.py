@@ -16,6 +16,13 @@ DEEPSEEK_RANGE = 129280 + 8  # a few ids past the vocabulary, as a buggy engine 
 FUZZ = settings(max_examples=150, deadline=None, database=None)
 
 
+def token_id(tokenizer: ModelTokenizer, token: str) -> int:
+    """The id of `token`, which the vocabulary must have."""
+    found = tokenizer.tokenizer.token_to_id(token)
+    assert found is not None, token
+    return found
+
+
 def _split(ids: Sequence[int], cuts: Sequence[int]) -> list[list[int]]:
     points = sorted({0, len(ids), *(c % (len(ids) + 1) for c in cuts)})
     return [list(ids[a:b]) for a, b in zip(points, points[1:])]
@@ -91,7 +98,7 @@ def test_chinese_token_by_token(deepseek: ModelTokenizer) -> None:
 
 
 def test_incomplete_bytes_at_the_end_become_replacement_on_flush(deepseek: ModelTokenizer) -> None:
-    lead_byte = deepseek.tokenizer.token_to_id("ä")  # 0xE4: starts a 3-byte sequence
+    lead_byte = token_id(deepseek, "ä")  # 0xE4: starts a 3-byte sequence
     detok = IncrementalDetokenizer(deepseek)
     assert detok.push(deepseek.encode("ok ", add_special_tokens=False) + [lead_byte]) == "ok "
     assert detok.flush() == "\ufffd"
@@ -174,8 +181,8 @@ def test_sentencepiece_rewritten_prefix_does_not_break_the_stream(
 ) -> None:
     # "S" streams at once; the two invalid bytes after it make batch decoding rewrite it to
     # U+FFFD, which tokenizers' DecodeStream reports as an error.
-    byte = {b: sentencepiece.tokenizer.token_to_id(f"<0x{b:02X}>") for b in (0x53, 0x9A, 0x80)}
-    he = sentencepiece.tokenizer.token_to_id("▁he")
+    byte = {b: token_id(sentencepiece, f"<0x{b:02X}>") for b in (0x53, 0x9A, 0x80)}
+    he = token_id(sentencepiece, "▁he")
     detok = IncrementalDetokenizer(sentencepiece)
     pieces = [detok.push([byte[0x53]]), detok.push([byte[0x9A], byte[0x80]]), detok.push([he, he])]
     assert pieces[0] == "S"

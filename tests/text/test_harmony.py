@@ -82,7 +82,7 @@ def test_harmony_loads_in_a_fresh_process_with_no_vocabulary_anywhere(tmp_path) 
 
 
 def test_a_tool_conversation_renders_as_harmony() -> None:
-    messages = [
+    messages: list[dict] = [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Weather in Paris?"},
         {
@@ -122,7 +122,7 @@ def test_a_tool_conversation_renders_as_harmony() -> None:
 
 
 def test_a_plain_chat_has_no_commentary_channel_and_drops_old_analysis() -> None:
-    messages = [
+    messages: list[dict] = [
         {"role": "user", "content": [{"type": "text", "text": "Hi"}]},
         {"role": "assistant", "content": "Hello!", "reasoning_content": "Greet back."},
         {"role": "user", "content": "And again?"},

@@ -86,6 +86,7 @@ def test_multi_turn_prompts_get_the_ids_of_a_full_encode_and_reuse_the_history(
 
 def test_deepseek_cuts_at_its_turn_tokens_and_bos(deepseek_dir, tmp_path):
     tokenizer = deepseek_v3(deepseek_dir, tmp_path)
+    assert tokenizer.prompt_cache is not None
     cuts = set(tokenizer.prompt_cache.cut_token_texts)
     assert {"<｜User｜>", "<｜Assistant｜>", "<｜end▁of▁sentence｜>", "<｜begin▁of▁sentence｜>"} <= cuts
 
@@ -118,6 +119,7 @@ def test_the_trace_conversations_get_the_ids_of_a_full_encode(name, tiny, deepse
     tokenizer = tiny if name == "tiny" else deepseek_v3(deepseek_dir, tmp_path)
     chats = trace_chats(tokenizer, 25)
     assert sum(len(chat) for chat in chats) >= 50
+    assert tokenizer.prompt_cache is not None
     before = tokenizer.prompt_cache.stats.hits
     for prompts in chats:
         assert_same_as_full_encode(tokenizer, prompts)
@@ -203,7 +205,7 @@ def test_threads_encoding_the_same_conversations_all_get_full_encode_ids(tiny):
     cache = PromptPrefixCache(
         lambda text: tiny.encode(text, add_special_tokens=False), cut_tokens(tiny.tokenizer), max_bytes=200_000
     )
-    failures = []
+    failures: list[str] = []
 
     def work(seed: int) -> None:
         order = list(prompts)

@@ -140,7 +140,7 @@ TOOL_CALL_TURN = {
         }
     ],
 }
-CONVERSATION = [
+CONVERSATION: list[dict[str, Any]] = [
     {"role": "system", "content": "You are a weather bot."},
     {"role": "user", "content": "Is it warm in Zürich?"},
     TOOL_CALL_TURN,
