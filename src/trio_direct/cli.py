@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, NoReturn
 import trio
 
 from trio_direct import __version__
+from trio_direct.fleet.engine_apis import AUTO, engine_api_choices
 from trio_direct.mock import MOCK_MODEL_NAME
 
 if TYPE_CHECKING:
@@ -258,9 +259,7 @@ def _add_probe(subcommands: argparse._SubParsersAction) -> None:
         description="Probe engines over gRPC and print one engine card per URL as JSON.",
     )
     p.add_argument("urls", nargs="+", metavar="URL", help="engine gRPC address (grpc://h:p, http://h:p or h:p)")
-    p.add_argument(
-        "--engine-api", choices=("auto", "native", "smg", "vllm"), default="auto", help="default %(default)s"
-    )
+    p.add_argument("--engine-api", choices=engine_api_choices(), default=AUTO, help="default %(default)s")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds per engine (default %(default)s)")
     p.set_defaults(handler=_run_probe)
 

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from trio_direct.config import ServeConfig
+from trio_direct.config import ServeConfig, routing_settings
 from trio_direct.fleet.fleet import Engine, Fleet, FleetError
 from trio_direct.frontend.runtime import ModelPool, check_roles
 from trio_direct.routing.busy import BusyThreshold, EngineLoads
@@ -129,7 +129,7 @@ def test_kv_routing_indexes_a_joining_engine_and_refuses_one_whose_page_does_not
     from trio_direct.routing.kv_routing import KvRouting
 
     fleet = Fleet([kv_engine("e0", page=4)], model=None)
-    kv = KvRouting([e.card for e in fleet.engines], ServeConfig(router_mode="kv"))
+    kv = KvRouting([e.card for e in fleet.engines], routing_settings(ServeConfig(router_mode="kv")))
     feeds = KvFeeds(kv, fleet)
     assert kv.block_size == 16 and kv.index.stats()["workers"] == 1
     with pytest.raises(ValueError, match="page size 3 does not divide the routing block 16"):
@@ -162,7 +162,7 @@ async def test_kv_routing_follows_an_engine_back_on_new_kv_event_endpoints(nurse
 
     engine = kv_engine("e0", kv_events=(KvEventSource(0, "tcp://127.0.0.1:1"),))  # where it published before
     fleet = Fleet([engine], model=None)
-    kv = KvRouting([engine.card], ServeConfig(router_mode="kv"))
+    kv = KvRouting([engine.card], routing_settings(ServeConfig(router_mode="kv")))
     feeds = KvFeeds(kv, fleet)
     front = frontend([engine], router_mode="kv")
     front.kv_feeds = feeds
@@ -197,7 +197,7 @@ def test_kv_routing_re_registers_ranks_when_the_dp_size_changes_and_keeps_a_same
     from trio_direct.routing.kv_routing import KvRouting
 
     engine = kv_engine("e0", kv_events=(KvEventSource(0, "tcp://127.0.0.1:1"),))
-    kv = KvRouting([engine.card], ServeConfig(router_mode="kv"))
+    kv = KvRouting([engine.card], routing_settings(ServeConfig(router_mode="kv")))
     feeds = KvFeeds(kv, Fleet([engine], model=None))
     [first] = feeds.subscribers
 
@@ -240,7 +240,7 @@ async def test_an_engine_that_left_leaves_the_kv_index_the_routers_and_its_subsc
                                  tool_call_parser=None, reasoning_parser=None, is_embedding=False,
                                  supports_images=False)  # fmt: skip
     front = frontend([leaving, staying], router_mode="kv")
-    kv = KvRouting([leaving.card, staying.card], ServeConfig(router_mode="kv"))
+    kv = KvRouting([leaving.card, staying.card], routing_settings(ServeConfig(router_mode="kv")))
     front.routing.kv = kv
     front.kv_feeds = KvFeeds(kv, front.fleet)
     await nursery.start(front.kv_feeds.run)

@@ -58,6 +58,7 @@ from trio_direct.engine.errors import (
 from trio_direct.engine.types import Bootstrap, EngineClient, GenerateInput
 from trio_direct.exception_groups import unwrap_single_exception
 from trio_direct.fleet.card import DEFAULT_BOOTSTRAP_PORT
+from trio_direct.fleet.engine_apis import engine_api
 from trio_direct.fleet.fleet import Worker
 from trio_direct.openai import errors
 from trio_direct.openai.errors import OpenAIError
@@ -181,7 +182,7 @@ class Dispatcher:
             return None
         request.routed_dp_rank = route.decode.dp_rank
         prefill = None
-        if route.prefill is not None and route.prefill.engine.client.api != "vllm":
+        if route.prefill is not None and engine_api(route.prefill.engine.client.api).handoff == "bootstrap":
             prefill = _pair_with_prefill(request, route)
         # On vLLM's API a continuation runs whole on its decode engine: a KV consumer given no
         # transfer parameters computes the prompt itself, rather than wait out a fresh prefill.
@@ -249,7 +250,7 @@ def _pair_with_prefill(decode_request: GenerateInput, route: Route[Worker]) -> E
     a prefill twin that asks the KV connector for a remote decode (`remote_decode_leg`)."""
     prefill_worker = route.prefill
     assert prefill_worker is not None
-    if prefill_worker.engine.client.api == "vllm":
+    if engine_api(prefill_worker.engine.client.api).handoff == "connector":
         return EngineLeg(prefill_worker.engine.client, remote_decode_leg(decode_request, prefill_worker.dp_rank))
     card = prefill_worker.engine.card
     room = new_room(prefill_worker.engine.client, route.decode.engine.client)

@@ -29,7 +29,7 @@ from typing import Any
 import trio
 
 from trio_direct import metrics, tracing
-from trio_direct.config import ServeConfig
+from trio_direct.config import ServeConfig, routing_settings
 from trio_direct.core.render import StreamCutter
 from trio_direct.core.watch import StreamWatch
 from trio_direct.engine.errors import EngineError
@@ -65,7 +65,8 @@ from trio_direct.parsers.selection import ParserSelection, select_parsers
 from trio_direct.routing.affinity import SessionAffinity
 from trio_direct.routing.block_hash import RoutingKey
 from trio_direct.routing.busy import UNLIMITED, BusyThreshold, EngineLoads
-from trio_direct.routing.kv_routing import LOAD_MODES, KvRouting
+from trio_direct.routing.kv_routing import KvRouting
+from trio_direct.routing.policies import routing_policy
 from trio_direct.routing.policy import Candidates, Route, RoutingPolicy
 from trio_direct.state.memory import MemoryStore
 from trio_direct.state.store import (
@@ -595,9 +596,10 @@ async def open_model_pool(
         raise FleetError(f"model {model.served_model_name!r}: {error} (give --model-path)") from None
     tokenizer = source.tokenizer
     kv = None
-    if config.router_mode in LOAD_MODES:
+    settings = routing_settings(config)
+    if routing_policy(settings.mode).load_aware:
         try:
-            kv = KvRouting([engine.card for engine in fleet.engines], config)
+            kv = KvRouting([engine.card for engine in fleet.engines], settings)
         except ValueError as error:
             raise FleetError(str(error)) from None
     affinity = SessionAffinity(config.router_session_ttl) if config.router_session_ttl > 0 else None

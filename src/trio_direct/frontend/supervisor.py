@@ -37,6 +37,7 @@ from dataclasses import dataclass, fields, replace
 import trio
 
 from trio_direct.config import ENV_PREFIX, ServeConfig
+from trio_direct.routing.policies import routing_policy
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,7 @@ def worker_config(config: ServeConfig, engine_urls: list[str] | None = None) -> 
     child = replace(config, workers=1)
     if engine_urls is not None:
         child = replace(child, engine_url=list(engine_urls), prefill_engine_url=[])
-    if child.router_mode == "kv" and child.load_poll_interval <= 0:
+    if routing_policy(child.router_mode).selection == "cost" and child.load_poll_interval <= 0:
         child = replace(child, load_poll_interval=DEFAULT_WORKER_LOAD_POLL_INTERVAL)
     return child
 

@@ -25,6 +25,7 @@ import trio_util
 
 from trio_direct.engine.errors import EngineError
 from trio_direct.fleet.card import EngineCard
+from trio_direct.fleet.engine_apis import engine_api
 from trio_direct.fleet.fleet import Engine, Fleet
 from trio_direct.kv_sync.grpc_subscriber import GrpcKvEventSubscriber
 from trio_direct.kv_sync.subscriber import KvEventSubscriber
@@ -39,9 +40,9 @@ Subscriber = KvEventSubscriber | GrpcKvEventSubscriber
 
 
 def _subscriber(engine: Engine, sink: IndexSink) -> Subscriber:
-    """The subscriber for the engine's API: vLLM's streams its KV events over gRPC."""
+    """The subscriber for the engine's API's KV feed: a gRPC stream (vLLM's) or ZMQ publishers."""
     card = engine.card
-    if card.api == "vllm":
+    if engine_api(card.api).kv_feed == "grpc":
         return GrpcKvEventSubscriber(engine.id, card.host, card.port, range(card.dp_size), sink)
     # Batches of an engine that is not serving are dropped (a stray publisher on a dead engine's port).
     return KvEventSubscriber(engine.id, card.kv_events, sink, serving=lambda: engine.healthy)

@@ -28,7 +28,8 @@ from trio_direct.routing.affinity import SessionAffinity, rendezvous_choice
 from trio_direct.routing.block_hash import RoutingKey
 from trio_direct.routing.kv_router import Decision
 from trio_direct.routing.kv_routing import KvRouting
-from trio_direct.routing.simple import NoWorkerAvailable, RandomRouter, RoundRobinRouter, Router
+from trio_direct.routing.policies import routing_policy
+from trio_direct.routing.simple import NoWorkerAvailable, RoundRobinRouter, Router
 
 __all__ = ["Candidates", "Route", "RoutingPolicy"]
 
@@ -64,7 +65,11 @@ class Route(Generic[W]):
 
 
 class RoutingPolicy:
-    """The fleet's routing: one router per pool, or KV-aware routing (`kv`)."""
+    """The fleet's routing: the `mode`'s list-only router, or load-aware routing (`kv`).
+
+    Raises `UnknownRoutingPolicy` for a mode that is not registered. A load-aware mode routes through
+    `kv`; built without one (a unit test of the pool's plumbing) it takes turns.
+    """
 
     def __init__(
         self,
@@ -74,11 +79,12 @@ class RoutingPolicy:
         kv: KvRouting | None = None,
         affinity: SessionAffinity | None = None,
     ) -> None:
+        kind = routing_policy(mode)
         self.mode = mode
         self.enforce_disagg = enforce_disagg
         self.kv = kv
         self.affinity = affinity
-        self._router = _simple_router(mode)
+        self._router: Router = kind.simple() if kind.simple is not None else RoundRobinRouter()
         self._prefill_router: Router = RoundRobinRouter()
         self._decode_router: Router = RoundRobinRouter()
 
@@ -160,7 +166,3 @@ class RoutingPolicy:
         """The request ended (completion, abort or error): its load leaves its engines."""
         if self.kv is not None:
             self.kv.free(request_id)
-
-
-def _simple_router(mode: str) -> Router:
-    return RandomRouter() if mode == "random" else RoundRobinRouter()
