@@ -92,8 +92,8 @@ def _add_serve(subcommands: argparse._SubParsersAction) -> None:
 def _run_serve(args: argparse.Namespace) -> int:
     from trio_direct.config import config_from_args
     from trio_direct.fleet.fleet import FleetError
-    from trio_direct.frontend.serve import serve
     from trio_direct.http.server import ListenError
+    from trio_direct.service import serve
 
     config = config_from_args(args)
     problem = _serve_setting_problem(config)
@@ -176,7 +176,7 @@ async def _serve_until_signalled(serve, config, worker: WorkerLink | None = None
 
     A `--workers` child also drains when its supervisor asks (or is gone): that is no second signal.
     """
-    from trio_direct.frontend.serve import CUT_GRACE, Shutdown
+    from trio_direct.service import CUT_GRACE, Shutdown
 
     shutdown = Shutdown()
     serving = False

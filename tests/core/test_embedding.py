@@ -12,12 +12,12 @@ import trio
 
 from trio_direct.config import ServeConfig
 from trio_direct.core.embedding import embed_on_engine, plan_embeddings, run_embeddings
+from trio_direct.core.model_pool import ModelPool
 from trio_direct.core.plan import Prompt
 from trio_direct.core.watch import StreamWatch
 from trio_direct.engine.errors import EngineInvalidArgument, EngineUnavailable
 from trio_direct.engine.types import EmbedInput, EmbedOutput
 from trio_direct.fleet.fleet import Engine, Fleet
-from trio_direct.frontend.runtime import ModelPool
 from trio_direct.openai.errors import OpenAIError
 from trio_direct.routing.policy import RoutingPolicy
 

@@ -15,13 +15,13 @@ import pytest
 import trio
 
 from trio_direct.config import ServeConfig
+from trio_direct.core.model_pool import ModelPool
 from trio_direct.core.output import ChoiceOutput
 from trio_direct.core.plan import ChoicePlan, Prompt, RequestPlan
 from trio_direct.core.render import StreamCutter, stream_response
 from trio_direct.engine.errors import EngineError, EngineInternal
 from trio_direct.engine.types import GenerateChunk, GenerateInput
 from trio_direct.fleet.fleet import Engine, Fleet
-from trio_direct.frontend.runtime import ModelPool
 from trio_direct.openai.errors import OpenAIError
 from trio_direct.routing.policy import RoutingPolicy
 from trio_direct.routing.simple import NoWorkerAvailable

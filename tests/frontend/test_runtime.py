@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import pytest
 
 from trio_direct.config import ServeConfig, routing_settings
+from trio_direct.core.model_pool import ModelPool, check_roles
 from trio_direct.fleet.fleet import Engine, Fleet, FleetError
-from trio_direct.frontend.runtime import ModelPool, check_roles
 from trio_direct.routing.busy import BusyThreshold, EngineLoads
 from trio_direct.routing.policy import RoutingPolicy
 from trio_direct.routing.simple import NoWorkerAvailable

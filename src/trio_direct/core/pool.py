@@ -1,4 +1,4 @@
-"""What the request core needs of a served model's pool (`frontend.runtime.ModelPool` is one)."""
+"""What the request core needs of a served model's pool (`core.model_pool.ModelPool` is one)."""
 
 from __future__ import annotations
 

@@ -330,7 +330,7 @@ def _shutdown_write(sock: socket.socket) -> None:
 async def supervise(config: ServeConfig) -> int:
     """`trio-direct serve --workers N`; returns the process exit status."""
     from trio_direct.engine.transport import open_asyncio_loop
-    from trio_direct.frontend.runtime import has_engine_sources, start_mock_engines
+    from trio_direct.frontend.engine_sources import has_engine_sources, start_mock_engines
 
     try:
         listener = open_listener(config.host, config.port)

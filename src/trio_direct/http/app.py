@@ -1,4 +1,5 @@
-"""The one HTTP layer: an ASGI app that serves the route table (`http.routes`).
+"""The one HTTP layer: an ASGI app that serves the route table it is given (the surfaces' table,
+`trio_direct.surfaces.routes`, passed in by the composition root `trio_direct.service`).
 
 Every request passes the same rules, written once, in this order: the protocol guard
 (`http/asgi_guard.py`: a declared Content-Length over ``--max-body-bytes`` is a 413 before any body
@@ -50,7 +51,6 @@ from trio_direct.core.request_context import CURRENT, RequestContext
 from trio_direct.http.access_log import AccessRecord, log_access
 from trio_direct.http.asgi_guard import ProtocolGuard
 from trio_direct.http.exchange import Exchange, Receive, Scope, Send
-from trio_direct.http.routes import ROUTES
 from trio_direct.http.routing_table import ErrorFormat, Route, RouteTable, openai_error_body
 from trio_direct.logs import REQUEST_ID
 from trio_direct.openai import errors
@@ -62,7 +62,7 @@ from trio_direct.tenants.limiter import Grant, RateLimited
 from trio_direct.tenants.service import Tenants, TenantsSettings
 
 if TYPE_CHECKING:
-    from trio_direct.frontend.runtime import Frontend
+    from trio_direct.core.frontend import Frontend
 
 __all__ = ["App", "create_app", "tenants_settings"]
 
@@ -93,7 +93,7 @@ def create_app(
     get_frontend: Callable[[], Frontend | None],
     config: ServeConfig,
     *,
-    routes: RouteTable = ROUTES,
+    routes: RouteTable,
     start: StartFrontend | None = None,
     tenants: Tenants | None = None,
 ) -> App:

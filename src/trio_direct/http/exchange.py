@@ -21,14 +21,15 @@ import trio
 
 from trio_direct import metrics
 from trio_direct.core.admission import Admission, Ticket
+from trio_direct.core.model_pool import session_key
 from trio_direct.core.plan import RequestPlan
 from trio_direct.core.render import Renderer, stream_response, unary_response
-from trio_direct.frontend.runtime import session_key
 from trio_direct.openai import errors
 from trio_direct.tenants.limiter import Grant
 
 if TYPE_CHECKING:
-    from trio_direct.frontend.runtime import Frontend, ModelPool
+    from trio_direct.core.frontend import Frontend
+    from trio_direct.core.model_pool import ModelPool
 
 __all__ = ["Exchange", "Receive", "Scope", "Send", "request_priority"]
 
@@ -138,7 +139,7 @@ class Exchange:
 
     def session_key(self, user: str | None = None) -> str | None:
         """The routing affinity key: the `X-Session-ID` header, else the request's `user` when
-        ``--router-affinity-from-user`` is on (`frontend.runtime.session_key`)."""
+        ``--router-affinity-from-user`` is on (`core.model_pool.session_key`)."""
         value = self.header(b"x-session-id")
         header = value.decode("latin-1") if value is not None else None
         return session_key(header, user, from_user=self.frontend.config.router_affinity_from_user)

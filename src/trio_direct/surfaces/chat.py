@@ -32,7 +32,7 @@ from trio_direct.text.chat_template import ChatTemplateError, render_chat
 from trio_direct.text.harmony import HarmonyRenderError, render_harmony_chat
 
 if TYPE_CHECKING:
-    from trio_direct.frontend.runtime import ModelPool
+    from trio_direct.core.model_pool import ModelPool
     from trio_direct.http.exchange import Exchange
 
 __all__ = ["ChatRenderer", "chat_output", "chat_prompt", "handle", "plan_chat", "request_prompt"]

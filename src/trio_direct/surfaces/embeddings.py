@@ -30,7 +30,7 @@ from trio_direct.openai.embeddings import (
 from trio_direct.surfaces.prompting import in_thread_if_long, refuse_if_counted_over, refuse_if_too_long
 
 if TYPE_CHECKING:
-    from trio_direct.frontend.runtime import ModelPool
+    from trio_direct.core.model_pool import ModelPool
     from trio_direct.http.exchange import Exchange
 
 __all__ = ["handle", "output_dimensions"]

@@ -45,7 +45,8 @@ from trio_direct.surfaces.images import check_image_url, image_data_for
 from trio_direct.surfaces.prompting import in_thread_if_long, refuse_if_counted_over, refuse_if_too_long
 
 if TYPE_CHECKING:
-    from trio_direct.frontend.runtime import Frontend, ModelPool
+    from trio_direct.core.frontend import Frontend
+    from trio_direct.core.model_pool import ModelPool
     from trio_direct.http.exchange import Exchange
 
 __all__ = ["GenerateRenderer", "handle", "plan_generate"]

@@ -29,7 +29,7 @@ from trio_direct.text.chat_template import (
 )
 
 if TYPE_CHECKING:
-    from trio_direct.frontend.runtime import ModelPool
+    from trio_direct.core.model_pool import ModelPool
 
 __all__ = [
     "ChatImages",

@@ -50,7 +50,7 @@ from trio_direct.surfaces.images import anthropic_image_part, require_image_supp
 from trio_direct.surfaces.output_blocks import BlockSequencer, BlockStep, OutputBlock, blocks_of
 
 if TYPE_CHECKING:
-    from trio_direct.frontend.runtime import ModelPool
+    from trio_direct.core.model_pool import ModelPool
     from trio_direct.http.exchange import Exchange
 
 __all__ = ["MessagesRenderer", "chat_messages", "chat_request", "count_tokens", "handle", "plan_message"]

@@ -10,7 +10,7 @@ from trio_direct.openai import responses
 from trio_direct.tenants.access import may_use
 
 if TYPE_CHECKING:
-    from trio_direct.frontend.runtime import ModelPool
+    from trio_direct.core.model_pool import ModelPool
     from trio_direct.http.exchange import Exchange
 
 __all__ = ["list_models", "retrieve_model"]

@@ -18,7 +18,7 @@ import trio
 from trio_direct.openai import errors
 
 if TYPE_CHECKING:
-    from trio_direct.frontend.runtime import ModelPool
+    from trio_direct.core.model_pool import ModelPool
 
 __all__ = [
     "THREAD_THRESHOLD_CHARS",

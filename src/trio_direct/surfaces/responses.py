@@ -48,7 +48,7 @@ from trio_direct.surfaces.response_store import ConversationStore, ResponseStore
 from trio_direct.tenants import access as tenant_access
 
 if TYPE_CHECKING:
-    from trio_direct.frontend.runtime import ModelPool
+    from trio_direct.core.model_pool import ModelPool
     from trio_direct.http.exchange import Exchange
 
 __all__ = [

@@ -30,7 +30,7 @@ from trio_direct.openai.requests import decode_completion_request
 from trio_direct.surfaces.completions import CompletionRenderer, plan_completion
 
 if TYPE_CHECKING:
-    from trio_direct.frontend.runtime import ModelPool
+    from trio_direct.core.model_pool import ModelPool
     from trio_direct.http.exchange import Exchange
 
 __all__ = ["flush_cache", "get_model_info", "get_server_info", "health_generate", "version"]
