@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 
 from trio_direct.fleet.engine_apis import engine_api_choices
-from trio_direct.routing.kv_routing import PRESETS
+from trio_direct.routing.load_aware import PRESETS
 from trio_direct.routing.policies import RoutingSettings, routing_policy_names
 
 ENV_PREFIX = "TRIO_DIRECT_"

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 from trio_direct.config import ServeConfig, routing_settings
 from trio_direct.routing.affinity import SessionAffinity
 from trio_direct.routing.block_hash import RoutingKey
-from trio_direct.routing.kv_routing import PRESETS, KvRouting, cost_settings
+from trio_direct.routing.load_aware import PRESETS, LoadAwareRouting, cost_settings
 from trio_direct.routing.policy import Candidates, RoutingPolicy
 
 WORKERS = [RoutingKey(f"e{i}") for i in range(3)]
@@ -25,8 +25,8 @@ def card(engine_id: str = "e0", role: str = "aggregated"):
     )
 
 
-def kv_routing(mode: str = "kv", **config) -> KvRouting:
-    return KvRouting([card()], routing_settings(ServeConfig(router_mode=mode, **config)))
+def kv_routing(mode: str = "kv", **config) -> LoadAwareRouting:
+    return LoadAwareRouting([card()], routing_settings(ServeConfig(router_mode=mode, **config)))
 
 
 def prompt(seed: int) -> list[int]:

@@ -6,7 +6,7 @@ import pytest
 
 from trio_direct.config import ServeConfig, parse_serve_args, routing_settings
 from trio_direct.core.model_pool import MAX_SESSION_KEY, session_key
-from trio_direct.routing.kv_routing import PRESETS, cost_settings
+from trio_direct.routing.load_aware import PRESETS, cost_settings
 
 
 def test_defaults_are_the_ttft_preset_with_load_polling_and_sessions_on():

@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from trio_direct.openai.responses import UsageCounts
+from trio_direct.openai.chat_bodies import UsageCounts
 
 __all__ = [
     "PING",

@@ -29,7 +29,7 @@ from trio_direct.openai.requests import warm_up_request_decoding
 from trio_direct.parsers.selection import ParserSelection, select_parsers
 from trio_direct.routing.affinity import SessionAffinity
 from trio_direct.routing.busy import BusyThreshold, EngineLoads
-from trio_direct.routing.kv_routing import KvRouting
+from trio_direct.routing.load_aware import LoadAwareRouting
 from trio_direct.routing.policies import routing_policy
 from trio_direct.routing.policy import RoutingPolicy
 from trio_direct.text.chat_template import ChatTemplateError, render_chat
@@ -144,7 +144,7 @@ async def open_model_pool(
     settings = routing_settings(config)
     if routing_policy(settings.mode).load_aware:
         try:
-            kv = KvRouting([engine.card for engine in fleet.engines], settings)
+            kv = LoadAwareRouting([engine.card for engine in fleet.engines], settings)
         except ValueError as error:
             raise FleetError(str(error)) from None
     affinity = SessionAffinity(config.router_session_ttl) if config.router_session_ttl > 0 else None

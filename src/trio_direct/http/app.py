@@ -51,7 +51,7 @@ from trio_direct.core.request_context import CURRENT, RequestContext
 from trio_direct.http.access_log import AccessRecord, log_access
 from trio_direct.http.asgi_guard import ProtocolGuard
 from trio_direct.http.exchange import Exchange, Receive, Scope, Send
-from trio_direct.http.routing_table import ErrorFormat, Route, RouteTable, openai_error_body
+from trio_direct.http.routing_table import ErrorFormat, HttpRoute, RouteTable, openai_error_body
 from trio_direct.logs import REQUEST_ID
 from trio_direct.openai import errors
 from trio_direct.openai.errors import OpenAIError
@@ -182,7 +182,7 @@ def create_app(
             tenant_access.CURRENT.reset(tenant_token)
 
     async def serve_route(
-        route: Route, exchange: Exchange, receive: Receive, tenant: Tenant, seen: _Seen | None
+        route: HttpRoute, exchange: Exchange, receive: Receive, tenant: Tenant, seen: _Seen | None
     ) -> None:
         if route.needs_frontend and exchange.frontend_or_none is None:
             error = errors.service_unavailable("The server is starting: no engine is ready yet.")
@@ -204,7 +204,7 @@ def create_app(
             REQUEST_ID.reset(id_token)
 
     async def serve_generation(
-        route: Route, exchange: Exchange, receive: Receive, context: RequestContext, tenant: Tenant
+        route: HttpRoute, exchange: Exchange, receive: Receive, context: RequestContext, tenant: Tenant
     ) -> None:
         label = labels(tenant)
         try:
@@ -297,7 +297,7 @@ def _log_access(scope: Scope, seen: _Seen) -> None:
     log_access(record)
 
 
-async def _run(route: Route, exchange: Exchange, receive: Receive, max_body: int, max_items: int = 0) -> None:
+async def _run(route: HttpRoute, exchange: Exchange, receive: Receive, max_body: int, max_items: int = 0) -> None:
     """Read the body, watch for the client leaving, run the handler; errors in the route's envelope."""
     try:
         async with trio.open_nursery() as nursery:
@@ -331,7 +331,7 @@ async def _run(route: Route, exchange: Exchange, receive: Receive, max_body: int
 _THREAD_BODY_BYTES = 256 * 1024
 
 
-async def _answer_error(exchange: Exchange, route: Route, error: OpenAIError) -> None:
+async def _answer_error(exchange: Exchange, route: HttpRoute, error: OpenAIError) -> None:
     # Not a local of `_run`: the error's traceback holds that frame, so a local there would keep the
     # request, its exchange and the error alive in a reference cycle until a full garbage collection.
     close = error.status == 413  # the rest of the body was never read: the connection cannot carry another request
@@ -378,7 +378,7 @@ async def _settle(grant: Grant, exchange: Exchange) -> None:
         log.warning("the tenant counters did not answer in %gs: a slot is freed when its lease ends", _SETTLE_TIMEOUT)
 
 
-async def _unauthorized(exchange: Exchange, route: Route) -> None:
+async def _unauthorized(exchange: Exchange, route: HttpRoute) -> None:
     error = errors.unauthorized()
     await exchange.json(error.status, route.error_body(error), headers=[(b"www-authenticate", b"Bearer")])
 

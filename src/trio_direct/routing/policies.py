@@ -1,7 +1,7 @@
 """The routing policies, one table: the only place ``--router-mode`` names are spelled (sans-IO).
 
 A policy is either a router that looks at the list of healthy workers alone (round-robin, random:
-`simple`), or load-aware routing (`KvRouting`) with a `selection` over the load it tracks: ``cost``
+`simple`), or load-aware routing (`LoadAwareRouting`) with a `selection` over the load it tracks: ``cost``
 (prefix overlap and load: ``kv``), ``least-load`` or ``power-of-two``. `RoutingPolicy` builds a pool's
 routing from the entry; an unknown name fails with the list of known ones (`UnknownRoutingPolicy`),
 never falling back to another policy. Adding a policy is one `register` call (CONTRIBUTING.md, "Add a
@@ -40,7 +40,7 @@ class RoutingSettings:
     enforce_disagg: bool = False
     #: The routing block; None: the smallest multiple of every engine's page size that is >= 16.
     kv_cache_block_size: int | None = None
-    #: The KV cost's preset (`kv_routing.PRESETS`), and the weights given explicitly over it.
+    #: The KV cost's preset (`load_aware.PRESETS`), and the weights given explicitly over it.
     preset: str = "ttft"
     overlap_score_credit: float | None = None
     prefill_load_scale: float | None = None
@@ -63,7 +63,7 @@ class RoutingPolicyKind:
 
     @property
     def load_aware(self) -> bool:
-        """Whether the policy needs `KvRouting` (load tracking, and for ``cost`` the prefix index)."""
+        """Whether the policy needs `LoadAwareRouting` (load tracking, and for ``cost`` the prefix index)."""
         return self.selection is not None
 
 

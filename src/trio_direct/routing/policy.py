@@ -7,11 +7,11 @@ unless ``--enforce-disagg`` says to refuse. A decode engine never serves alone.
 
 Round-robin and random take turns per pool; in kv mode the prefill (or aggregated) pool is weighed
 by prefix overlap and load, the decode pool by load; least-load and power-of-two weigh load alone
-(`KvRouting` serves all three). A route chosen with a request id counts as load until `release`
+(`LoadAwareRouting` serves all three). A route chosen with a request id counts as load until `release`
 (and its prefill share until `first_token`).
 
 A request with a session key (`SessionAffinity`) goes to the aggregated engine its session went
-to last, unless that engine is no longer offered (unhealthy) or is busy (`KvRouting.busy`: KV
+to last, unless that engine is no longer offered (unhealthy) or is busy (`LoadAwareRouting.busy`: KV
 cache use over `--engine-busy-threshold`); a session with no such engine goes to its rendezvous
 engine among those offered and not busy (`rendezvous_choice`, the same on every frontend), and
 its session follows it. Disaggregated requests are routed without affinity: their prefix lives with the
@@ -27,7 +27,7 @@ from typing import Generic, TypeVar
 from trio_direct.routing.affinity import SessionAffinity, rendezvous_choice
 from trio_direct.routing.block_hash import RoutingKey
 from trio_direct.routing.kv_router import Decision
-from trio_direct.routing.kv_routing import KvRouting
+from trio_direct.routing.load_aware import LoadAwareRouting
 from trio_direct.routing.policies import routing_policy
 from trio_direct.routing.simple import NoWorkerAvailable, RoundRobinRouter, Router
 
@@ -76,7 +76,7 @@ class RoutingPolicy:
         mode: str = "round-robin",
         *,
         enforce_disagg: bool = False,
-        kv: KvRouting | None = None,
+        kv: LoadAwareRouting | None = None,
         affinity: SessionAffinity | None = None,
     ) -> None:
         kind = routing_policy(mode)

@@ -17,7 +17,7 @@ import msgspec
 
 from trio_direct.core.output import ChoiceEvent, ChoiceResult, ReasoningSplitter, merge_events
 from trio_direct.core.plan import OutputOptions, Prompt, RequestPlan, Usage, plan_request
-from trio_direct.openai import errors, responses
+from trio_direct.openai import chat_bodies, errors
 from trio_direct.openai.errors import OpenAIError
 from trio_direct.openai.logprobs import TokenText, chat_logprobs
 from trio_direct.openai.requests import ChatCompletionRequest, decode_chat_request
@@ -270,7 +270,8 @@ class ChatRenderer:
         plan = self._plan
         # OpenAI's first chunk of each choice announces the assistant role.
         self._opening = b"".join(
-            responses.chat_role_chunk(plan.id, plan.created, plan.model, choice.output.index) for choice in plan.choices
+            chat_bodies.chat_role_chunk(plan.id, plan.created, plan.model, choice.output.index)
+            for choice in plan.choices
         )
         for choice in plan.choices:
             choice.output.prepare()
@@ -287,31 +288,31 @@ class ChatRenderer:
             logprobs = chat_logprobs(rows, self._token_text) if rows else None
             if event.reasoning:
                 out.append(
-                    responses.chat_chunk(cid, created, model, event.index, {"reasoning_content": event.reasoning})
+                    chat_bodies.chat_chunk(cid, created, model, event.index, {"reasoning_content": event.reasoning})
                 )
             if event.text or logprobs:
                 content = {"content": event.text}
-                out.append(responses.chat_chunk(cid, created, model, event.index, content, logprobs=logprobs))
+                out.append(chat_bodies.chat_chunk(cid, created, model, event.index, content, logprobs=logprobs))
             if event.tool_calls:
                 calls = {"tool_calls": [tool_call_delta(call) for call in event.tool_calls]}
-                out.append(responses.chat_chunk(cid, created, model, event.index, calls))
+                out.append(chat_bodies.chat_chunk(cid, created, model, event.index, calls))
             if event.finish_reason is not None:
-                out.append(responses.chat_chunk(cid, created, model, event.index, {}, event.finish_reason))
+                out.append(chat_bodies.chat_chunk(cid, created, model, event.index, {}, event.finish_reason))
         return b"".join(out)
 
     def closing(self, usage: Usage) -> bytes:
         plan = self._plan
         if plan.include_usage:
-            return responses.usage_chunk(plan.id, plan.created, plan.model, usage, chat=True) + responses.DONE
-        return responses.DONE
+            return chat_bodies.usage_chunk(plan.id, plan.created, plan.model, usage, chat=True) + chat_bodies.DONE
+        return chat_bodies.DONE
 
     def failure(self, error: OpenAIError) -> bytes:
-        return responses.error_chunk(error) + responses.DONE
+        return chat_bodies.error_chunk(error) + chat_bodies.DONE
 
     def unary(self, results: list[ChoiceResult], usage: Usage) -> bytes:
         plan = self._plan
         choices = [
-            responses.ChatChoice(
+            chat_bodies.ChatChoice(
                 index=result.index,
                 message=_message(result.text, result.reasoning, result.tool_calls()),
                 logprobs=chat_logprobs(result.logprobs, self._token_text) if self._logprobs else None,
@@ -319,15 +320,15 @@ class ChatRenderer:
             )
             for result in results
         ]
-        return responses.chat_completion(plan.id, plan.created, plan.model, choices, usage)
+        return chat_bodies.chat_completion(plan.id, plan.created, plan.model, choices, usage)
 
 
-def _message(content: str, reasoning: str, calls: list[ToolCall]) -> responses.ResponseMessage:
+def _message(content: str, reasoning: str, calls: list[ToolCall]) -> chat_bodies.ResponseMessage:
     tool_calls = [
         {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments_json}}
         for call in calls
     ] or None
-    return responses.ResponseMessage(
+    return chat_bodies.ResponseMessage(
         content=content if content or not tool_calls else None,
         reasoning_content=reasoning or None,
         tool_calls=tool_calls,

@@ -15,7 +15,7 @@ from trio_direct.core.plan import (
     plan_request,
     refuse_too_many_choices,
 )
-from trio_direct.openai import errors, responses
+from trio_direct.openai import chat_bodies, errors
 from trio_direct.openai.errors import OpenAIError
 from trio_direct.openai.logprobs import TokenText, completion_logprobs
 from trio_direct.openai.requests import CompletionRequest, decode_completion_request, prompt_batch
@@ -106,7 +106,7 @@ class CompletionRenderer:
         plan = self._plan
         if self._echo:
             self._opening = b"".join(
-                responses.completion_chunk(
+                chat_bodies.completion_chunk(
                     plan.id, plan.created, plan.model, choice.output.index, self._prompt_text(choice.output.index)
                 )
                 for choice in plan.choices
@@ -131,7 +131,7 @@ class CompletionRenderer:
                 offset = self._text_offsets.get(event.index, 0)
                 logprobs, self._text_offsets[event.index] = completion_logprobs(rows, self._token_text, offset)
             out.append(
-                responses.completion_chunk(
+                chat_bodies.completion_chunk(
                     plan.id, plan.created, plan.model, event.index, event.text, event.finish_reason, logprobs=logprobs
                 )
             )
@@ -140,11 +140,11 @@ class CompletionRenderer:
     def closing(self, usage: Usage) -> bytes:
         plan = self._plan
         if plan.include_usage:
-            return responses.usage_chunk(plan.id, plan.created, plan.model, usage, chat=False) + responses.DONE
-        return responses.DONE
+            return chat_bodies.usage_chunk(plan.id, plan.created, plan.model, usage, chat=False) + chat_bodies.DONE
+        return chat_bodies.DONE
 
     def failure(self, error: OpenAIError) -> bytes:
-        return responses.error_chunk(error) + responses.DONE
+        return chat_bodies.error_chunk(error) + chat_bodies.DONE
 
     def unary(self, results: list[ChoiceResult], usage: Usage) -> bytes:
         plan = self._plan
@@ -159,8 +159,8 @@ class CompletionRenderer:
                 else:
                     logprobs = completion_logprobs(result.logprobs, self._token_text, len(prefix))[0]
             choices.append(
-                responses.CompletionChoice(
+                chat_bodies.CompletionChoice(
                     index=result.index, text=prefix + result.text, logprobs=logprobs, finish_reason=result.finish_reason
                 )
             )
-        return responses.completion(plan.id, plan.created, plan.model, choices, usage)
+        return chat_bodies.completion(plan.id, plan.created, plan.model, choices, usage)

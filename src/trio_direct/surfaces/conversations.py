@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from trio_direct.openai import errors
-from trio_direct.openai import responses_objects as objects
+from trio_direct.openai import responses_output as objects
 from trio_direct.openai.requests import decode_object
 from trio_direct.openai.responses_request import check_metadata, decode_items
 from trio_direct.surfaces.response_store import ConversationStore

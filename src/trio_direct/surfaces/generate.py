@@ -30,7 +30,7 @@ from trio_direct.core.plan import (
     refuse_too_many_choices,
 )
 from trio_direct.engine.types import SamplingOptions, TokenLogprob
-from trio_direct.openai import errors, responses
+from trio_direct.openai import chat_bodies, errors
 from trio_direct.openai.errors import OpenAIError
 from trio_direct.openai.logprobs import TokenText
 from trio_direct.surfaces.generate_request import (
@@ -210,10 +210,10 @@ class GenerateRenderer:
         return b"".join(out)
 
     def closing(self, usage: Usage) -> bytes:
-        return responses.DONE
+        return chat_bodies.DONE
 
     def failure(self, error: OpenAIError) -> bytes:
-        return responses.error_chunk(error) + responses.DONE
+        return chat_bodies.error_chunk(error) + chat_bodies.DONE
 
     def unary(self, results: list[ChoiceResult], usage: Usage) -> bytes:
         answers = [

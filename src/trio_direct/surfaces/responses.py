@@ -23,7 +23,7 @@ import msgspec
 from trio_direct.core.output import ChoiceEvent, ChoiceResult
 from trio_direct.core.plan import RequestPlan, Usage
 from trio_direct.openai import errors
-from trio_direct.openai import responses_objects as objects
+from trio_direct.openai import responses_output as objects
 from trio_direct.openai.errors import OpenAIError
 from trio_direct.openai.extensions import extension_values
 from trio_direct.openai.requests import ChatCompletionRequest

@@ -39,7 +39,7 @@ __all__ = [
     "PRESETS",
     "CostPreset",
     "IndexSink",
-    "KvRouting",
+    "LoadAwareRouting",
     "cost_settings",
     "page_size",
     "routing_block_size",
@@ -142,7 +142,7 @@ class IndexSink:
         self._index.clear_worker(self._key(dp_rank))
 
 
-class KvRouting:
+class LoadAwareRouting:
     """The index and the routers of one fleet, kept in step with the engines that come and go.
 
     The routing block is fixed at construction from the engines' page sizes (`cards`); each engine

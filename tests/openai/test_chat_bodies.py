@@ -11,7 +11,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from trio_direct.core.plan import Usage
 from trio_direct.openai import errors
-from trio_direct.openai.responses import (
+from trio_direct.openai.chat_bodies import (
     DONE,
     ChatChoice,
     CompletionChoice,

@@ -13,8 +13,8 @@ from typing import Any
 
 import msgspec
 
+from trio_direct.openai.chat_bodies import UsageCounts
 from trio_direct.openai.errors import OpenAIError
-from trio_direct.openai.responses import UsageCounts
 
 __all__ = [
     "arguments_delta_event",
