@@ -91,7 +91,7 @@ class Load:
                     if finish != "length":
                         self.failures.append(f"finish_reason {finish!r}")
                     self.completed += 1
-                except openai.OpenAIError as error:
+                except openai.ApiError as error:
                     self.failures.append(repr(error))
         finally:
             client.close()

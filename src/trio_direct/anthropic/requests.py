@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from trio_direct.openai.errors import OpenAIError, invalid_request
+from trio_direct.core.errors import ApiError, invalid_request
 from trio_direct.openai.extensions import SGLangExtensions
 
 __all__ = [
@@ -192,7 +192,7 @@ _UNSUPPORTED = {
 
 
 def decode_messages_request(body: bytes) -> MessagesRequest:
-    """Parse and validate a Messages body; raises `OpenAIError` (400) on any problem."""
+    """Parse and validate a Messages body; raises `ApiError` (400) on any problem."""
     raw = decode_object(body)
     for key, reason in _UNSUPPORTED.items():
         if key in raw:
@@ -223,7 +223,7 @@ def decode_messages_request(body: bytes) -> MessagesRequest:
 
 
 def decode_count_tokens_request(body: bytes) -> CountTokensRequest:
-    """Parse and validate a count_tokens body; raises `OpenAIError` (400) on any problem."""
+    """Parse and validate a count_tokens body; raises `ApiError` (400) on any problem."""
     request = _convert(decode_object(body), CountTokensRequest)
     _check_prompt_fields(request)
     return request
@@ -279,7 +279,7 @@ def _dotted(path: str) -> str:
     return _INDEX.sub(r".\1", path)
 
 
-def _unsupported_block(where: str, block: msgspec.Struct) -> OpenAIError:
+def _unsupported_block(where: str, block: msgspec.Struct) -> ApiError:
     return invalid_request(
         f"{_dotted(where)}: '{_tag(block)}' content is not supported: this server takes text only.",
         param=where,
@@ -315,7 +315,7 @@ def _convert(raw: dict[str, Any], request_type: type[Any]) -> Any:
         raise invalid_request(_TOO_DEEP) from None
 
 
-def validation_error(text: str) -> OpenAIError:
+def validation_error(text: str) -> ApiError:
     """msgspec's message in Anthropic's style: the field's dotted path, then what is wrong with it."""
     located = _LOCATED.match(text)
     assert located is not None  # the pattern matches any string

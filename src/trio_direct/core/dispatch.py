@@ -32,6 +32,7 @@ from typing import Protocol
 import trio
 
 from trio_direct import metrics
+from trio_direct.core import errors
 from trio_direct.core.choices import (
     BUDGET_SPENT,
     ChoiceFailed,
@@ -42,6 +43,7 @@ from trio_direct.core.choices import (
     stream_choice,
 )  # fmt: skip
 from trio_direct.core.disaggregation import new_room, remote_decode_leg, run_disaggregated_choice
+from trio_direct.core.errors import ApiError
 from trio_direct.core.migration import continuation_request, migration_refusal
 from trio_direct.core.output import ChoiceEvent
 from trio_direct.core.plan import RequestPlan
@@ -60,8 +62,6 @@ from trio_direct.exception_groups import unwrap_single_exception
 from trio_direct.fleet.card import DEFAULT_BOOTSTRAP_PORT
 from trio_direct.fleet.engine_apis import engine_api
 from trio_direct.fleet.fleet import Worker
-from trio_direct.openai import errors
-from trio_direct.openai.errors import OpenAIError
 from trio_direct.routing.policy import Route
 from trio_direct.routing.simple import NoWorkerAvailable
 
@@ -83,7 +83,7 @@ class EventBatches(Protocol):
         """Interrupt a wait for the next batch with `StreamWakeup` (False: nothing to wake)."""
 
 
-def client_error(error: EngineError) -> OpenAIError:
+def client_error(error: EngineError) -> ApiError:
     """What a client hears of an engine failure: a status and a message without engine internals."""
     log.warning("engine request failed: %s", error)
     if isinstance(error, EngineInvalidArgument):
@@ -95,7 +95,7 @@ def client_error(error: EngineError) -> OpenAIError:
     return errors.engine_failure("The engine failed to complete the request.")
 
 
-def abort_error(event: ChoiceEvent) -> OpenAIError:
+def abort_error(event: ChoiceEvent) -> ApiError:
     """A choice the engine ended with finish reason "abort"."""
     log.warning("engine aborted choice %d: %s", event.index, event.abort_message)
     return errors.engine_failure(f"The engine aborted the request: {event.abort_message or 'no reason given'}")
@@ -264,7 +264,7 @@ def _pair_with_prefill(decode_request: GenerateInput, route: Route[Worker]) -> E
 async def dispatch(pool: ServingPool, plan: RequestPlan) -> AsyncIterator[EventBatches]:
     """Route `plan` and start its engine calls; yields once every request is on the wire.
 
-    Raises `OpenAIError` 503 when no engine can serve it. Engine failures surface from the batches
+    Raises `ApiError` 503 when no engine can serve it. Engine failures surface from the batches
     as `EngineError` (see `client_error`), after every event that came before them.
     """
     try:

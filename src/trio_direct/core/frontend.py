@@ -11,11 +11,11 @@ import logging
 from collections.abc import Sequence
 
 from trio_direct.config import ServeConfig
+from trio_direct.core import errors
 from trio_direct.core.model_pool import ModelPool
 from trio_direct.core.render import StreamCutter
 from trio_direct.fleet.membership import Member, Membership
 from trio_direct.fleet.shared_admin import SharedAdmin
-from trio_direct.openai import errors
 from trio_direct.state.memory import MemoryStore
 from trio_direct.state.store import (
     StateStore,

@@ -4,7 +4,7 @@ The HTTP layer (`http.app`) has already matched the route, checked the API key, 
 request against admission, read its body within the size limit and started the disconnect watch;
 the handler reads `body` and `params`, and answers with `json`, or with `respond` for a planned
 generation (streamed or unary, by the plan), which first waits for the request's turn (`core.admission`:
-a slot, and an engine of its pool below the busy threshold). Errors are raised as `OpenAIError`: the
+a slot, and an engine of its pool below the busy threshold). Errors are raised as `ApiError`: the
 HTTP layer writes them in the route's own envelope.
 """
 
@@ -20,11 +20,11 @@ import msgspec
 import trio
 
 from trio_direct import metrics
+from trio_direct.core import errors
 from trio_direct.core.admission import Admission, Ticket
 from trio_direct.core.model_pool import session_key
 from trio_direct.core.plan import RequestPlan
 from trio_direct.core.render import Renderer, stream_response, unary_response
-from trio_direct.openai import errors
 from trio_direct.tenants.limiter import Grant
 
 if TYPE_CHECKING:
@@ -229,7 +229,7 @@ class Exchange:
     async def admit(self, pool: ModelPool, priority: int | None = None, trace: Any = None) -> None:
         """Wait for this request's turn (`core.admission`): a slot, and an engine of `pool` below
         the busy threshold. `respond` does it; a generation handler that does not answer through
-        `respond` must call it before it sends anything to an engine. Raises `OpenAIError` 429/503."""
+        `respond` must call it before it sends anything to an engine. Raises `ApiError` 429/503."""
         ticket, admission = self.ticket, self.admission
         if ticket is None or admission is None:
             return

@@ -11,7 +11,8 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from trio_direct.openai.errors import OpenAIError
+from trio_direct.core.errors import ApiError
+from trio_direct.openai.errors import openai_error_body
 
 if TYPE_CHECKING:
     from trio_direct.http.exchange import Exchange
@@ -20,11 +21,7 @@ __all__ = ["ErrorFormat", "Handler", "Match", "HttpRoute", "RouteTable"]
 
 Handler = Callable[["Exchange"], Awaitable[None]]
 #: How a route writes an error body (OpenAI's envelope unless the route's API has its own).
-ErrorFormat = Callable[[OpenAIError], bytes]
-
-
-def openai_error_body(error: OpenAIError) -> bytes:
-    return error.to_json()
+ErrorFormat = Callable[[ApiError], bytes]
 
 
 @dataclass(frozen=True, slots=True)

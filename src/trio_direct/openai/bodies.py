@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from trio_direct.openai.errors import invalid_request
+from trio_direct.core.errors import invalid_request
 from trio_direct.openai.requests import _TOO_DEEP, decode_object, validation_error
 
 __all__ = ["convert_object", "decode_body"]
@@ -20,12 +20,12 @@ T = TypeVar("T")
 
 
 def decode_body(body: bytes, schema: type[T]) -> T:
-    """`body` as a `schema` instance; raises `OpenAIError` (400) on any problem."""
+    """`body` as a `schema` instance; raises `ApiError` (400) on any problem."""
     return convert_object(decode_object(body), schema)
 
 
 def convert_object(raw: dict[str, Any], schema: type[T]) -> T:
-    """An already decoded body (`null` values dropped) as a `schema` instance; `OpenAIError` (400)."""
+    """An already decoded body (`null` values dropped) as a `schema` instance; `ApiError` (400)."""
     try:
         return msgspec.convert(raw, schema)
     except msgspec.ValidationError as exc:

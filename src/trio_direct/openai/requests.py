@@ -20,7 +20,7 @@ from typing import Any, Literal, TypeVar
 
 import msgspec
 
-from trio_direct.openai.errors import OpenAIError, invalid_request
+from trio_direct.core.errors import ApiError, invalid_request
 
 INT32_MAX = 2**31 - 1
 MAX_N = 128
@@ -231,7 +231,7 @@ _UNSUPPORTED_CHAT = {
 
 
 def decode_chat_request(body: bytes) -> ChatCompletionRequest:
-    """Parse and validate a chat completion body; raises `OpenAIError` (400) on any problem."""
+    """Parse and validate a chat completion body; raises `ApiError` (400) on any problem."""
     return chat_request_from_object(decode_object(body))
 
 
@@ -254,7 +254,7 @@ def chat_request_from_object(raw: dict[str, Any]) -> ChatCompletionRequest:
 
 
 def decode_completion_request(body: bytes) -> CompletionRequest:
-    """Parse and validate a text completion body; raises `OpenAIError` (400) on any problem."""
+    """Parse and validate a text completion body; raises `ApiError` (400) on any problem."""
     request = _convert(decode_object(body), CompletionRequest)
     _check_common(request)
     _check_completion(request)
@@ -311,7 +311,7 @@ def _convert(raw: dict[str, Any], request_type: type[_Request]) -> _Request:
         raise invalid_request(_TOO_DEEP) from None
 
 
-def validation_error(text: str) -> OpenAIError:
+def validation_error(text: str) -> ApiError:
     """Rephrase msgspec's message in OpenAI's words, with its JSON path as `param`."""
     located = _LOCATED.match(text)
     assert located is not None  # the pattern matches any string

@@ -13,8 +13,8 @@ from typing import Any
 
 import msgspec
 
+from trio_direct.core.errors import ApiError
 from trio_direct.openai.chat_bodies import UsageCounts
-from trio_direct.openai.errors import OpenAIError
 
 __all__ = [
     "arguments_delta_event",
@@ -155,7 +155,7 @@ def response_usage(usage: UsageCounts) -> dict[str, Any]:
     }
 
 
-def response_error(error: OpenAIError) -> dict[str, Any]:
+def response_error(error: ApiError) -> dict[str, Any]:
     """A failed response's `error` (OpenAI's codes: rate_limit_exceeded, else server_error)."""
     code = "rate_limit_exceeded" if error.status == 429 else "server_error"
     return {"code": code, "message": error.message}

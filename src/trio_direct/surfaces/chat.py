@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from trio_direct.core import errors
+from trio_direct.core.errors import ApiError
 from trio_direct.core.output import ChoiceEvent, ChoiceResult, ReasoningSplitter, merge_events
 from trio_direct.core.plan import OutputOptions, Prompt, RequestPlan, Usage, plan_request
-from trio_direct.openai import chat_bodies, errors
-from trio_direct.openai.errors import OpenAIError
+from trio_direct.openai import chat_bodies
 from trio_direct.openai.logprobs import TokenText, chat_logprobs
 from trio_direct.openai.requests import ChatCompletionRequest, decode_chat_request
 from trio_direct.openai.sampling import logprob_options, sampling_options, stop_strings
@@ -306,7 +307,7 @@ class ChatRenderer:
             return chat_bodies.usage_chunk(plan.id, plan.created, plan.model, usage, chat=True) + chat_bodies.DONE
         return chat_bodies.DONE
 
-    def failure(self, error: OpenAIError) -> bytes:
+    def failure(self, error: ApiError) -> bytes:
         return chat_bodies.error_chunk(error) + chat_bodies.DONE
 
     def unary(self, results: list[ChoiceResult], usage: Usage) -> bytes:

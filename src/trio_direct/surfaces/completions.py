@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from trio_direct.core import errors
+from trio_direct.core.errors import ApiError
 from trio_direct.core.output import ChoiceEvent, ChoiceResult, merge_events
 from trio_direct.core.plan import (
     OutputOptions,
@@ -15,8 +17,7 @@ from trio_direct.core.plan import (
     plan_request,
     refuse_too_many_choices,
 )
-from trio_direct.openai import chat_bodies, errors
-from trio_direct.openai.errors import OpenAIError
+from trio_direct.openai import chat_bodies
 from trio_direct.openai.logprobs import TokenText, completion_logprobs
 from trio_direct.openai.requests import CompletionRequest, decode_completion_request, prompt_batch
 from trio_direct.openai.sampling import logprob_options, sampling_options, stop_strings
@@ -143,7 +144,7 @@ class CompletionRenderer:
             return chat_bodies.usage_chunk(plan.id, plan.created, plan.model, usage, chat=False) + chat_bodies.DONE
         return chat_bodies.DONE
 
-    def failure(self, error: OpenAIError) -> bytes:
+    def failure(self, error: ApiError) -> bytes:
         return chat_bodies.error_chunk(error) + chat_bodies.DONE
 
     def unary(self, results: list[ChoiceResult], usage: Usage) -> bytes:

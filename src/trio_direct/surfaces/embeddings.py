@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from trio_direct import metrics
+from trio_direct.core import errors
 from trio_direct.core.embedding import plan_embeddings, run_embeddings
 from trio_direct.core.plan import Prompt, check_vocab
 from trio_direct.core.request_context import CURRENT
-from trio_direct.openai import errors
 from trio_direct.openai.embeddings import (
     EmbeddingRequest,
     decode_embedding_request,

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from trio_direct.core import errors
+from trio_direct.core.errors import ApiError
 from trio_direct.core.output import ChoiceEvent, ChoiceResult, merge_events
 from trio_direct.core.plan import (
     OutputOptions,
@@ -30,8 +32,7 @@ from trio_direct.core.plan import (
     refuse_too_many_choices,
 )
 from trio_direct.engine.types import SamplingOptions, TokenLogprob
-from trio_direct.openai import chat_bodies, errors
-from trio_direct.openai.errors import OpenAIError
+from trio_direct.openai import chat_bodies
 from trio_direct.openai.logprobs import TokenText
 from trio_direct.surfaces.generate_request import (
     GenerateRequest,
@@ -212,7 +213,7 @@ class GenerateRenderer:
     def closing(self, usage: Usage) -> bytes:
         return chat_bodies.DONE
 
-    def failure(self, error: OpenAIError) -> bytes:
+    def failure(self, error: ApiError) -> bytes:
         return chat_bodies.error_chunk(error) + chat_bodies.DONE
 
     def unary(self, results: list[ChoiceResult], usage: Usage) -> bytes:

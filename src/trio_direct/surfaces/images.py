@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from trio_direct.openai import errors
+from trio_direct.core import errors
 from trio_direct.surfaces.image_fetch import ImageFetchLimits, inline_images
 from trio_direct.text.chat_template import (
     ChatTemplateError,

@@ -39,9 +39,9 @@ from trio_direct.anthropic.requests import (
     decode_count_tokens_request,
     decode_messages_request,
 )
+from trio_direct.core.errors import ApiError
 from trio_direct.core.output import ChoiceEvent, ChoiceResult
 from trio_direct.core.plan import RequestPlan, Usage
-from trio_direct.openai.errors import OpenAIError
 from trio_direct.openai.extensions import extension_values
 from trio_direct.openai.requests import ChatCompletionRequest
 from trio_direct.surfaces.chat import plan_chat, request_prompt
@@ -273,7 +273,7 @@ class MessagesRenderer:
         out.append(anthropic.sse_event({"type": "message_stop"}))
         return b"".join(out)
 
-    def failure(self, error: OpenAIError) -> bytes:
+    def failure(self, error: ApiError) -> bytes:
         return anthropic_error_event(error)
 
     def unary(self, results: list[ChoiceResult], usage: Usage) -> bytes:

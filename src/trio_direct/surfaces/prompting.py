@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
 
-from trio_direct.openai import errors
+from trio_direct.core import errors
 
 if TYPE_CHECKING:
     from trio_direct.core.model_pool import ModelPool

@@ -23,9 +23,9 @@ import msgspec
 import trio
 
 from trio_direct import __version__
+from trio_direct.core import errors
 from trio_direct.core.render import unary_response
 from trio_direct.engine.errors import EngineError
-from trio_direct.openai import errors
 from trio_direct.openai.requests import decode_completion_request
 from trio_direct.surfaces.completions import CompletionRenderer, plan_completion
 
@@ -117,7 +117,7 @@ async def health_generate(exchange: Exchange) -> None:
             plan = await plan_completion(pool, request)
             renderer = CompletionRenderer(plan, pool.token_text, echo=False, logprobs=False)
             await unary_response(pool, plan, renderer, cutter=frontend.cutter)
-        except errors.OpenAIError as error:
+        except errors.ApiError as error:
             body = {"status": "unavailable", "model": pool.name, "error": error.message}
             await exchange.json(503, msgspec.json.encode(body))
             return
