@@ -159,8 +159,6 @@ LAYERS = (
     "metrics",
     "tracing",
     "zmqio",
-    "deferred",
-    "exception_groups",
     "engine",
     "text",
     "parsers",

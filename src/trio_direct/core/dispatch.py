@@ -42,14 +42,15 @@ from trio_direct.core.choices import (
     EngineLeg,
     stream_choice,
 )  # fmt: skip
+from trio_direct.core.deferred import DeferredError
 from trio_direct.core.disaggregation import new_room, remote_decode_leg, run_disaggregated_choice
 from trio_direct.core.errors import ApiError
+from trio_direct.core.exception_groups import unwrap_single_exception
 from trio_direct.core.migration import continuation_request, migration_refusal
 from trio_direct.core.output import ChoiceEvent
 from trio_direct.core.plan import RequestPlan
 from trio_direct.core.pool import ServingPool
 from trio_direct.core.request_context import CURRENT, engine_rid, new_request_key
-from trio_direct.deferred import DeferredError
 from trio_direct.engine.errors import (
     EngineError,
     EngineInvalidArgument,
@@ -58,7 +59,6 @@ from trio_direct.engine.errors import (
     StreamWakeup,
 )  # fmt: skip
 from trio_direct.engine.types import Bootstrap, EngineClient, GenerateInput
-from trio_direct.exception_groups import unwrap_single_exception
 from trio_direct.fleet.card import DEFAULT_BOOTSTRAP_PORT
 from trio_direct.fleet.engine_apis import engine_api
 from trio_direct.fleet.fleet import Worker
