@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 
 from trio_direct.fleet.engine_apis import engine_api_choices
@@ -36,7 +36,7 @@ class ServeConfig:
     drain_timeout: float = 30.0
     enforce_disagg: bool = False
     decode_abort_deadline: float = 30.0
-    engine_api: str = "auto"  # checked against the registry at start-up (_CHOICES)
+    engine_api: str = "auto"  # a registered engine API, or auto (_CHOICES)
     engine_wait_timeout: float = 120.0
     engine_join_grace: float = 5.0
     connect_timeout: float = 5.0
@@ -245,9 +245,11 @@ _HELP = {
     "more are refused 400 before the body is decoded (0 = no cap)",
     "metrics_api_key": "require this Bearer token on /metrics (which shows the engines' addresses); default: open",
 }
-_CHOICES = {
-    "engine_api": engine_api_choices(),
-    "router_mode": routing_policy_names(),
+#: Flags with a fixed set of values; the registries' are read when the flags are declared, so an
+#: engine API or routing policy registered before start-up is a choice too.
+_CHOICES: dict[str, Callable[[], tuple[str, ...]] | tuple[str, ...]] = {
+    "engine_api": engine_api_choices,
+    "router_mode": routing_policy_names,
     "router_preset": tuple(PRESETS),
     "log_level": ("debug", "info", "warning", "error"),
     "log_format": ("text", "json"),
@@ -329,7 +331,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, s
             continue
         convert = _converter(default if default is not None else _OPTIONAL_TYPES.get(spec.name, str)())
         value = environ.get(env_name)
-        choices = _CHOICES.get(spec.name)
+        declared = _CHOICES.get(spec.name)
+        choices = declared() if callable(declared) else declared
         if value is not None and choices is not None and convert(value) not in choices:
             # argparse checks the choices of what is typed, not of a default: an environment value
             # outside them would otherwise be served as given.
