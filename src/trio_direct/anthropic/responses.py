@@ -17,6 +17,7 @@ from typing import Any
 
 import msgspec
 
+from trio_direct.core.sse import sse_event
 from trio_direct.openai.chat_bodies import UsageCounts
 
 __all__ = [
@@ -32,16 +33,6 @@ __all__ = [
 ]
 
 _encoder = msgspec.json.Encoder()
-
-
-def sse_event(payload: dict[str, Any]) -> bytes:
-    """One named SSE event; the payload's `type` is the event name."""
-    buffer = bytearray(b"event: ")
-    buffer += payload["type"].encode()
-    buffer += b"\ndata: "
-    _encoder.encode_into(payload, buffer, len(buffer))
-    buffer += b"\n\n"
-    return bytes(buffer)
 
 
 PING = b'event: ping\ndata: {"type":"ping"}\n\n'

@@ -14,6 +14,7 @@ from typing import Any
 import msgspec
 
 from trio_direct.core.errors import ApiError
+from trio_direct.core.sse import sse_event
 from trio_direct.openai.chat_bodies import UsageCounts
 
 __all__ = [
@@ -33,16 +34,6 @@ __all__ = [
 ]
 
 _encoder = msgspec.json.Encoder()
-
-
-def sse_event(payload: dict[str, Any]) -> bytes:
-    """One named SSE event: the payload's `type` is the event name."""
-    buffer = bytearray(b"event: ")
-    buffer += payload["type"].encode()
-    buffer += b"\ndata: "
-    _encoder.encode_into(payload, buffer, len(buffer))
-    buffer += b"\n\n"
-    return bytes(buffer)
 
 
 class _TextDelta(msgspec.Struct, tag_field="type", tag="response.output_text.delta", kw_only=True):
