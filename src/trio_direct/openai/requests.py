@@ -20,6 +20,7 @@ from typing import Any, Literal, TypeVar
 
 import msgspec
 
+from trio_direct.core import json_body
 from trio_direct.core.errors import ApiError, invalid_request
 
 INT32_MAX = 2**31 - 1
@@ -280,17 +281,7 @@ def prompt_batch(request: CompletionRequest) -> list[str | list[int]]:
 
 def decode_object(body: bytes) -> dict[str, Any]:
     """The body as a JSON object (top-level nulls dropped: not given); a 400 for anything else."""
-    try:
-        raw = msgspec.json.decode(body)
-    except msgspec.DecodeError:  # ValidationError (e.g. 1e400) is a DecodeError too
-        raise invalid_request(_MALFORMED_JSON) from None
-    except RecursionError:
-        raise invalid_request(_TOO_DEEP) from None
-    except UnicodeDecodeError as error:  # msgspec decodes strings as UTF-8 and lets this through
-        raise invalid_request(f"The request body is not valid UTF-8 (at byte {error.start}).") from None
-    if not isinstance(raw, dict):
-        raise invalid_request("The request body must be a JSON object.")
-    return {key: value for key, value in raw.items() if value is not None}
+    return json_body.decode_object(body, BODY_RULES)
 
 
 _LOCATED = re.compile(r"^(?P<what>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)
@@ -303,12 +294,7 @@ _Request = TypeVar("_Request", ChatCompletionRequest, CompletionRequest)
 
 
 def _convert(raw: dict[str, Any], request_type: type[_Request]) -> _Request:
-    try:
-        return msgspec.convert(raw, request_type)
-    except msgspec.ValidationError as exc:
-        raise validation_error(str(exc)) from None
-    except RecursionError:
-        raise invalid_request(_TOO_DEEP) from None
+    return json_body.convert_object(raw, request_type, BODY_RULES)
 
 
 def validation_error(text: str) -> ApiError:
@@ -505,3 +491,7 @@ def _token_ids_ok(prompt: list) -> bool:
 def _check_token_id(token_id: int, param: str) -> None:
     if not 0 <= token_id <= INT32_MAX:
         raise invalid_request(f"Invalid value for '{param}': token ids must be non-negative, got {token_id}.", param)
+
+
+#: How a bad body is worded on OpenAI's routes (`core.json_body`).
+BODY_RULES = json_body.BodyRules(_MALFORMED_JSON, _TOO_DEEP, validation_error)
