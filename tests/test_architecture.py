@@ -5,6 +5,7 @@
   included: each is a dependency a reader must know of.
 - No module imports more than `MAX_PROJECT_IMPORTS` project modules (a module that needs more does
   more than one thing), and `http/` imports no API surface: it serves the route table it is given.
+- The surfaces and the HTTP layer see a model's pool through `core.pool.PoolView`, never its class.
 - No import cycles between modules (an import inside a function counts: it is still a dependency;
   one under `if TYPE_CHECKING:` does not, it never runs).
 - `routing/` is sans-IO: it imports no trio, zmq or socket code.
@@ -250,6 +251,19 @@ def test_http_imports_no_surface():
         if _top(source) == "http"
         for target in targets
         if _top(target) in SURFACES
+    }
+    assert offenders == set()
+
+
+def test_surfaces_and_http_see_a_pool_through_the_core_protocol():
+    """`core.pool.PoolView`, not the pool's class: how a pool is built and run is the frontend's."""
+    graph = _full_graph()
+    offenders = {
+        f"{source} -> {target}"
+        for source, targets in graph.items()
+        if _top(source) in ("surfaces", "http")
+        for target in targets
+        if target == "trio_direct.core.model_pool"
     }
     assert offenders == set()
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from trio_direct.config import ServeConfig, parse_serve_args, routing_settings
-from trio_direct.core.model_pool import MAX_SESSION_KEY, session_key
+from trio_direct.core.request_context import MAX_SESSION_KEY, session_key
 from trio_direct.routing.load_aware import PRESETS, cost_settings
 
 

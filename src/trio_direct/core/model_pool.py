@@ -165,11 +165,6 @@ class ModelPool:
             key = RoutingKey(engine.id, rank if engine.card.dp_size > 1 else None)
             self.busy.apply_poll(key, load)
 
-    def session_key(self, header: str | None, user: object = None) -> str | None:
-        """The session key of a request, from its ``X-Session-ID`` header value and its body's
-        ``user`` field (used only with `--router-affinity-from-user`); ``None``: no affinity."""
-        return session_key(header, user, from_user=self.config.router_affinity_from_user)
-
     def explain_route(self, token_ids: Sequence[int] | None = None) -> dict:
         """What `GET/POST /debug/routing` shows: the mode, the workers, and in kv mode the index
         state and, for a prompt, every candidate's overlap, load and cost (nothing is recorded)."""
@@ -264,20 +259,6 @@ def worker_name(worker: Worker) -> str:
 
 
 #: Longest session key kept; longer ones are used by their first characters only.
-MAX_SESSION_KEY = 256
-
-
-def session_key(header: str | None, user: object = None, *, from_user: bool = False) -> str | None:
-    """A request's session key: the header's value, else the ``user`` field when `from_user`.
-
-    Blank values are no key; keys are cut to `MAX_SESSION_KEY` characters so a client cannot
-    grow the affinity table's memory by its key's length."""
-    for value, wanted in ((header, True), (user, from_user)):
-        if wanted and isinstance(value, str) and value.strip():
-            return value.strip()[:MAX_SESSION_KEY]
-    return None
-
-
 def route_json(route: Route[Worker]) -> dict:
     """A route as `GET /debug/routing` shows it."""
 

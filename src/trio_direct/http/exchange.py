@@ -21,15 +21,15 @@ import trio
 
 from trio_direct.core import errors
 from trio_direct.core.admission import Admission, Ticket
-from trio_direct.core.model_pool import session_key
 from trio_direct.core.pipeline import admit_turn, serve_planned
 from trio_direct.core.plan import RequestPlan
 from trio_direct.core.render import Renderer
+from trio_direct.core.request_context import session_key
 from trio_direct.tenants.limiter import Grant
 
 if TYPE_CHECKING:
     from trio_direct.core.frontend import Frontend
-    from trio_direct.core.model_pool import ModelPool
+    from trio_direct.core.pool import PoolView
 
 __all__ = ["Exchange", "Receive", "Scope", "Send", "request_priority"]
 
@@ -139,7 +139,7 @@ class Exchange:
 
     def session_key(self, user: str | None = None) -> str | None:
         """The routing affinity key: the `X-Session-ID` header, else the request's `user` when
-        ``--router-affinity-from-user`` is on (`core.model_pool.session_key`)."""
+        ``--router-affinity-from-user`` is on (`core.request_context.session_key`)."""
         value = self.header(b"x-session-id")
         header = value.decode("latin-1") if value is not None else None
         return session_key(header, user, from_user=self.frontend.config.router_affinity_from_user)
@@ -200,7 +200,7 @@ class Exchange:
 
     async def respond(
         self,
-        pool: ModelPool,
+        pool: PoolView,
         plan: RequestPlan,
         renderer: Renderer,
         *,
@@ -223,7 +223,7 @@ class Exchange:
             settle=settle,
         )
 
-    async def admit(self, pool: ModelPool, priority: int | None = None, trace: Any = None) -> None:
+    async def admit(self, pool: PoolView, priority: int | None = None, trace: Any = None) -> None:
         """Wait for this request's turn (`core.pipeline.admit_turn`): a slot, and an engine of `pool`
         below the busy threshold. `respond` does it; a generation handler that does not answer
         through `respond` must call it before it sends anything to an engine. Raises `ApiError`

@@ -33,7 +33,7 @@ from trio_direct.text.chat_template import ChatTemplateError, render_chat
 from trio_direct.text.harmony import HarmonyRenderError, render_harmony_chat
 
 if TYPE_CHECKING:
-    from trio_direct.core.model_pool import ModelPool
+    from trio_direct.core.pool import PoolView
     from trio_direct.http.exchange import Exchange
 
 __all__ = ["ChatRenderer", "chat_output", "chat_prompt", "handle", "plan_chat", "request_prompt"]
@@ -48,7 +48,7 @@ async def handle(exchange: Exchange) -> None:
 
 
 async def plan_chat(
-    pool: ModelPool,
+    pool: PoolView,
     request: ChatCompletionRequest,
     *,
     session_key: str | None = None,
@@ -93,7 +93,7 @@ async def plan_chat(
     )
 
 
-async def request_prompt(pool: ModelPool, request: ChatCompletionRequest, param: str = "messages") -> Prompt:
+async def request_prompt(pool: PoolView, request: ChatCompletionRequest, param: str = "messages") -> Prompt:
     """The prompt `plan_chat` sends for `request` (also what token counting counts), with its images."""
     messages = msgspec.to_builtins(request.messages)
     _check_parts(messages)
@@ -128,7 +128,7 @@ def _check_parts(messages: list[dict[str, Any]]) -> None:
 
 
 async def chat_prompt(
-    pool: ModelPool,
+    pool: PoolView,
     messages: list[dict[str, Any]],
     tools: list[dict[str, Any]] | None,
     *,
@@ -175,7 +175,7 @@ def _render_harmony(
 
 
 def _render_and_tokenize(
-    pool: ModelPool,
+    pool: PoolView,
     messages: Sequence[Mapping[str, Any]],
     tools: list[dict[str, Any]] | None,
     continue_final_message: bool,
@@ -201,7 +201,7 @@ def _render_and_tokenize(
 
 
 def chat_output(
-    pool: ModelPool,
+    pool: PoolView,
     *,
     stop: tuple[str, ...] = (),
     include_stop_str: bool = False,

@@ -24,7 +24,7 @@ from trio_direct.openai.sampling import logprob_options, sampling_options, stop_
 from trio_direct.surfaces.prompting import in_thread_if_long, refuse_if_counted_over, refuse_if_too_long
 
 if TYPE_CHECKING:
-    from trio_direct.core.model_pool import ModelPool
+    from trio_direct.core.pool import PoolView
     from trio_direct.http.exchange import Exchange
 
 __all__ = ["CompletionRenderer", "handle", "plan_completion"]
@@ -39,9 +39,7 @@ async def handle(exchange: Exchange) -> None:
     await exchange.respond(pool, plan, renderer)
 
 
-async def plan_completion(
-    pool: ModelPool, request: CompletionRequest, *, session_key: str | None = None
-) -> RequestPlan:
+async def plan_completion(pool: PoolView, request: CompletionRequest, *, session_key: str | None = None) -> RequestPlan:
     if request.suffix:
         raise errors.invalid_request("'suffix' is not supported.", param="suffix", code="unsupported_parameter")
     batch = prompt_batch(request)
@@ -80,7 +78,7 @@ async def plan_completion(
     )
 
 
-def _tokenize(pool: ModelPool, text: str) -> Prompt:
+def _tokenize(pool: PoolView, text: str) -> Prompt:
     refuse_if_counted_over(pool, text, param="prompt")
     return Prompt(pool.tokenizer.encode(text, add_special_tokens=True), text)
 

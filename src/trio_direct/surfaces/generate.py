@@ -47,7 +47,7 @@ from trio_direct.surfaces.prompting import in_thread_if_long, refuse_if_counted_
 
 if TYPE_CHECKING:
     from trio_direct.core.frontend import Frontend
-    from trio_direct.core.model_pool import ModelPool
+    from trio_direct.core.pool import PoolView
     from trio_direct.http.exchange import Exchange
 
 __all__ = ["GenerateRenderer", "handle", "plan_generate"]
@@ -64,7 +64,7 @@ async def handle(exchange: Exchange) -> None:
     await exchange.respond(pool, plan, renderer)
 
 
-def _pool_for(frontend: Frontend, model: str | None) -> ModelPool:
+def _pool_for(frontend: Frontend, model: str | None) -> PoolView:
     """SGLang's server serves one model, so `model` may be left out when this frontend does too."""
     if model is not None:
         return frontend.pool(model)
@@ -74,7 +74,7 @@ def _pool_for(frontend: Frontend, model: str | None) -> ModelPool:
     return frontend.pool(pools[0].name)  # through `pool`: the tenant's models apply
 
 
-async def plan_generate(pool: ModelPool, request: GenerateRequest, *, session_key: str | None = None) -> RequestPlan:
+async def plan_generate(pool: PoolView, request: GenerateRequest, *, session_key: str | None = None) -> RequestPlan:
     param = "text" if request.text is not None else "input_ids"
     prompts = []
     items = generate_prompts(request)
@@ -142,7 +142,7 @@ async def plan_generate(pool: ModelPool, request: GenerateRequest, *, session_ke
     )
 
 
-def _tokenize(pool: ModelPool, text: str, param: str) -> Prompt:
+def _tokenize(pool: PoolView, text: str, param: str) -> Prompt:
     refuse_if_counted_over(pool, text, param=param)
     return Prompt(pool.tokenizer.encode(text, add_special_tokens=True), text)
 

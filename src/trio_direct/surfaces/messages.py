@@ -50,7 +50,7 @@ from trio_direct.surfaces.images import anthropic_image_part, require_image_supp
 from trio_direct.surfaces.output_blocks import BlockSequencer, BlockStep, OutputBlock, blocks_of
 
 if TYPE_CHECKING:
-    from trio_direct.core.model_pool import ModelPool
+    from trio_direct.core.pool import PoolView
     from trio_direct.http.exchange import Exchange
 
 __all__ = ["MessagesRenderer", "chat_messages", "chat_request", "count_tokens", "handle", "plan_message"]
@@ -72,7 +72,7 @@ async def count_tokens(exchange: Exchange) -> None:
     await exchange.json(200, anthropic.encode({"input_tokens": len(prompt.token_ids)}))
 
 
-async def plan_message(pool: ModelPool, request: MessagesRequest, *, session_key: str | None = None) -> RequestPlan:
+async def plan_message(pool: PoolView, request: MessagesRequest, *, session_key: str | None = None) -> RequestPlan:
     images = [
         f"messages[{i}].content[{j}]"
         for i, message in enumerate(request.messages)

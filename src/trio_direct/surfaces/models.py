@@ -10,7 +10,7 @@ from trio_direct.openai import chat_bodies
 from trio_direct.tenants.access import may_use
 
 if TYPE_CHECKING:
-    from trio_direct.core.model_pool import ModelPool
+    from trio_direct.core.pool import PoolView
     from trio_direct.http.exchange import Exchange
 
 __all__ = ["list_models", "retrieve_model"]
@@ -29,7 +29,7 @@ async def retrieve_model(exchange: Exchange) -> None:
     await exchange.json(200, chat_bodies.model_body(card))
 
 
-def _card(pool: ModelPool, created: int) -> chat_bodies.ModelCard:
+def _card(pool: PoolView, created: int) -> chat_bodies.ModelCard:
     """vLLM's model card: the context length, and the engines' model path as `root`."""
     return chat_bodies.model_card(
         pool.name, created, max_model_len=pool.context_length, root=pool.fleet.model.model_path

@@ -48,7 +48,7 @@ from trio_direct.surfaces.response_store import ConversationStore, ResponseStore
 from trio_direct.tenants import access as tenant_access
 
 if TYPE_CHECKING:
-    from trio_direct.core.model_pool import ModelPool
+    from trio_direct.core.pool import PoolView
     from trio_direct.http.exchange import Exchange
 
 __all__ = [
@@ -219,7 +219,7 @@ def item_page(exchange: Exchange, items: list[dict[str, Any]]) -> dict[str, Any]
 
 
 async def plan_response(
-    pool: ModelPool, request: ResponsesRequest, messages: list[dict[str, Any]], *, session_key: str | None = None
+    pool: PoolView, request: ResponsesRequest, messages: list[dict[str, Any]], *, session_key: str | None = None
 ) -> RequestPlan:
     """Plan `request` over the conversation `messages` (the stored one, then this turn's input)."""
     if not isinstance(request.input, str):

@@ -30,7 +30,7 @@ from trio_direct.openai.requests import decode_completion_request
 from trio_direct.surfaces.completions import CompletionRenderer, plan_completion
 
 if TYPE_CHECKING:
-    from trio_direct.core.model_pool import ModelPool
+    from trio_direct.core.pool import PoolView
     from trio_direct.http.exchange import Exchange
 
 __all__ = ["flush_cache", "get_model_info", "get_server_info", "health_generate", "version"]
@@ -67,7 +67,7 @@ def _body_model(exchange: Exchange) -> str | None:
     return model or _query_model(exchange)
 
 
-def model_info(pool: ModelPool) -> dict[str, Any]:
+def model_info(pool: PoolView) -> dict[str, Any]:
     model = pool.fleet.model
     config = pool.model_config
     return {
