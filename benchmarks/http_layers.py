@@ -71,7 +71,7 @@ if kind == "quart":
         return Response(b"{}", status=error.code or 500, content_type="application/json")
 else:
     from trio_direct.http.app import create_app
-    from trio_direct.http.routing_table import Route, RouteTable
+    from trio_direct.http.routing_table import HttpRoute, RouteTable
 
     async def models(exchange):
         await exchange.json(200, MODELS)
@@ -81,8 +81,8 @@ else:
         await exchange.json(200, ANSWER)
 
     routes = RouteTable([
-        Route("GET", "/v1/models", models),
-        Route("POST", "/v1/chat/completions", chat, endpoint="chat"),
+        HttpRoute("GET", "/v1/models", models),
+        HttpRoute("POST", "/v1/chat/completions", chat, endpoint="chat"),
     ])
     frontend = types.SimpleNamespace()
     app = create_app(lambda: frontend, ServeConfig(), routes=routes)

@@ -33,7 +33,7 @@ def measure(tokens: int) -> float:
     from trio_direct.core.render import StreamCutter, stream_response
     from trio_direct.engine.types import GenerateChunk, GenerateInput
     from trio_direct.fleet.fleet import Engine, Fleet
-    from trio_direct.frontend.runtime import ModelPool
+    from trio_direct.core.model_pool import ModelPool
     from trio_direct.routing.policy import RoutingPolicy
     from trio_direct.surfaces.completions import CompletionRenderer
 

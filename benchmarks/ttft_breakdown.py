@@ -29,7 +29,7 @@ from support import start_mock_engine  # noqa: E402
 from trio_direct.config import ServeConfig  # noqa: E402
 from trio_direct.engine.transport import client as transport  # noqa: E402
 from trio_direct.core import dispatch, engine_call  # noqa: E402
-from trio_direct.frontend import serve as serve_module  # noqa: E402
+from trio_direct import service as serve_module  # noqa: E402
 from trio_direct.http import app as http_app  # noqa: E402
 from trio_direct.surfaces import chat  # noqa: E402
 

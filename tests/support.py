@@ -145,7 +145,7 @@ async def settled_accounts(urls: list[str], timeout: float = 20.0, abort_grace: 
 async def start_frontend(nursery: trio.Nursery, *argv: str) -> str:
     """An in-process `trio-direct serve` on an ephemeral loopback port; returns its base URL."""
     from trio_direct.config import parse_serve_args
-    from trio_direct.frontend.serve import serve
+    from trio_direct.service import serve
 
     config = parse_serve_args(["--host", "127.0.0.1", "--port", "0", "--engine-wait-timeout", "30", *argv], environ={})
     binds = await nursery.start(serve, config)

@@ -1,5 +1,11 @@
 """The house rules of the source tree, checked from the code's own imports (read with `ast`, nothing run).
 
+- The top-level packages (and top-level modules) form a ladder, `LAYERS`: each imports only from
+  the rungs below it. Every import counts here, one inside a function or under `if TYPE_CHECKING:`
+  included: each is a dependency a reader must know of.
+- No module imports more than `MAX_PROJECT_IMPORTS` project modules (a module that needs more does
+  more than one thing), and `http/` imports no API surface: it serves the route table it is given.
+- The surfaces and the HTTP layer see a model's pool through `core.pool.PoolView`, never its class.
 - No import cycles between modules (an import inside a function counts: it is still a dependency;
   one under `if TYPE_CHECKING:` does not, it never runs).
 - `routing/` is sans-IO: it imports no trio, zmq or socket code.
@@ -40,15 +46,27 @@ def _runtime_imports(path: Path) -> tuple[tuple[str, list[str]], ...]:
     return tuple(_read_imports(path))
 
 
-def _read_imports(path: Path) -> Iterator[tuple[str, list[str]]]:
+@functools.cache
+def _every_import(path: Path) -> tuple[tuple[str, list[str]], ...]:
+    return tuple(_read_imports(path, type_checking=True))
+
+
+def _read_imports(path: Path, *, type_checking: bool = False) -> Iterator[tuple[str, list[str]]]:
     """(module, names) for every import that runs: `import a.b` -> ("a.b", []), `from a import b` ->
-    ("a", ["b"]); relative imports resolved; imports under `if TYPE_CHECKING:` skipped."""
-    tree = ast.parse(path.read_text(), str(path))
+    ("a", ["b"]); relative imports resolved; imports under `if TYPE_CHECKING:` skipped unless
+    `type_checking`."""
     package = path.relative_to(PACKAGE.parent).with_suffix("").parts[:-1]
+    return _parse_imports(path.read_text(), package, type_checking=type_checking)
+
+
+def _parse_imports(
+    source: str, package: tuple[str, ...], *, type_checking: bool = False
+) -> Iterator[tuple[str, list[str]]]:
+    tree = ast.parse(source)
 
     def walk(node: ast.AST) -> Iterator[ast.AST]:
         for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and _is_type_checking(child.test):
+            if not type_checking and isinstance(child, ast.If) and _is_type_checking(child.test):
                 yield from (n for orelse in child.orelse for n in [orelse, *walk(orelse)])
                 continue
             yield child
@@ -73,10 +91,10 @@ def _is_type_checking(test: ast.expr) -> bool:
     )
 
 
-def _internal_dependencies(path: Path) -> set[str]:
+def _internal_dependencies(path: Path, *, type_checking: bool = False) -> set[str]:
     """The trio_direct modules `path` imports (a `from package import module` names the module)."""
     out = set()
-    for module, names in _runtime_imports(path):
+    for module, names in _every_import(path) if type_checking else _runtime_imports(path):
         if not module.startswith("trio_direct"):
             continue
         submodules = [f"{module}.{name}" for name in names if f"{module}.{name}" in MODULES]
@@ -130,6 +148,125 @@ def _graph() -> dict[str, set[str]]:
     for name in graph:
         graph[name] = {target for target in graph[name] if not name.startswith(target + ".")}
     return graph
+
+
+#: The ladder, lowest rung first: a top-level package or module imports only from those before it.
+#: Foundations (logging, metrics, tracing, ZMQ I/O), then the engine adapters and the text pipeline,
+#: the state store and tenants, the fleet, routing, KV sync and the mock engine, the settings, the
+#: request core (with the one error type, `core.errors`), the APIs' schemas and envelopes (OpenAI's,
+#: Anthropic's), the HTTP layer, the surfaces, the frontend's lifecycle, the composition root
+#: (`service`), and the entry points.
+LAYERS = (
+    "logs",
+    "metrics",
+    "tracing",
+    "zmqio",
+    "engine",
+    "text",
+    "parsers",
+    "state",
+    "tenants",
+    "fleet",
+    "routing",
+    "kv_sync",
+    "mock",
+    "config",
+    "core",
+    "openai",
+    "anthropic",
+    "http",
+    "surfaces",
+    "frontend",
+    "service",
+    "bench",
+    "app",
+    "cli",
+    "__main__",
+)
+#: Packages that hold API surfaces (schemas, planners, renderers): the HTTP layer knows none.
+SURFACES = ("surfaces",)
+MAX_PROJECT_IMPORTS = 20
+
+
+def _top(module: str) -> str:
+    """The rung a module sits on: its top-level package (or top-level module) under trio_direct."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def _upward_imports(graph: dict[str, set[str]], layers: tuple[str, ...]) -> list[str]:
+    rung = {name: index for index, name in enumerate(layers)}
+    bad = []
+    for source, targets in sorted(graph.items()):
+        for target in sorted(targets):
+            a, b = _top(source), _top(target)
+            if a == b or not a or not b:
+                continue
+            if a not in rung or b not in rung:
+                bad.append(f"{source} -> {target}: add its package to LAYERS")
+            elif rung[b] > rung[a]:
+                bad.append(f"{source} -> {target}")
+    return bad
+
+
+def _full_graph() -> dict[str, set[str]]:
+    return {name: _internal_dependencies(path, type_checking=True) - {name} for name, path in MODULES.items()}
+
+
+def test_packages_only_import_downwards_counting_every_import():
+    assert _upward_imports(_full_graph(), LAYERS) == []
+
+
+def test_every_package_has_a_rung():
+    assert {_top(name) for name in MODULES} - {""} - {"_proto"} <= set(LAYERS)
+
+
+def test_an_upward_import_would_be_found():
+    """The checker itself: an import under TYPE_CHECKING or inside a function counts."""
+    graph = {
+        "trio_direct.http.app": {"trio_direct.surfaces.chat"},
+        "trio_direct.surfaces.chat": {"trio_direct.http.app"},
+    }
+    assert _upward_imports(graph, ("http", "surfaces")) == ["trio_direct.http.app -> trio_direct.surfaces.chat"]
+    source = (
+        "def f():\n    from trio_direct.surfaces import chat\nif TYPE_CHECKING:\n    import trio_direct.core.plan\n"
+    )
+    assert {m for m, _ in _parse_imports(source, (), type_checking=True)} == {
+        "trio_direct.surfaces",
+        "trio_direct.core.plan",
+    }
+    assert {m for m, _ in _parse_imports(source, ())} == {"trio_direct.surfaces"}
+
+
+def test_no_module_imports_more_than_twenty_project_modules():
+    graph = _full_graph()
+    heavy = {name: len(targets) for name, targets in graph.items() if len(targets) > MAX_PROJECT_IMPORTS}
+    assert heavy == {}
+
+
+def test_http_imports_no_surface():
+    graph = _full_graph()
+    offenders = {
+        f"{source} -> {target}"
+        for source, targets in graph.items()
+        if _top(source) == "http"
+        for target in targets
+        if _top(target) in SURFACES
+    }
+    assert offenders == set()
+
+
+def test_surfaces_and_http_see_a_pool_through_the_core_protocol():
+    """`core.pool.PoolView`, not the pool's class: how a pool is built and run is the frontend's."""
+    graph = _full_graph()
+    offenders = {
+        f"{source} -> {target}"
+        for source, targets in graph.items()
+        if _top(source) in ("surfaces", "http")
+        for target in targets
+        if target == "trio_direct.core.model_pool"
+    }
+    assert offenders == set()
 
 
 def test_the_tree_has_no_import_cycles():

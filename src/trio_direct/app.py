@@ -10,9 +10,11 @@ from __future__ import annotations
 import trio
 
 from trio_direct.config import config_from_env
-from trio_direct.frontend.runtime import Frontend, run_frontend
-from trio_direct.http.app import create_app, tenants_settings
+from trio_direct.core.frontend import Frontend
+from trio_direct.frontend.runtime import run_frontend
+from trio_direct.http.app import tenants_settings
 from trio_direct.logs import configure_logging
+from trio_direct.service import build_app
 from trio_direct.tenants.service import Tenants
 
 config = config_from_env()
@@ -36,4 +38,4 @@ async def _start_frontend(*, task_status: trio.TaskStatus[None] = trio.TASK_STAT
         task_status.started()
 
 
-app = create_app(_current, config, start=_start_frontend, tenants=tenants)
+app = build_app(_current, config, start=_start_frontend, tenants=tenants)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, NoReturn
 import trio
 
 from trio_direct import __version__
+from trio_direct.fleet.engine_apis import AUTO, engine_api_choices
 from trio_direct.mock import MOCK_MODEL_NAME
 
 if TYPE_CHECKING:
@@ -91,8 +92,8 @@ def _add_serve(subcommands: argparse._SubParsersAction) -> None:
 def _run_serve(args: argparse.Namespace) -> int:
     from trio_direct.config import config_from_args
     from trio_direct.fleet.fleet import FleetError
-    from trio_direct.frontend.serve import serve
     from trio_direct.http.server import ListenError
+    from trio_direct.service import serve
 
     config = config_from_args(args)
     problem = _serve_setting_problem(config)
@@ -175,7 +176,7 @@ async def _serve_until_signalled(serve, config, worker: WorkerLink | None = None
 
     A `--workers` child also drains when its supervisor asks (or is gone): that is no second signal.
     """
-    from trio_direct.frontend.serve import CUT_GRACE, Shutdown
+    from trio_direct.service import CUT_GRACE, Shutdown
 
     shutdown = Shutdown()
     serving = False
@@ -258,9 +259,7 @@ def _add_probe(subcommands: argparse._SubParsersAction) -> None:
         description="Probe engines over gRPC and print one engine card per URL as JSON.",
     )
     p.add_argument("urls", nargs="+", metavar="URL", help="engine gRPC address (grpc://h:p, http://h:p or h:p)")
-    p.add_argument(
-        "--engine-api", choices=("auto", "native", "smg", "vllm"), default="auto", help="default %(default)s"
-    )
+    p.add_argument("--engine-api", choices=engine_api_choices(), default=AUTO, help="default %(default)s")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds per engine (default %(default)s)")
     p.set_defaults(handler=_run_probe)
 

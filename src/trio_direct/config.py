@@ -10,12 +10,12 @@ from __future__ import annotations
 import argparse
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from trio_direct.fleet.probe import ApiChoice
+from trio_direct.fleet.engine_apis import engine_api_choices
+from trio_direct.routing.load_aware import PRESETS
+from trio_direct.routing.policies import RoutingSettings, routing_policy_names
 
 ENV_PREFIX = "TRIO_DIRECT_"
 
@@ -36,7 +36,7 @@ class ServeConfig:
     drain_timeout: float = 30.0
     enforce_disagg: bool = False
     decode_abort_deadline: float = 30.0
-    engine_api: ApiChoice = "auto"  # argparse checks the choices (_CHOICES)
+    engine_api: str = "auto"  # a registered engine API, or auto (_CHOICES)
     engine_wait_timeout: float = 120.0
     engine_join_grace: float = 5.0
     connect_timeout: float = 5.0
@@ -245,10 +245,12 @@ _HELP = {
     "more are refused 400 before the body is decoded (0 = no cap)",
     "metrics_api_key": "require this Bearer token on /metrics (which shows the engines' addresses); default: open",
 }
-_CHOICES = {
-    "engine_api": ("auto", "native", "smg", "vllm"),
-    "router_mode": ("round-robin", "random", "kv", "least-load", "power-of-two"),
-    "router_preset": ("ttft", "dynamo"),
+#: Flags with a fixed set of values; the registries' are read when the flags are declared, so an
+#: engine API or routing policy registered before start-up is a choice too.
+_CHOICES: dict[str, Callable[[], tuple[str, ...]] | tuple[str, ...]] = {
+    "engine_api": engine_api_choices,
+    "router_mode": routing_policy_names,
+    "router_preset": tuple(PRESETS),
     "log_level": ("debug", "info", "warning", "error"),
     "log_format": ("text", "json"),
 }
@@ -329,13 +331,19 @@ def add_serve_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, s
             continue
         convert = _converter(default if default is not None else _OPTIONAL_TYPES.get(spec.name, str)())
         value = environ.get(env_name)
+        declared = _CHOICES.get(spec.name)
+        choices = declared() if callable(declared) else declared
+        if value is not None and choices is not None and convert(value) not in choices:
+            # argparse checks the choices of what is typed, not of a default: an environment value
+            # outside them would otherwise be served as given.
+            parser.error(f"{env_name}: invalid choice {value!r} (choose from {', '.join(choices)})")
         parser.add_argument(
             flag,
             *_ALIASES.get(spec.name, []),
             dest=spec.name,
             type=convert,
             default=convert(value) if value is not None else default,
-            choices=_CHOICES.get(spec.name),
+            choices=choices,
             help=f"{_HELP[spec.name]} [{env_name}; default %(default)s]",
         )
 
@@ -346,6 +354,22 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         given = getattr(args, name)
         values[name] = list(given if given is not None else getattr(args, name + "_env"))
     return ServeConfig(**values)
+
+
+def routing_settings(config: ServeConfig) -> RoutingSettings:
+    """What routing needs of the settings (routing/ does not know `ServeConfig`)."""
+    return RoutingSettings(
+        mode=config.router_mode,
+        enforce_disagg=config.enforce_disagg,
+        kv_cache_block_size=config.kv_cache_block_size,
+        preset=config.router_preset,
+        overlap_score_credit=config.router_kv_overlap_score_credit,
+        prefill_load_scale=config.router_prefill_load_scale,
+        temperature=config.router_temperature,
+        kv_events=config.router_kv_events,
+        ttl_secs=config.router_ttl_secs,
+        session_busy_fraction=config.router_session_busy_fraction,
+    )
 
 
 def config_from_env(environ: Mapping[str, str] | None = None) -> ServeConfig:

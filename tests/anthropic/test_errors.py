@@ -8,7 +8,7 @@ import pytest
 from anthropic.types.shared import ErrorResponse
 
 from trio_direct.anthropic.errors import anthropic_error_body, anthropic_error_event
-from trio_direct.openai import errors
+from trio_direct.core import errors
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ import pytest
 import trio
 
 from trio_direct.core.admission import ADMITTED, LEFT, Admission, AdmissionQueue, Ticket
-from trio_direct.openai.errors import OpenAIError
+from trio_direct.core.errors import ApiError
 
 
 class Pool:
@@ -110,7 +110,7 @@ async def test_a_waiter_times_out_with_503_and_leaves_the_line():
     admission = Admission(max_active=1, max_queued=1, timeout=0.05)
     running = placed(admission)
     waiter = placed(admission)
-    with pytest.raises(OpenAIError) as caught:
+    with pytest.raises(ApiError) as caught:
         await admission.admit(waiter, None, None)
     assert caught.value.status == 503
     assert admission.queue.waiting == 0 and admission.queue.queued == 0
@@ -140,7 +140,7 @@ async def test_a_waiter_is_admitted_when_a_slot_frees_and_a_cancelled_one_leaves
 
 async def test_engines_busy_without_a_queue_is_429_and_load_polls_wake_the_line():
     admission = Admission(max_active=0, max_queued=0)
-    with pytest.raises(OpenAIError) as caught:
+    with pytest.raises(ApiError) as caught:
         await admission.admit(placed(admission), None, Pool(0))
     assert caught.value.status == 429
     admission = Admission(max_active=0, max_queued=5, timeout=10)

@@ -12,13 +12,13 @@ import trio
 
 from trio_direct.config import ServeConfig
 from trio_direct.core.embedding import embed_on_engine, plan_embeddings, run_embeddings
+from trio_direct.core.errors import ApiError
+from trio_direct.core.model_pool import ModelPool
 from trio_direct.core.plan import Prompt
 from trio_direct.core.watch import StreamWatch
 from trio_direct.engine.errors import EngineInvalidArgument, EngineUnavailable
 from trio_direct.engine.types import EmbedInput, EmbedOutput
 from trio_direct.fleet.fleet import Engine, Fleet
-from trio_direct.frontend.runtime import ModelPool
-from trio_direct.openai.errors import OpenAIError
 from trio_direct.routing.policy import RoutingPolicy
 
 
@@ -93,7 +93,7 @@ async def test_a_failing_input_fails_the_request_and_aborts_the_inputs_still_run
     engine = EmbeddingEngine("a", fail={2: EngineInvalidArgument("prompt too long")}, hang={1, 3})
     pool = pool_of(engine)
     plan = plan_embeddings(pool, prompts(1, 2, 3))
-    with pytest.raises(OpenAIError) as caught:
+    with pytest.raises(ApiError) as caught:
         await run_embeddings(pool, plan)
     assert caught.value.status == 400 and "prompt too long" in caught.value.message
     hung = {plan.inputs[0].rid, plan.inputs[2].rid}
@@ -171,13 +171,13 @@ async def test_a_batch_keeps_a_bounded_number_of_calls_open():
 
 
 def test_a_generation_model_or_a_bad_input_is_refused_before_any_engine_is_asked():
-    with pytest.raises(OpenAIError) as caught:
+    with pytest.raises(ApiError) as caught:
         plan_embeddings(pool_of(EmbeddingEngine("a"), embedding=False), prompts(1))
     assert caught.value.code == "model_not_supported"
-    with pytest.raises(OpenAIError) as caught:
+    with pytest.raises(ApiError) as caught:
         plan_embeddings(pool_of(EmbeddingEngine("a")), [Prompt([1], ""), Prompt([], "")], listed=True)
     assert caught.value.param == "input[1]"
-    with pytest.raises(OpenAIError) as caught:
+    with pytest.raises(ApiError) as caught:
         plan_embeddings(pool_of(EmbeddingEngine("a")), [Prompt([1] * 100, "")])
     assert caught.value.code == "context_length_exceeded"
 

@@ -15,6 +15,7 @@ from core.test_render import Digits, ScriptedEngine, Writer, events
 from trio_direct import metrics
 from trio_direct.config import ServeConfig
 from trio_direct.core.migration import continuation_request, migration_refusal
+from trio_direct.core.model_pool import ModelPool
 from trio_direct.core.output import ChoiceOutput
 from trio_direct.core.plan import ChoicePlan, Prompt, RequestPlan
 from trio_direct.core.render import StreamCutter, stream_response, unary_response
@@ -29,7 +30,6 @@ from trio_direct.engine.errors import (
 )  # fmt: skip
 from trio_direct.engine.types import GenerateChunk, GenerateInput, SamplingOptions
 from trio_direct.fleet.fleet import Engine, Fleet
-from trio_direct.frontend.runtime import ModelPool
 from trio_direct.parsers.reasoning import reasoning_parser
 from trio_direct.routing.policy import RoutingPolicy
 from trio_direct.surfaces.chat import ChatRenderer

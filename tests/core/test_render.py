@@ -15,14 +15,14 @@ import pytest
 import trio
 
 from trio_direct.config import ServeConfig
+from trio_direct.core.errors import ApiError
+from trio_direct.core.model_pool import ModelPool
 from trio_direct.core.output import ChoiceOutput
 from trio_direct.core.plan import ChoicePlan, Prompt, RequestPlan
 from trio_direct.core.render import StreamCutter, stream_response
 from trio_direct.engine.errors import EngineError, EngineInternal
 from trio_direct.engine.types import GenerateChunk, GenerateInput
 from trio_direct.fleet.fleet import Engine, Fleet
-from trio_direct.frontend.runtime import ModelPool
-from trio_direct.openai.errors import OpenAIError
 from trio_direct.routing.policy import RoutingPolicy
 from trio_direct.routing.simple import NoWorkerAvailable
 from trio_direct.surfaces.completions import CompletionRenderer
@@ -227,7 +227,7 @@ async def test_a_caller_cancelled_mid_write_leaves_quietly_and_aborts_every_choi
 async def test_no_engine_before_dispatch_is_an_error_status_not_a_stream():
     pool, plan, _client, ledger = setup([], healthy=False)
     writer = Writer()
-    with pytest.raises(OpenAIError) as caught:
+    with pytest.raises(ApiError) as caught:
         await stream_response(pool, plan, CompletionRenderer(plan, str), writer, started=0.0, cutter=StreamCutter())
     assert caught.value.status == 503 and not ledger.held
     assert writer.status is None and writer.writes == []  # the HTTP layer answers with the status

@@ -12,7 +12,8 @@ from trio_direct._proto.vllm import vllm_engine_pb2 as pb
 from trio_direct.engine import vllm
 from trio_direct.engine.errors import EngineInvalidArgument
 from trio_direct.engine.types import GenerateInput, SamplingOptions
-from trio_direct.fleet.card import CardError, engine_card
+from trio_direct.fleet.card import CardError
+from trio_direct.fleet.engine_apis import engine_card
 
 TYPES = {
     vllm.GENERATE: (True, pb.GenerateRequest, pb.GenerateResponse),

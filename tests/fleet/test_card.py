@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from trio_direct.fleet.card import CardError, KvEventSource, engine_card
+from trio_direct.fleet.card import CardError, KvEventSource
+from trio_direct.fleet.engine_apis import engine_card
 
 # GetModelInfo.json_info of an SGLang 0.5.23 engine (native API, §7.2).
 NATIVE_MODEL_INFO = {

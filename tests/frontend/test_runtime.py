@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from trio_direct.config import ServeConfig
+from trio_direct.config import ServeConfig, routing_settings
+from trio_direct.core.model_pool import ModelPool, check_roles
 from trio_direct.fleet.fleet import Engine, Fleet, FleetError, FleetModel
-from trio_direct.frontend.runtime import ModelPool, check_roles
 from trio_direct.kv_sync.subscriber import KvEventSubscriber
 from trio_direct.routing.busy import BusyThreshold, EngineLoads
 from trio_direct.routing.policy import RoutingPolicy
@@ -140,10 +140,10 @@ def kv_engine(engine_id: str, role: str = "aggregated", page: int = 4, kv_events
 def test_kv_routing_indexes_a_joining_engine_and_refuses_one_whose_page_does_not_fit():
     from trio_direct.fleet.card import KvEventSource
     from trio_direct.kv_sync.feeds import KvFeeds
-    from trio_direct.routing.kv_routing import KvRouting
+    from trio_direct.routing.load_aware import LoadAwareRouting
 
     fleet = Fleet([kv_engine("e0", page=4)], model=MODEL)
-    kv = KvRouting([e.card for e in fleet.engines], ServeConfig(router_mode="kv"))
+    kv = LoadAwareRouting([e.card for e in fleet.engines], routing_settings(ServeConfig(router_mode="kv")))
     feeds = KvFeeds(kv, fleet)
     assert kv.index is not None
     assert kv.block_size == 16 and kv.index.stats()["workers"] == 1
@@ -173,11 +173,11 @@ async def test_kv_routing_follows_an_engine_back_on_new_kv_event_endpoints(nurse
     from trio_direct.mock.kv_publisher import KvEventsConfig, open_kv_publishers
     from trio_direct.routing.block_hash import RoutingKey
     from trio_direct.routing.kv_events import BlockRemoved, BlockStored
-    from trio_direct.routing.kv_routing import KvRouting
+    from trio_direct.routing.load_aware import LoadAwareRouting
 
     engine = kv_engine("e0", kv_events=(KvEventSource(0, "tcp://127.0.0.1:1"),))  # where it published before
     fleet = Fleet([engine], model=MODEL)
-    kv = KvRouting([engine.card], ServeConfig(router_mode="kv"))
+    kv = LoadAwareRouting([engine.card], routing_settings(ServeConfig(router_mode="kv")))
     feeds = KvFeeds(kv, fleet)
     assert kv.index is not None
     front = frontend([engine], router_mode="kv")
@@ -212,10 +212,10 @@ def test_kv_routing_re_registers_ranks_when_the_dp_size_changes_and_keeps_a_same
     from trio_direct.fleet.card import KvEventSource
     from trio_direct.kv_sync.feeds import KvFeeds
     from trio_direct.routing.block_hash import RoutingKey
-    from trio_direct.routing.kv_routing import KvRouting
+    from trio_direct.routing.load_aware import LoadAwareRouting
 
     engine = kv_engine("e0", kv_events=(KvEventSource(0, "tcp://127.0.0.1:1"),))
-    kv = KvRouting([engine.card], ServeConfig(router_mode="kv"))
+    kv = LoadAwareRouting([engine.card], routing_settings(ServeConfig(router_mode="kv")))
     feeds = KvFeeds(kv, Fleet([engine], model=MODEL))
     assert kv.index is not None
     [first] = feeds.subscribers
@@ -251,7 +251,7 @@ async def test_an_engine_that_left_leaves_the_kv_index_the_routers_and_its_subsc
     from trio_direct.kv_sync.feeds import KvFeeds
     from trio_direct.routing.block_hash import RoutingKey
     from trio_direct.routing.kv_events import BlockStored
-    from trio_direct.routing.kv_routing import KvRouting
+    from trio_direct.routing.load_aware import LoadAwareRouting
 
     leaving = kv_engine("e0", kv_events=(KvEventSource(0, "tcp://127.0.0.1:1"),))
     staying = kv_engine("e1", kv_events=(KvEventSource(0, "tcp://127.0.0.1:2"),))
@@ -260,7 +260,7 @@ async def test_an_engine_that_left_leaves_the_kv_index_the_routers_and_its_subsc
                                  tool_call_parser=None, reasoning_parser=None, is_embedding=False,
                                  supports_images=False)  # fmt: skip
     front = frontend([leaving, staying], router_mode="kv")
-    kv = KvRouting([leaving.card, staying.card], ServeConfig(router_mode="kv"))
+    kv = LoadAwareRouting([leaving.card, staying.card], routing_settings(ServeConfig(router_mode="kv")))
     front.routing.kv = kv
     front.kv_feeds = KvFeeds(kv, front.fleet)
     await nursery.start(front.kv_feeds.run)

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
+from trio_direct.core import errors
 from trio_direct.http.asgi_guard import ProtocolGuard, refusal
 from trio_direct.http.responses import error_response, too_many_connections
-from trio_direct.openai import errors
 
 LIMIT = 1000
 

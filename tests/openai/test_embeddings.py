@@ -11,6 +11,7 @@ import httpx
 import openai
 import pytest
 
+from trio_direct.core.errors import ApiError
 from trio_direct.openai.embeddings import (
     MAX_INPUTS,
     decode_embedding_request,
@@ -19,7 +20,6 @@ from trio_direct.openai.embeddings import (
     float32_base64,
     truncate_normalized,
 )
-from trio_direct.openai.errors import OpenAIError
 
 
 def body(**fields) -> bytes:
@@ -61,7 +61,7 @@ def test_every_input_shape_of_the_reference_is_one_vector_per_item(given, inputs
     ],
 )
 def test_bad_inputs_are_400s_naming_the_parameter(fields, param):
-    with pytest.raises(OpenAIError) as caught:
+    with pytest.raises(ApiError) as caught:
         decode_embedding_request(body(**fields))
     assert caught.value.status == 400 and caught.value.param == param, caught.value
 

@@ -7,14 +7,15 @@ import json
 import openai
 import pytest
 
-from trio_direct.openai import errors
+from trio_direct.core import errors
+from trio_direct.openai.errors import openai_error_body
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 
 
 def test_envelope_is_openais_nested_shape():
     error = errors.invalid_request("Bad temperature.", param="temperature", code="x")
-    assert json.loads(error.to_json()) == {
+    assert json.loads(openai_error_body(error)) == {
         "error": {"message": "Bad temperature.", "type": "invalid_request_error", "param": "temperature", "code": "x"}
     }
     assert error.status == 400
@@ -37,7 +38,7 @@ def test_envelope_is_openais_nested_shape():
 )
 def test_sdk_raises_its_own_exception_with_our_fields(answering, error, sdk_exception, status):
     assert error.status == status
-    client = answering(error.status, error.to_json())
+    client = answering(error.status, openai_error_body(error))
     with pytest.raises(sdk_exception) as caught:
         client.chat.completions.create(model="m", messages=MESSAGES)
     assert caught.value.status_code == status

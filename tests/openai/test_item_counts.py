@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from trio_direct.openai.errors import OpenAIError
+from trio_direct.core.errors import ApiError
 from trio_direct.openai.item_counts import check_item_counts
 
 TEXT = {"type": "text", "text": "x"}
@@ -29,7 +29,7 @@ def body(**fields: object) -> bytes:
     ],
 )
 def test_over_the_cap_is_a_400_naming_what_was_counted(fields, code):
-    with pytest.raises(OpenAIError) as raised:
+    with pytest.raises(ApiError) as raised:
         check_item_counts(body(**fields), 100)
     assert raised.value.status == 400 and raised.value.code == code
 
@@ -60,6 +60,6 @@ def test_a_million_messages_cost_about_what_the_cap_does():
     huge = json.dumps({"messages": [{"role": "user", "content": "hi"}] * 1_000_000}).encode()
     check_item_counts(b"{}", 10_000)  # its decoders, built once
     started = time.perf_counter()
-    with pytest.raises(OpenAIError):
+    with pytest.raises(ApiError):
         check_item_counts(huge, 10_000)
     assert time.perf_counter() - started < 0.5  # stops past the cap: a few ms (a full decode: ~1 s)

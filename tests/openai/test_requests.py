@@ -7,7 +7,8 @@ import json
 import msgspec
 import pytest
 
-from trio_direct.openai.errors import OpenAIError
+from trio_direct.core.errors import ApiError
+from trio_direct.openai.errors import openai_error_body
 from trio_direct.openai.requests import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -31,12 +32,12 @@ def completion(**fields) -> bytes:
     return json.dumps({"model": "m", "prompt": "hi", **fields}).encode()
 
 
-def rejected(decode, body: bytes) -> OpenAIError:
-    with pytest.raises(OpenAIError) as caught:
+def rejected(decode, body: bytes) -> ApiError:
+    with pytest.raises(ApiError) as caught:
         decode(body)
     error = caught.value
     assert error.status == 400 and error.type == "invalid_request_error"
-    assert json.loads(error.to_json())["error"]["param"] == error.param
+    assert json.loads(openai_error_body(error))["error"]["param"] == error.param
     return error
 
 
@@ -364,6 +365,7 @@ def test_unsupported_features_say_so():
 _FIRST_DECODES = """
 import json, sys
 from trio_direct.openai import requests
+from trio_direct.openai.errors import openai_error_body
 
 if sys.argv[1] == "warm":
     requests.warm_up_request_decoding()

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from trio_direct.openai.errors import OpenAIError
+from trio_direct.core.errors import ApiError
 from trio_direct.openai.tokenization import (
     decode_detokenize_request,
     decode_tokenize_request,
@@ -48,7 +48,7 @@ def test_a_prompt_or_a_list_of_prompts_or_messages():
     ],
 )
 def test_bad_tokenize_bodies(fields, param):
-    with pytest.raises(OpenAIError) as caught:
+    with pytest.raises(ApiError) as caught:
         decode_tokenize_request(body(**fields))
     assert caught.value.status == 400 and caught.value.param == param
 
@@ -65,7 +65,7 @@ def test_bad_tokenize_bodies(fields, param):
     ],
 )
 def test_bad_detokenize_bodies(fields, param):
-    with pytest.raises(OpenAIError) as caught:
+    with pytest.raises(ApiError) as caught:
         decode_detokenize_request(body(**fields))
     assert caught.value.status == 400 and caught.value.param == param
 

@@ -6,10 +6,10 @@ import random
 from collections import Counter
 from types import SimpleNamespace
 
-from trio_direct.config import ServeConfig
+from trio_direct.config import ServeConfig, routing_settings
 from trio_direct.routing.affinity import SessionAffinity
 from trio_direct.routing.block_hash import RoutingKey
-from trio_direct.routing.kv_routing import PRESETS, KvRouting, cost_settings
+from trio_direct.routing.load_aware import PRESETS, LoadAwareRouting, cost_settings
 from trio_direct.routing.policy import Candidates, RoutingPolicy
 
 WORKERS = [RoutingKey(f"e{i}") for i in range(3)]
@@ -25,8 +25,8 @@ def card(engine_id: str = "e0", role: str = "aggregated"):
     )
 
 
-def kv_routing(mode: str = "kv", **config) -> KvRouting:
-    return KvRouting([card()], ServeConfig(router_mode=mode, **config))
+def kv_routing(mode: str = "kv", **config) -> LoadAwareRouting:
+    return LoadAwareRouting([card()], routing_settings(ServeConfig(router_mode=mode, **config)))
 
 
 def prompt(seed: int) -> list[int]:
@@ -120,9 +120,9 @@ def test_power_of_two_takes_the_less_loaded_of_two_and_spreads_load():
 
 
 def test_the_default_preset_weighs_prefill_and_dynamos_is_one_to_one():
-    assert cost_settings(ServeConfig()) == PRESETS["ttft"]
-    assert cost_settings(ServeConfig(router_preset="dynamo")).prefill_load_scale == 1.0
-    explicit = cost_settings(ServeConfig(router_preset="dynamo", router_prefill_load_scale=4.0))
+    assert cost_settings(routing_settings(ServeConfig())) == PRESETS["ttft"]
+    assert cost_settings(routing_settings(ServeConfig(router_preset="dynamo"))).prefill_load_scale == 1.0
+    explicit = cost_settings(routing_settings(ServeConfig(router_preset="dynamo", router_prefill_load_scale=4.0)))
     assert (explicit.prefill_load_scale, explicit.overlap_score_credit) == (4.0, 1.0)
     assert kv_routing(router_temperature=0.5).router.config.temperature == 0.5
     assert kv_routing().stats()["cost"]["prefill_load_scale"] == PRESETS["ttft"].prefill_load_scale

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from trio_direct.config import ServeConfig, parse_serve_args
-from trio_direct.frontend.runtime import MAX_SESSION_KEY, session_key
-from trio_direct.routing.kv_routing import PRESETS, cost_settings
+from trio_direct.config import ServeConfig, parse_serve_args, routing_settings
+from trio_direct.core.request_context import MAX_SESSION_KEY, session_key
+from trio_direct.routing.load_aware import PRESETS, cost_settings
 
 
 def test_defaults_are_the_ttft_preset_with_load_polling_and_sessions_on():
     config = parse_serve_args([], environ={})
-    assert config.router_preset == "ttft" and cost_settings(config) == PRESETS["ttft"]
+    assert config.router_preset == "ttft" and cost_settings(routing_settings(config)) == PRESETS["ttft"]
     assert config.router_prefill_load_scale is None  # "not given": the preset decides
     assert config.load_poll_interval == 1.0
     assert config.router_session_ttl == 300.0 and not config.router_affinity_from_user
@@ -19,10 +19,10 @@ def test_defaults_are_the_ttft_preset_with_load_polling_and_sessions_on():
 
 def test_a_preset_and_an_explicit_weight_combine():
     config = parse_serve_args(["--router-preset", "dynamo", "--router-temperature", "0.2"], environ={})
-    cost = cost_settings(config)
+    cost = cost_settings(routing_settings(config))
     assert (cost.prefill_load_scale, cost.temperature) == (1.0, 0.2)
     from_env = parse_serve_args([], environ={"TRIO_DIRECT_ROUTER_PREFILL_LOAD_SCALE": "4"})
-    assert cost_settings(from_env).prefill_load_scale == 4.0
+    assert cost_settings(routing_settings(from_env)).prefill_load_scale == 4.0
 
 
 @pytest.mark.parametrize("mode", ["least-load", "power-of-two", "kv", "round-robin", "random"])

@@ -11,7 +11,7 @@ import trio
 from support import start_frontend, start_mock_engine
 
 from trio_direct.anthropic.errors import anthropic_error_body
-from trio_direct.http.routes import ROUTES
+from trio_direct.surfaces.routes import ROUTES
 
 pytestmark = pytest.mark.slow
 

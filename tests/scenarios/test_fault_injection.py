@@ -613,12 +613,12 @@ async def test_a_client_gone_while_a_chunk_is_being_written_ends_the_request_qui
     """The ASGI app itself, with a socket write that hangs until the client's disconnect."""
     from trio_direct.config import parse_serve_args
     from trio_direct.frontend.runtime import run_frontend
-    from trio_direct.http.app import create_app
+    from trio_direct.service import build_app
 
     running = await mock_engine_factory(incremental_streaming_output=True)
     config = parse_serve_args(["--engine-url", f"grpc://127.0.0.1:{running.port}"], environ={})
     frontend = await nursery.start(run_frontend, config)
-    asgi = create_app(lambda: frontend, config)
+    asgi = build_app(lambda: frontend, config)
     body = {"model": frontend.pools()[0].name, "prompt": "go", "max_tokens": 200, "stream": True}
     requested = [{"type": "http.request", "body": json.dumps(body).encode(), "more_body": False}]
     writing, gone = trio.Event(), trio.Event()

@@ -313,7 +313,7 @@ async def test_the_tenant_is_in_the_requests_trace(aio_loop, nursery, tmp_path):
 async def test_a_malformed_tenants_file_stops_the_start_naming_what_is_wrong(aio_loop, tmp_path):
     from trio_direct.config import parse_serve_args
     from trio_direct.fleet.fleet import FleetError
-    from trio_direct.frontend.serve import serve as serve_frontend
+    from trio_direct.service import serve as serve_frontend
 
     path = tmp_path / "tenants.yaml"
     path.write_text("tenants:\n  - name: alpha\n    api_keys_sha256: [not-a-digest]\n")

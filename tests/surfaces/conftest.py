@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import pytest
 
 from trio_direct.config import ServeConfig
+from trio_direct.core.model_pool import ModelPool
 from trio_direct.fleet.fleet import Engine, Fleet, FleetModel
-from trio_direct.frontend.runtime import ModelPool
 from trio_direct.routing.policy import RoutingPolicy
 from trio_direct.text.tokenizer import ModelTokenizer
 

@@ -6,8 +6,9 @@ import json
 from types import SimpleNamespace
 
 from trio_direct.config import ServeConfig
+from trio_direct.core.model_pool import ModelPool
 from trio_direct.fleet.fleet import Engine, Fleet, FleetModel
-from trio_direct.frontend.runtime import ModelPool, select_model_parsers
+from trio_direct.frontend.model_pools import select_model_parsers
 from trio_direct.mock.tiny_model import default_tiny_model_dir, ensure_tiny_model
 from trio_direct.openai.requests import decode_chat_request
 from trio_direct.parsers.reasoning import HarmonyParser

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
+from trio_direct.core.errors import ApiError
 from trio_direct.core.output import ChoiceResult
 from trio_direct.core.plan import Usage
 from trio_direct.engine.types import GenerateChunk, TokenLogprob
-from trio_direct.openai.errors import OpenAIError
 from trio_direct.surfaces.generate import (
     GenerateRenderer,
     finish_reason_json,
@@ -116,19 +116,19 @@ async def test_a_batch_plans_one_choice_per_prompt(make_pool):
     ],
 )
 def test_bad_requests_are_400s_naming_the_parameter(fields, param):
-    with pytest.raises(OpenAIError) as caught:
+    with pytest.raises(ApiError) as caught:
         decode(**fields)
     assert caught.value.status == 400 and caught.value.param == param, caught.value
 
 
 async def test_an_embedding_model_does_not_generate(make_pool):
-    with pytest.raises(OpenAIError) as caught:
+    with pytest.raises(ApiError) as caught:
         await plan_generate(make_pool(embedding=True), decode(text="hi"))
     assert caught.value.status == 400 and caught.value.code == "model_not_supported"
 
 
 async def test_images_need_a_multimodal_model(make_pool):
-    with pytest.raises(OpenAIError) as caught:
+    with pytest.raises(ApiError) as caught:
         await plan_generate(make_pool(), decode(text="<image> what?", image_data="http://x/cat.png"))
     assert caught.value.status == 400 and caught.value.param == "image_data"
     plan = await plan_generate(
@@ -244,5 +244,5 @@ async def test_a_unary_answer_is_one_object_or_a_list(make_pool):
 
 def test_the_renderer_ends_a_failed_stream_with_an_error_event():
     renderer = GenerateRenderer.__new__(GenerateRenderer)
-    events = sse(renderer.failure(OpenAIError("engine went away", status=502, type="api_error")))
+    events = sse(renderer.failure(ApiError("engine went away", status=502, type="api_error")))
     assert events[0]["error"]["message"] == "engine went away" and events[1] == "[DONE]"

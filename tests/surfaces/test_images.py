@@ -10,7 +10,7 @@ from functools import partial
 import pytest
 import trio
 
-from trio_direct.openai.errors import OpenAIError
+from trio_direct.core.errors import ApiError
 from trio_direct.openai.requests import decode_chat_request
 from trio_direct.surfaces.chat import plan_chat
 from trio_direct.surfaces.images import (
@@ -77,7 +77,7 @@ def test_urls_the_engine_can_load_are_accepted(url):
     ["ftp://x/y.png", "file:///etc/passwd", "x.png", "data:text/plain;base64,AAAA", "data:image/png,raw-bytes", ""],
 )
 def test_other_urls_are_refused(url):
-    with pytest.raises(OpenAIError) as caught:
+    with pytest.raises(ApiError) as caught:
         check_image_url(url, "messages[0].content[0].image_url.url")
     assert caught.value.status == 400 and caught.value.param == "messages[0].content[0].image_url.url"
 
@@ -98,21 +98,21 @@ async def test_a_text_only_chat_sends_no_images(make_pool):
 
 
 async def test_a_model_without_multimodal_support_refuses_images(make_pool):
-    with pytest.raises(OpenAIError) as caught:
+    with pytest.raises(ApiError) as caught:
         await plan_chat(make_pool(images=False, template=VL_TEMPLATE), chat(text("what?"), image(CAT)))
     assert caught.value.status == 400 and caught.value.param == "messages[0].content[1].image_url.url"
     assert "multimodal" in caught.value.message
 
 
 async def test_a_template_without_content_parts_has_no_place_for_an_image(make_pool):
-    with pytest.raises(OpenAIError) as caught:
+    with pytest.raises(ApiError) as caught:
         await plan_chat(make_pool(images=True, template=STRING_TEMPLATE), chat(text("what?"), image(CAT)))
     assert caught.value.status == 400 and "template" in caught.value.message
 
 
 async def test_video_and_audio_parts_are_still_refused(make_pool):
     video = {"type": "video_url", "video_url": {"url": "https://x/v.mp4"}}
-    with pytest.raises(OpenAIError) as caught:
+    with pytest.raises(ApiError) as caught:
         await plan_chat(make_pool(images=True, template=VL_TEMPLATE), chat(text("what?"), video))
     assert caught.value.param == "messages[0].content[1].type"
 
@@ -124,7 +124,7 @@ def test_anthropic_image_sources_become_image_url_parts():
     assert anthropic_image_part({"type": "url", "url": CAT}) == {"type": "image_url", "image_url": {"url": CAT}}
     for bad in ({"type": "base64", "media_type": "text/plain", "data": "x"}, {"type": "file", "file_id": "f"},
                 {"type": "url"}, {"type": "url", "url": "ftp://x"}):  # fmt: skip
-        with pytest.raises(OpenAIError):
+        with pytest.raises(ApiError):
             anthropic_image_part(bad, "messages[0].content[0].source")
 
 
@@ -132,7 +132,7 @@ def test_responses_input_images_become_image_url_parts():
     assert responses_image_part({"type": "input_image", "image_url": CAT, "detail": "auto"}) == {
         "type": "image_url", "image_url": {"url": CAT},
     }  # fmt: skip
-    with pytest.raises(OpenAIError) as caught:
+    with pytest.raises(ApiError) as caught:
         responses_image_part({"type": "input_image", "file_id": "file-1"}, "input[0].content[1]")
     assert caught.value.param == "input[0].content[1].file_id"
 
@@ -192,7 +192,7 @@ async def test_urls_go_to_the_engine_as_given_unless_fetching_is_allowed(make_po
 async def test_an_image_that_cannot_be_fetched_is_the_clients_400(make_pool, nursery, route, reason):
     base, _ = await serve_http(nursery, {"/img": route})
     pool = make_pool(images=True, allow_image_fetch=True, image_fetch_max_bytes=1000, image_fetch_timeout=0.5)
-    with pytest.raises(OpenAIError) as caught:
+    with pytest.raises(ApiError) as caught:
         await image_data_for(pool, [f"{base}/img"], ["messages[0].content[0].image_url.url"])
     assert caught.value.status == 400 and reason in caught.value.message
     assert caught.value.param == "messages[0].content[0].image_url.url"

@@ -22,7 +22,7 @@ from surface_support import (
 )
 
 from trio_direct.anthropic.requests import decode_count_tokens_request, decode_messages_request
-from trio_direct.openai.errors import OpenAIError, service_unavailable
+from trio_direct.core.errors import ApiError, service_unavailable
 from trio_direct.surfaces.messages import MessagesRenderer, chat_messages, plan_message
 
 EVENTS = TypeAdapter(RawMessageStreamEvent)
@@ -304,7 +304,7 @@ def test_count_tokens_takes_the_prompt_fields_without_max_tokens():
 def test_bad_requests_are_refused_naming_the_field(fields, param, message):
     body = {"model": "m", "max_tokens": 64, "messages": [{"role": "user", "content": "x"}], **fields}
     body = {k: v for k, v in body.items() if v is not None}
-    with pytest.raises(OpenAIError) as raised:
+    with pytest.raises(ApiError) as raised:
         decode_messages_request(json.dumps(body).encode())
     assert (raised.value.status, raised.value.param) == (400, param)
     if message is not None:

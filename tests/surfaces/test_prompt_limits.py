@@ -10,9 +10,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from trio_direct.core.errors import ApiError
 from trio_direct.core.plan import MAX_CHOICES
 from trio_direct.openai.embeddings import decode_embedding_request
-from trio_direct.openai.errors import OpenAIError
 from trio_direct.openai.requests import decode_completion_request
 from trio_direct.surfaces.completions import plan_completion
 from trio_direct.surfaces.embeddings import embedding_prompts
@@ -54,16 +54,16 @@ class FakeExchange:
         self.answer = json.loads(body)
 
 
-def refused(error: pytest.ExceptionInfo[OpenAIError], param: str) -> bool:
+def refused(error: pytest.ExceptionInfo[ApiError], param: str) -> bool:
     return error.value.status == 400 and error.value.code == "context_length_exceeded" and error.value.param == param
 
 
 @pytest.mark.parametrize("text", [FAR_OVER, COUNTED_OVER], ids=["by length", "by count"])
 async def test_generate_refuses_a_text_over_the_context_without_encoding_it(make_pool, encodes, text):
-    with pytest.raises(OpenAIError) as error:
+    with pytest.raises(ApiError) as error:
         await plan_generate(make_pool(), decode_generate_request(json.dumps({"text": text}).encode()))
     assert refused(error, "text") and "maximum context length is 4096" in error.value.message
-    with pytest.raises(OpenAIError) as error:
+    with pytest.raises(ApiError) as error:
         await plan_generate(make_pool(), decode_generate_request(json.dumps({"text": ["Hi", text]}).encode()))
     assert refused(error, "text[1]")
     assert all(chars < 10 for chars, _ in encodes)  # only "Hi" was encoded
@@ -72,11 +72,11 @@ async def test_generate_refuses_a_text_over_the_context_without_encoding_it(make
 @pytest.mark.parametrize("text", [FAR_OVER, COUNTED_OVER], ids=["by length", "by count"])
 async def test_embeddings_refuse_an_input_over_the_context_without_encoding_it(make_pool, encodes, text):
     pool = make_pool(embedding=True)
-    with pytest.raises(OpenAIError) as error:
+    with pytest.raises(ApiError) as error:
         await embedding_prompts(pool, decode_embedding_request(json.dumps({"model": "m", "input": text}).encode()))
     assert refused(error, "input")
     listed = json.dumps({"model": "m", "input": ["Hi", text]}).encode()
-    with pytest.raises(OpenAIError) as error:
+    with pytest.raises(ApiError) as error:
         await embedding_prompts(pool, decode_embedding_request(listed))
     assert refused(error, "input[1]")
     assert all(chars < 10 for chars, _ in encodes)
@@ -85,7 +85,7 @@ async def test_embeddings_refuse_an_input_over_the_context_without_encoding_it(m
 @pytest.mark.parametrize("text", [FAR_OVER, COUNTED_OVER], ids=["by length", "by count"])
 async def test_tokenize_refuses_a_text_that_provably_cannot_fit(make_pool, encodes, text):
     for prompt in (text, ["Hi", text]):
-        with pytest.raises(OpenAIError) as error:
+        with pytest.raises(ApiError) as error:
             await tokenize(FakeExchange(make_pool(), {"model": "m", "prompt": prompt}))  # type: ignore[arg-type]
         assert refused(error, "prompt")
     assert all(chars < 10 for chars, _ in encodes)
@@ -120,11 +120,11 @@ async def test_without_a_context_length_long_texts_are_encoded_on_a_worker_threa
 async def test_a_batch_of_more_prompts_than_one_request_may_start_is_refused_before_any_is_encoded(make_pool, encodes):
     """A million one-word prompts would be a million engine calls: refused from the count alone."""
     many = ["Hi"] * (MAX_CHOICES + 1)
-    with pytest.raises(OpenAIError) as error:
+    with pytest.raises(ApiError) as error:
         await plan_generate(make_pool(), decode_generate_request(json.dumps({"text": many}).encode()))
     assert error.value.status == 400 and error.value.param == "text" and str(MAX_CHOICES + 1) in error.value.message
     body = {"model": "m", "prompt": ["Hi"] * (MAX_CHOICES // 2 + 1), "n": 2, "max_tokens": 1}
-    with pytest.raises(OpenAIError) as error:
+    with pytest.raises(ApiError) as error:
         await plan_completion(make_pool(), decode_completion_request(json.dumps(body).encode()))
     assert error.value.status == 400 and error.value.param == "prompt" and "n=2" in error.value.message
     assert encodes == []

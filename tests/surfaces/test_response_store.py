@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trio_direct.openai.errors import OpenAIError
+from trio_direct.core.errors import ApiError
 from trio_direct.state.memory import MemoryStore
 from trio_direct.state.store import StoreSettings, StoreUnavailable
 from trio_direct.surfaces.response_store import ConversationStore, ResponseStore
@@ -45,7 +45,7 @@ class DownStore(MemoryStore):
 
 
 async def test_a_store_that_is_down_is_a_503_in_openais_envelope():
-    with pytest.raises(OpenAIError) as raised:
+    with pytest.raises(ApiError) as raised:
         await ResponseStore(DownStore(StoreSettings())).get("resp_1")
     assert raised.value.status == 503 and raised.value.type == "service_unavailable"
 

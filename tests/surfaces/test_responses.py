@@ -20,7 +20,7 @@ from surface_support import (
     tiny_pool,
 )
 
-from trio_direct.openai.errors import OpenAIError, rate_limited
+from trio_direct.core.errors import ApiError, rate_limited
 from trio_direct.openai.responses_request import decode_responses_request
 from trio_direct.surfaces.conversation import assistant_message
 from trio_direct.surfaces.responses import (
@@ -224,7 +224,7 @@ def test_input_items_become_chat_messages():
 
 def test_a_function_call_output_must_answer_a_call_made_before():
     items = request(input=[{"type": "function_call_output", "call_id": "call_9", "output": "x"}]).input
-    with pytest.raises(OpenAIError) as raised:
+    with pytest.raises(ApiError) as raised:
         input_messages(items)
     assert (raised.value.status, raised.value.param) == (400, "input[0].call_id")
     history = [
@@ -271,7 +271,7 @@ def test_reasoning_effort_is_chats(effort, chat):
 
 def test_an_effort_chat_does_not_know_is_refused():
     req = request(reasoning={"effort": "xhigh"})
-    with pytest.raises(OpenAIError) as raised:
+    with pytest.raises(ApiError) as raised:
         chat_request(req, input_messages(req.input))
     assert (raised.value.status, raised.value.param) == (400, "reasoning.effort")
 
@@ -309,6 +309,6 @@ async def test_a_forced_function_is_guided_decoding_of_its_parameters(tiny_model
     ],
 )
 def test_bad_requests_name_their_param(fields, param):
-    with pytest.raises(OpenAIError) as raised:
+    with pytest.raises(ApiError) as raised:
         request(**fields)
     assert (raised.value.status, raised.value.param) == (400, param)

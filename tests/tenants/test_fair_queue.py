@@ -11,7 +11,7 @@ import trio
 import trio.testing
 
 from trio_direct.core.admission import ADMITTED, DISPLACED, RESERVED, Admission, AdmissionQueue, Ticket
-from trio_direct.openai.errors import OpenAIError
+from trio_direct.core.errors import ApiError
 from trio_direct.tenants.fair_queue import FairLine
 
 
@@ -216,7 +216,7 @@ async def test_a_displaced_request_is_answered_429():
         try:
             await admission.admit(ticket, None, None)
             outcome[ticket.seq] = 200
-        except OpenAIError as error:
+        except ApiError as error:
             outcome[ticket.seq] = error.status
 
     async with trio.open_nursery() as nursery:

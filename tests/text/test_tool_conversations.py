@@ -23,10 +23,11 @@ from typing import Any
 import pytest
 
 from trio_direct.config import ServeConfig
+from trio_direct.core.model_pool import ModelPool
 from trio_direct.core.plan import RequestPlan
 from trio_direct.engine.types import GenerateChunk
 from trio_direct.fleet.fleet import Engine, Fleet, FleetModel
-from trio_direct.frontend.runtime import ModelPool, select_model_parsers
+from trio_direct.frontend.model_pools import select_model_parsers
 from trio_direct.openai.requests import decode_chat_request
 from trio_direct.parsers.tools import ToolCall, ToolDelta, assemble, tool_call_parser
 from trio_direct.routing.policy import RoutingPolicy

@@ -1,6 +1,6 @@
 """Errors in Anthropic's envelope: ``{"type": "error", "error": {"type": ..., "message": ...}}``.
 
-Every failure is raised as the one `OpenAIError` the rest of the server knows; the Messages routes
+Every failure is raised as the one `ApiError` the rest of the server knows; the Messages routes
 write it in Anthropic's shape instead, so the `anthropic` SDK raises its usual exception for the
 status (`BadRequestError`, `NotFoundError`, `RateLimitError`, ...) with our message. The error type
 follows from the status, as Anthropic's API reference lists them.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import msgspec
 
-from trio_direct.openai.errors import OpenAIError
+from trio_direct.core.errors import ApiError
 
 __all__ = ["anthropic_error_body", "anthropic_error_event", "anthropic_error_type"]
 
@@ -51,15 +51,15 @@ def anthropic_error_type(status: int) -> str:
     return "invalid_request_error" if status < 500 else "api_error"
 
 
-def _envelope(error: OpenAIError) -> bytes:
+def _envelope(error: ApiError) -> bytes:
     return _encoder.encode(_Envelope(_Error(anthropic_error_type(error.status), error.message)))
 
 
-def anthropic_error_body(error: OpenAIError) -> bytes:
+def anthropic_error_body(error: ApiError) -> bytes:
     """The JSON body of an error response on a Messages route (`Route.error_body`)."""
     return _envelope(error)
 
 
-def anthropic_error_event(error: OpenAIError) -> bytes:
+def anthropic_error_event(error: ApiError) -> bytes:
     """A failure after a stream's headers went out: Anthropic's ``event: error`` SSE event."""
     return b"event: error\ndata: " + _envelope(error) + b"\n\n"

@@ -18,7 +18,8 @@ from typing import Any, Literal
 
 import msgspec
 
-from trio_direct.openai.errors import OpenAIError, invalid_request
+from trio_direct.core import json_body
+from trio_direct.core.errors import ApiError, invalid_request
 from trio_direct.openai.extensions import SGLangExtensions
 
 __all__ = [
@@ -192,7 +193,7 @@ _UNSUPPORTED = {
 
 
 def decode_messages_request(body: bytes) -> MessagesRequest:
-    """Parse and validate a Messages body; raises `OpenAIError` (400) on any problem."""
+    """Parse and validate a Messages body; raises `ApiError` (400) on any problem."""
     raw = decode_object(body)
     for key, reason in _UNSUPPORTED.items():
         if key in raw:
@@ -223,7 +224,7 @@ def decode_messages_request(body: bytes) -> MessagesRequest:
 
 
 def decode_count_tokens_request(body: bytes) -> CountTokensRequest:
-    """Parse and validate a count_tokens body; raises `OpenAIError` (400) on any problem."""
+    """Parse and validate a count_tokens body; raises `ApiError` (400) on any problem."""
     request = _convert(decode_object(body), CountTokensRequest)
     _check_prompt_fields(request)
     return request
@@ -279,7 +280,7 @@ def _dotted(path: str) -> str:
     return _INDEX.sub(r".\1", path)
 
 
-def _unsupported_block(where: str, block: msgspec.Struct) -> OpenAIError:
+def _unsupported_block(where: str, block: msgspec.Struct) -> ApiError:
     return invalid_request(
         f"{_dotted(where)}: '{_tag(block)}' content is not supported: this server takes text only.",
         param=where,
@@ -288,17 +289,7 @@ def _unsupported_block(where: str, block: msgspec.Struct) -> OpenAIError:
 
 
 def decode_object(body: bytes) -> dict[str, Any]:
-    try:
-        raw = msgspec.json.decode(body)
-    except msgspec.DecodeError:
-        raise invalid_request(_MALFORMED_JSON) from None
-    except RecursionError:
-        raise invalid_request(_TOO_DEEP) from None
-    except UnicodeDecodeError as error:
-        raise invalid_request(f"The request body is not valid UTF-8 (at byte {error.start}).") from None
-    if not isinstance(raw, dict):
-        raise invalid_request("The request body must be a JSON object.")
-    return {key: value for key, value in raw.items() if value is not None}
+    return json_body.decode_object(body, BODY_RULES)
 
 
 _LOCATED = re.compile(r"^(?P<what>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)
@@ -307,15 +298,10 @@ _INDEX = re.compile(r"\[(\d+)\]")
 
 
 def _convert(raw: dict[str, Any], request_type: type[Any]) -> Any:
-    try:
-        return msgspec.convert(raw, request_type)
-    except msgspec.ValidationError as exc:
-        raise validation_error(str(exc)) from None
-    except RecursionError:
-        raise invalid_request(_TOO_DEEP) from None
+    return json_body.convert_object(raw, request_type, BODY_RULES)
 
 
-def validation_error(text: str) -> OpenAIError:
+def validation_error(text: str) -> ApiError:
     """msgspec's message in Anthropic's style: the field's dotted path, then what is wrong with it."""
     located = _LOCATED.match(text)
     assert located is not None  # the pattern matches any string
@@ -335,3 +321,7 @@ def _check_range(value: float | None, param: str, low: float, high: float, *, lo
     if too_low or value > high or math.isnan(value):
         interval = f"{'(' if low_open else '['}{low}, {high}]"
         raise invalid_request(f"{param}: expected a value in {interval}, but got {value}.", param=param)
+
+
+#: How a bad body is worded on the Messages routes (`core.json_body`).
+BODY_RULES = json_body.BodyRules(_MALFORMED_JSON, _TOO_DEEP, validation_error)

@@ -17,7 +17,8 @@ from typing import Any
 
 import msgspec
 
-from trio_direct.openai.responses import UsageCounts
+from trio_direct.core.sse import sse_event
+from trio_direct.openai.chat_bodies import UsageCounts
 
 __all__ = [
     "PING",
@@ -32,16 +33,6 @@ __all__ = [
 ]
 
 _encoder = msgspec.json.Encoder()
-
-
-def sse_event(payload: dict[str, Any]) -> bytes:
-    """One named SSE event; the payload's `type` is the event name."""
-    buffer = bytearray(b"event: ")
-    buffer += payload["type"].encode()
-    buffer += b"\ndata: "
-    _encoder.encode_into(payload, buffer, len(buffer))
-    buffer += b"\n\n"
-    return bytes(buffer)
 
 
 PING = b'event: ping\ndata: {"type":"ping"}\n\n'

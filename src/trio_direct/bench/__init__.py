@@ -41,6 +41,7 @@ from trio_direct.bench.trace import (
     rebase,
     synthetic_multiturn,
 )
+from trio_direct.routing.policies import routing_policy_names
 
 __all__ = [
     "DEFAULT_OUT",
@@ -133,7 +134,7 @@ def build_parser(prog: str = "trio-direct bench") -> argparse.ArgumentParser:
     )
     target.add_argument(
         "--router-mode",
-        choices=("round-robin", "random", "kv"),
+        choices=routing_policy_names(),
         default="round-robin",
         help="embedded mode: the frontend's --router-mode (default %(default)s)",
     )

@@ -706,9 +706,9 @@ async def open_embedded_fleet(spec: FleetSpec) -> AsyncIterator[EmbeddedFleet]:
     """
     from trio_direct.config import parse_serve_args
     from trio_direct.engine.transport import open_transport
-    from trio_direct.frontend.serve import serve
     from trio_direct.mock.server import MockEngineConfig, load_model_files, run_mock_engine
     from trio_direct.mock.tiny_model import default_tiny_model_dir, ensure_tiny_model
+    from trio_direct.service import serve
 
     if spec.engines < 1:
         raise ValueError("an embedded fleet needs at least one engine")

@@ -46,7 +46,7 @@ from typing import Protocol
 import trio
 
 from trio_direct import metrics
-from trio_direct.openai import errors
+from trio_direct.core import errors
 from trio_direct.tenants.fair_queue import FairLine
 
 __all__ = ["Admission", "AdmissionQueue", "Gate", "Ticket", "UNLIMITED"]
@@ -278,7 +278,7 @@ class Admission:
                 subscribe(self.pump)
 
     async def admit(self, ticket: Ticket, priority: int | None, gate: Gate | None) -> None:
-        """Return once the request may be dispatched; raises `OpenAIError` 503 when it waited
+        """Return once the request may be dispatched; raises `ApiError` 503 when it waited
         `timeout` seconds, 429 when every engine is busy and the line is full. A caller cancelled
         while waiting (its client left) is out of the line: its `leave` ends the ticket."""
         if gate is not None:

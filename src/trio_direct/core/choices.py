@@ -16,11 +16,11 @@ from typing import Any, Protocol
 import trio
 
 from trio_direct import metrics
+from trio_direct.core.deferred import DeferredError
 from trio_direct.core.engine_call import CallWatch, EngineCall, open_engine_call
 from trio_direct.core.migration import migration_refusal
 from trio_direct.core.output import ChoiceEvent
 from trio_direct.core.plan import ChoicePlan
-from trio_direct.deferred import DeferredError
 from trio_direct.engine.errors import EngineError, EngineStalled, EngineUnavailable, StreamWakeup
 from trio_direct.engine.types import EngineClient, GenerateChunk, GenerateInput
 

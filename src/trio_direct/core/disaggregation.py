@@ -33,12 +33,9 @@ from trio_direct.core.choices import ChoiceFailed, ChoiceReader, ChoiceRun, Engi
 from trio_direct.core.engine_call import open_engine_call
 from trio_direct.engine.errors import EngineError, EngineInternal, EngineUnavailable
 from trio_direct.engine.types import EngineClient, GenerateInput
+from trio_direct.fleet.engine_apis import engine_api
 
 log = logging.getLogger(__name__)
-
-#: SMG engines carry the room as int32, native ones as int64.
-_SMG_ROOM_BITS = 31
-_NATIVE_ROOM_BITS = 63
 
 
 #: What a vLLM prefill leg asks its KV connector for (vLLM's own disaggregation proxy sends the same):
@@ -70,7 +67,7 @@ def remote_decode_leg(decode_request: GenerateInput, dp_rank: int | None) -> Gen
 
 def new_room(*clients: EngineClient) -> int:
     """A fresh non-negative bootstrap room that fits every leg's API."""
-    bits = _SMG_ROOM_BITS if any(c.api == "smg" for c in clients) else _NATIVE_ROOM_BITS
+    bits = min(engine_api(c.api).room_bits for c in clients)
     return random.getrandbits(bits)
 
 

@@ -32,6 +32,7 @@ from typing import Protocol
 import trio
 
 from trio_direct import metrics
+from trio_direct.core import errors
 from trio_direct.core.choices import (
     BUDGET_SPENT,
     ChoiceFailed,
@@ -41,13 +42,15 @@ from trio_direct.core.choices import (
     EngineLeg,
     stream_choice,
 )  # fmt: skip
+from trio_direct.core.deferred import DeferredError
 from trio_direct.core.disaggregation import new_room, remote_decode_leg, run_disaggregated_choice
+from trio_direct.core.errors import ApiError
+from trio_direct.core.exception_groups import unwrap_single_exception
 from trio_direct.core.migration import continuation_request, migration_refusal
 from trio_direct.core.output import ChoiceEvent
 from trio_direct.core.plan import RequestPlan
 from trio_direct.core.pool import ServingPool
 from trio_direct.core.request_context import CURRENT, engine_rid, new_request_key
-from trio_direct.deferred import DeferredError
 from trio_direct.engine.errors import (
     EngineError,
     EngineInvalidArgument,
@@ -56,11 +59,9 @@ from trio_direct.engine.errors import (
     StreamWakeup,
 )  # fmt: skip
 from trio_direct.engine.types import Bootstrap, EngineClient, GenerateInput
-from trio_direct.exception_groups import unwrap_single_exception
 from trio_direct.fleet.card import DEFAULT_BOOTSTRAP_PORT
+from trio_direct.fleet.engine_apis import engine_api
 from trio_direct.fleet.fleet import Worker
-from trio_direct.openai import errors
-from trio_direct.openai.errors import OpenAIError
 from trio_direct.routing.policy import Route
 from trio_direct.routing.simple import NoWorkerAvailable
 
@@ -82,7 +83,7 @@ class EventBatches(Protocol):
         """Interrupt a wait for the next batch with `StreamWakeup` (False: nothing to wake)."""
 
 
-def client_error(error: EngineError) -> OpenAIError:
+def client_error(error: EngineError) -> ApiError:
     """What a client hears of an engine failure: a status and a message without engine internals."""
     log.warning("engine request failed: %s", error)
     if isinstance(error, EngineInvalidArgument):
@@ -94,7 +95,7 @@ def client_error(error: EngineError) -> OpenAIError:
     return errors.engine_failure("The engine failed to complete the request.")
 
 
-def abort_error(event: ChoiceEvent) -> OpenAIError:
+def abort_error(event: ChoiceEvent) -> ApiError:
     """A choice the engine ended with finish reason "abort"."""
     log.warning("engine aborted choice %d: %s", event.index, event.abort_message)
     return errors.engine_failure(f"The engine aborted the request: {event.abort_message or 'no reason given'}")
@@ -181,7 +182,7 @@ class Dispatcher:
             return None
         request.routed_dp_rank = route.decode.dp_rank
         prefill = None
-        if route.prefill is not None and route.prefill.engine.client.api != "vllm":
+        if route.prefill is not None and engine_api(route.prefill.engine.client.api).handoff == "bootstrap":
             prefill = _pair_with_prefill(request, route)
         # On vLLM's API a continuation runs whole on its decode engine: a KV consumer given no
         # transfer parameters computes the prompt itself, rather than wait out a fresh prefill.
@@ -249,7 +250,7 @@ def _pair_with_prefill(decode_request: GenerateInput, route: Route[Worker]) -> E
     a prefill twin that asks the KV connector for a remote decode (`remote_decode_leg`)."""
     prefill_worker = route.prefill
     assert prefill_worker is not None
-    if prefill_worker.engine.client.api == "vllm":
+    if engine_api(prefill_worker.engine.client.api).handoff == "connector":
         return EngineLeg(prefill_worker.engine.client, remote_decode_leg(decode_request, prefill_worker.dp_rank))
     card = prefill_worker.engine.card
     room = new_room(prefill_worker.engine.client, route.decode.engine.client)
@@ -263,7 +264,7 @@ def _pair_with_prefill(decode_request: GenerateInput, route: Route[Worker]) -> E
 async def dispatch(pool: ServingPool, plan: RequestPlan) -> AsyncIterator[EventBatches]:
     """Route `plan` and start its engine calls; yields once every request is on the wire.
 
-    Raises `OpenAIError` 503 when no engine can serve it. Engine failures surface from the batches
+    Raises `ApiError` 503 when no engine can serve it. Engine failures surface from the batches
     as `EngineError` (see `client_error`), after every event that came before them.
     """
     try:

@@ -20,8 +20,10 @@ from types import SimpleNamespace
 import trio
 
 from trio_direct import metrics
+from trio_direct.core import errors
 from trio_direct.core.dispatch import client_error
 from trio_direct.core.engine_call import abort_on_engine
+from trio_direct.core.errors import ApiError
 from trio_direct.core.plan import Prompt, new_request_key
 from trio_direct.core.pool import ServingPool
 from trio_direct.engine.errors import (
@@ -32,8 +34,6 @@ from trio_direct.engine.errors import (
 )
 from trio_direct.engine.types import EmbedInput, EmbedOutput, EngineClient
 from trio_direct.logs import REQUEST_ID
-from trio_direct.openai import errors
-from trio_direct.openai.errors import OpenAIError
 from trio_direct.routing.simple import NoWorkerAvailable
 
 __all__ = ["MAX_CALLS_IN_FLIGHT", "EmbeddingPlan", "embed_on_engine", "plan_embeddings", "run_embeddings"]
@@ -66,7 +66,7 @@ def plan_embeddings(
     listed: bool = False,
     session_key: str | None = None,
 ) -> EmbeddingPlan:
-    """One `EmbedInput` per prompt; `OpenAIError` 400 for a generation model, an empty input or one
+    """One `EmbedInput` per prompt; `ApiError` 400 for a generation model, an empty input or one
     longer than the engines accept. `listed`: the inputs came as a list (errors name `input[i]`)."""
     if not pool.is_embedding:
         raise errors.generation_model_cannot_embed(pool.name)
@@ -88,16 +88,16 @@ def plan_embeddings(
 
 async def run_embeddings(pool: ServingPool, plan: EmbeddingPlan) -> list[EmbedOutput]:
     """Every input's vector, in input order; the first failure ends the others (each aborted) and
-    is raised as `OpenAIError` (engine failures mapped as for generation: `client_error`)."""
+    is raised as `ApiError` (engine failures mapped as for generation: `client_error`)."""
     results: list[EmbedOutput | None] = [None] * len(plan.inputs)
-    failure: list[OpenAIError] = []
+    failure: list[ApiError] = []
     limiter = trio.CapacityLimiter(MAX_CALLS_IN_FLIGHT)
 
     async def embed_one(index: int, request: EmbedInput, cancel: trio.CancelScope) -> None:
         try:
             async with limiter:
                 results[index] = await _routed_embed(pool, plan, request)
-        except OpenAIError as error:  # the first failure ends the request; siblings are cancelled
+        except ApiError as error:  # the first failure ends the request; siblings are cancelled
             if not failure:
                 failure.append(error)
             cancel.cancel()

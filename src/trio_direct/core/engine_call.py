@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import trio
 
 from trio_direct import metrics
-from trio_direct.deferred import DeferredError
+from trio_direct.core.deferred import DeferredError
 from trio_direct.engine.errors import EngineDeadlineExceeded, EngineError, EngineUnavailable
 from trio_direct.engine.types import EngineClient, GenerateChunk, GenerateInput, GenerateStream
 

@@ -14,12 +14,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from trio_direct.core import errors
 from trio_direct.core.output import ChoiceOutput, ReasoningSplitter
 from trio_direct.core.pool import ServingPool
 from trio_direct.core.request_context import CURRENT, engine_rid, new_request_key
 from trio_direct.engine.types import GenerateInput, SamplingOptions
 from trio_direct.logs import REQUEST_ID
-from trio_direct.openai import errors
 from trio_direct.parsers.selection import skip_special_tokens
 from trio_direct.parsers.tools import ToolParser
 from trio_direct.text.detokenizer import IncrementalDetokenizer
@@ -133,7 +133,7 @@ MAX_CHOICES = 2048
 
 
 def refuse_too_many_choices(prompts: int, n: int = 1, *, param: str = "prompt") -> None:
-    """`OpenAIError` 400 when `prompts` × `n` is over `MAX_CHOICES`; cheap, so surfaces call it with
+    """`ApiError` 400 when `prompts` × `n` is over `MAX_CHOICES`; cheap, so surfaces call it with
     the prompt count before they tokenize anything."""
     if prompts * n > MAX_CHOICES:
         asked = f"{prompts} prompts" + (f" × n={n}" if n > 1 else "")
@@ -161,7 +161,7 @@ def plan_request(
     session_key: str | None = None,
     created: int | None = None,
 ) -> RequestPlan:
-    """One `ChoicePlan` per prompt and sample; raises `OpenAIError` for what no engine could serve."""
+    """One `ChoicePlan` per prompt and sample; raises `ApiError` for what no engine could serve."""
     if pool.is_embedding:
         raise errors.embedding_model_cannot_generate(pool.name)
     if n > pool.config.max_n:

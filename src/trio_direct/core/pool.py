@@ -1,18 +1,20 @@
-"""What the request core needs of a served model's pool (`frontend.runtime.ModelPool` is one)."""
+"""What the request core and the surfaces need of a served model's pool (`core.model_pool.ModelPool`
+is one): the core's dispatch sees `ServingPool`, the surfaces and the HTTP layer `PoolView`, so
+neither depends on how a pool is built or run."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from trio_direct.config import ServeConfig
 from trio_direct.engine.errors import EngineError
 from trio_direct.engine.types import EngineClient
-from trio_direct.fleet.fleet import Worker
+from trio_direct.fleet.fleet import Fleet, Worker
 from trio_direct.routing.policy import Route
 from trio_direct.text.tokenizer import ModelTokenizer
 
-__all__ = ["ServingPool"]
+__all__ = ["PoolView", "ServingPool"]
 
 
 class ServingPool(Protocol):
@@ -49,3 +51,30 @@ class ServingPool(Protocol):
 
     def on_load_change(self, listener: Callable[[], None]) -> None:
         """Call `listener` after every round of engine load polls."""
+
+
+class PoolView(ServingPool, Protocol):
+    """One served model as the API surfaces see it: its name, engines, text pipeline and limits."""
+
+    fleet: Fleet
+    #: The `--chat-template` file's text; None = the model's own templates.
+    chat_template_override: str | None
+    #: A gpt-oss model: prompts are written in harmony.
+    harmony: bool
+    #: The model directory's `config.json`.
+    model_config: Mapping[str, Any]
+
+    @property
+    def supports_images(self) -> bool: ...
+
+    @property
+    def tool_call_parser(self) -> str | None: ...
+
+    @property
+    def reasoning_parser(self) -> str | None: ...
+
+    def token_text(self, token_id: int) -> str:
+        """One token's text (cached), for logprobs."""
+
+    def explain_route(self, token_ids: Sequence[int] | None = None) -> dict:
+        """Where a request with `token_ids` would go now, and why (`GET /debug/routing`)."""

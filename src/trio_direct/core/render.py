@@ -20,15 +20,15 @@ import trio
 from prometheus_client import Histogram
 
 from trio_direct import metrics
+from trio_direct.core import errors
 from trio_direct.core.dispatch import abort_error, client_error, dispatch
+from trio_direct.core.errors import ApiError
 from trio_direct.core.output import ChoiceEvent, ChoiceResult
 from trio_direct.core.plan import RequestPlan, Usage
 from trio_direct.core.pool import ServingPool
 from trio_direct.core.request_context import CURRENT
 from trio_direct.core.watch import WatchedStream
 from trio_direct.engine.errors import EngineError, StreamWakeup
-from trio_direct.openai import errors
-from trio_direct.openai.errors import OpenAIError
 
 __all__ = [
     "KEEPALIVE",
@@ -65,7 +65,7 @@ class Renderer(Protocol):
     def closing(self, usage: Usage) -> bytes:
         """Stream: the end of a stream that finished (usage, `[DONE]`, a stop event)."""
 
-    def failure(self, error: OpenAIError) -> bytes:
+    def failure(self, error: ApiError) -> bytes:
         """Stream: the end of a stream that failed after its headers went out (an error event)."""
 
     def unary(self, results: list[ChoiceResult], usage: Usage) -> bytes:
@@ -115,7 +115,7 @@ class StreamCutter:
         return len(self._scopes)
 
 
-def _shutdown_error(cutter: StreamCutter) -> OpenAIError:
+def _shutdown_error(cutter: StreamCutter) -> ApiError:
     return errors.service_unavailable(f"The server is shutting down: {cutter.cut_reason or 'drain deadline'}.")
 
 
@@ -132,13 +132,13 @@ async def stream_response(
     """Dispatch `plan` and stream what `renderer` makes of its events.
 
     Failures before the headers went out (no engine, an engine that refused the request) raise
-    `OpenAIError`, for the HTTP layer to answer with a status; after that, the stream ends with the
+    `ApiError`, for the HTTP layer to answer with a status; after that, the stream ends with the
     renderer's `failure`. `started` is the request's arrival (`time.perf_counter()`), for TTFT.
     `settle` runs after a successful end was rendered and before it is written (a stored response
-    is stored before the client is told it completed); an `OpenAIError` from it ends the stream
+    is stored before the client is told it completed); an `ApiError` from it ends the stream
     with that failure instead.
     """
-    failure: OpenAIError | None = None
+    failure: ApiError | None = None
     headers_sent = False
     # Looked up once the engine calls are dispatched, off the first token's path.
     ttft: Histogram | None = None
@@ -198,7 +198,7 @@ async def stream_response(
             if not headers_sent:
                 raise client_error(error) from None
             failure = client_error(error)
-        except OpenAIError as error:
+        except ApiError as error:
             if not headers_sent:
                 raise
             failure = error
@@ -218,7 +218,7 @@ async def stream_response(
         if settle is not None:
             try:
                 await settle()
-            except OpenAIError as error:
+            except ApiError as error:
                 closing = renderer.failure(error)
         await write(closing)
     await writer.end()

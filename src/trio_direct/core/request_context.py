@@ -26,7 +26,16 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CURRENT", "MAX_CLIENT_ID", "RequestContext", "engine_rid", "new_request_key", "rid_tag"]
+__all__ = [
+    "CURRENT",
+    "MAX_CLIENT_ID",
+    "MAX_SESSION_KEY",
+    "RequestContext",
+    "engine_rid",
+    "new_request_key",
+    "rid_tag",
+    "session_key",
+]
 
 #: The longest `X-Request-Id` taken as given; a longer (or non-printable) one is replaced.
 MAX_CLIENT_ID = 200
@@ -87,3 +96,18 @@ class RequestContext:
 
 #: The request the current task serves (None outside the HTTP layer: tests, benchmarks).
 CURRENT: ContextVar[RequestContext | None] = ContextVar("request_context", default=None)
+
+
+#: The longest session key kept (X-Session-ID, or the `user` field).
+MAX_SESSION_KEY = 256
+
+
+def session_key(header: str | None, user: object = None, *, from_user: bool = False) -> str | None:
+    """A request's session key: the header's value, else the ``user`` field when `from_user`.
+
+    Blank values are no key; keys are cut to `MAX_SESSION_KEY` characters so a client cannot
+    grow the affinity table's memory by its key's length."""
+    for value, wanted in ((header, True), (user, from_user)):
+        if wanted and isinstance(value, str) and value.strip():
+            return value.strip()[:MAX_SESSION_KEY]
+    return None

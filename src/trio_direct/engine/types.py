@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 FinishReason = Literal["stop", "length", "abort"]
-EngineApi = Literal["native", "smg", "vllm"]
+#: An engine API's name (its adapter's ``api``; the registry of APIs is `trio_direct.fleet.engine_apis`).
+EngineApi = str
 
 
 @dataclass(slots=True)

@@ -3,8 +3,8 @@
 Block size, role, DP layout, bootstrap port, KV-event endpoints, streaming mode, context length and
 parsers all come from the engine's `GetModelInfo`/`GetServerInfo` JSON rather than from flags, so they
 cannot silently disagree with the engine (a flag that disagrees with the engine is a bug users
-report in peer routers). `engine_card` turns those two payloads,
-as the adapters in `trio_direct.engine` decode them, into an `EngineCard`; it does no I/O.
+report in peer routers). One reader per engine API (`native_card`, `smg_card`, `vllm_card`, each
+registered with its API in `trio_direct.fleet.engine_apis`) turns those two payloads, as the adapters in `trio_direct.engine` decode them, into an `EngineCard`; it does no I/O.
 
 Where the two APIs differ (sglang 0.5.23's native `GetServerInfo` against smg-grpc-servicer's): the
 native API describes its KV publisher in a ready-made ``kv_events`` descriptor, the SMG API only
@@ -19,8 +19,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from trio_direct.engine.types import EngineApi
-
 __all__ = [
     "DEFAULT_BOOTSTRAP_PORT",
     "WILDCARD_HOSTS",
@@ -28,7 +26,9 @@ __all__ = [
     "EngineCard",
     "KvEventSource",
     "Role",
-    "engine_card",
+    "native_card",
+    "smg_card",
+    "vllm_card",
 ]
 
 Role = Literal["aggregated", "prefill", "decode"]
@@ -87,7 +87,8 @@ class EngineCard:
     url: str
     host: str
     port: int
-    api: EngineApi
+    #: The engine API it speaks (a name of `trio_direct.fleet.engine_apis`).
+    api: str
     role: Role
     model_path: str
     served_model_name: str
@@ -138,30 +139,67 @@ class EngineCard:
         }
 
 
-def engine_card(
+def native_card(
+    url: str, host: str, port: int, model_info: Mapping[str, Any], server_info: Mapping[str, Any]
+) -> EngineCard:
+    """The card of an engine on SGLang's native API: its KV publisher in a ready-made ``kv_events``
+    descriptor, cumulative ids unless it runs with ``--incremental-streaming-output``, image input
+    where 0.5.23+'s ``grpc_features`` lists formats."""
+    descriptor = server_info.get("kv_events")
+    dp_size = _int(server_info.get("dp_size")) or 1
+    return _sglang_card(
+        url, host, port, "native", model_info, server_info,
+        kv_events=_native_kv_sources(descriptor, host, dp_size),
+        kv_block_size=_int(descriptor.get("block_size")) if isinstance(descriptor, Mapping) else None,
+        incremental=bool(server_info.get("incremental_streaming_output")),
+        supports_images=_lists_image_inputs(server_info.get("grpc_features")),
+    )  # fmt: skip
+
+
+def smg_card(
+    url: str, host: str, port: int, model_info: Mapping[str, Any], server_info: Mapping[str, Any]
+) -> EngineCard:
+    """The card of an engine on SGLang's SMG API: only the raw ``--kv-events-config`` JSON names its
+    KV publisher; chunks always carry deltas, whatever the server arg says; no image input."""
+    dp_size = _int(server_info.get("dp_size")) or 1
+    return _sglang_card(
+        url, host, port, "smg", model_info, server_info,
+        kv_events=_smg_kv_sources(server_info.get("kv_events_config"), host, dp_size, url),
+        kv_block_size=None,
+        incremental=True,
+        supports_images=False,
+    )  # fmt: skip
+
+
+def _model_path(url: str, model_info: Mapping[str, Any], server_info: Mapping[str, Any]) -> str:
+    model_path = _text(_first(model_info, server_info, "model_path"))
+    if model_path is None:
+        raise CardError(f"engine {url} reports no model_path")
+    return model_path
+
+
+def _first(model_info: Mapping[str, Any], server_info: Mapping[str, Any], key: str) -> Any:
+    value = model_info.get(key)
+    return server_info.get(key) if _text(value) is None else value
+
+
+def _sglang_card(
     url: str,
     host: str,
     port: int,
-    api: EngineApi,
+    api: str,
     model_info: Mapping[str, Any],
     server_info: Mapping[str, Any],
+    *,
+    kv_events: tuple[KvEventSource, ...],
+    kv_block_size: int | None,
+    incremental: bool,
+    supports_images: bool,
 ) -> EngineCard:
-    """Build the card of the engine dialled at ``host:port`` from its two info payloads.
-
-    ``model_info``/``server_info`` are what `NativeEngineClient`/`SmgEngineClient` return from
-    `model_info()`/`server_info()` (for SMG: server args and scheduler info flattened into one dict).
-    Raises `CardError` when the payloads name no model or an unknown role.
-    """
-
-    def first(key: str) -> Any:
-        value = model_info.get(key)
-        return server_info.get(key) if _text(value) is None else value
-
-    model_path = _text(first("model_path"))
-    if model_path is None:
-        raise CardError(f"engine {url} reports no model_path")
-    if api == "vllm":
-        return _vllm_card(url, host, port, model_path, model_info, server_info)
+    """What SGLang's two APIs report alike (``model_info``/``server_info`` as the adapters in
+    `trio_direct.engine` decode them; for SMG: server args and scheduler info flattened into one
+    dict). Raises `CardError` when the payloads name no model or an unknown role."""
+    model_path = _model_path(url, model_info, server_info)
     mode = _text(server_info.get("disaggregation_mode")) or _text(model_info.get("disaggregation_mode")) or "null"
     role = _ROLES.get(mode)
     if role is None:
@@ -169,17 +207,6 @@ def engine_card(
     dp_size = _int(server_info.get("dp_size")) or 1
     page_size = _int(server_info.get("page_size"))
     dcp_size = _int(server_info.get("dcp_size")) or 1
-    if api == "native":
-        descriptor = server_info.get("kv_events")
-        kv_events = _native_kv_sources(descriptor, host, dp_size)
-        kv_block_size = _int(descriptor.get("block_size")) if isinstance(descriptor, Mapping) else None
-        # The native API streams cumulative ids unless the engine runs with
-        # --incremental-streaming-output.
-        incremental = bool(server_info.get("incremental_streaming_output"))
-    else:
-        kv_events = _smg_kv_sources(server_info.get("kv_events_config"), host, dp_size, url)
-        kv_block_size = None
-        incremental = True  # SMG chunks always carry deltas, whatever the server arg says.
     if kv_block_size is None and page_size is not None:
         kv_block_size = page_size * dcp_size
     bootstrap_host = bootstrap_port = None
@@ -193,8 +220,8 @@ def engine_card(
         api=api,
         role=role,
         model_path=model_path,
-        served_model_name=_text(first("served_model_name")) or model_path,
-        tokenizer_path=_text(first("tokenizer_path")) or model_path,
+        served_model_name=_text(_first(model_info, server_info, "served_model_name")) or model_path,
+        tokenizer_path=_text(_first(model_info, server_info, "tokenizer_path")) or model_path,
         block_size=page_size,
         context_length=_context_length(model_info, server_info),
         dp_size=dp_size,
@@ -203,10 +230,10 @@ def engine_card(
         kv_events=kv_events,
         kv_block_size=kv_block_size,
         incremental_streaming=incremental,
-        tool_call_parser=_text(first("tool_call_parser")),
-        reasoning_parser=_text(first("reasoning_parser")),
+        tool_call_parser=_text(_first(model_info, server_info, "tool_call_parser")),
+        reasoning_parser=_text(_first(model_info, server_info, "reasoning_parser")),
         is_embedding=_is_embedding(model_info, server_info),
-        supports_images=api == "native" and _lists_image_inputs(server_info.get("grpc_features")),
+        supports_images=supports_images,
     )
 
 
@@ -221,8 +248,8 @@ _VLLM_ROLES: dict[str, Role] = {
 _VLLM_PAIRING = ("kv_cache_dtype", "block_size", "model_dtype", "attention_backend", "pairing_protocol")
 
 
-def _vllm_card(
-    url: str, host: str, port: int, model_path: str, model_info: Mapping[str, Any], server_info: Mapping[str, Any]
+def vllm_card(
+    url: str, host: str, port: int, model_info: Mapping[str, Any], server_info: Mapping[str, Any]
 ) -> EngineCard:
     """vLLM's GetModelInfo/GetServerInfo (smg-grpc-servicer): typed fields, no server-args JSON.
 
@@ -230,6 +257,7 @@ def _vllm_card(
     `SubscribeKvEvents` stream (one per engine, every DP rank's batches on it), so every rank's
     source is the engine's gRPC address. ``max_req_input_len`` is vLLM's ``max_model_len``.
     """
+    model_path = _model_path(url, model_info, server_info)
     kv_role = _text(server_info.get("kv_role")) or ""
     role = _VLLM_ROLES.get(kv_role)
     if role is None:

@@ -27,8 +27,9 @@ from trio_direct.engine.errors import EngineDeadlineExceeded, EngineError, Engin
 from trio_direct.engine.transport import ChannelPool
 from trio_direct.engine.types import EngineClient
 from trio_direct.fleet.card import CardError, EngineCard
+from trio_direct.fleet.engine_apis import AUTO, UnknownEngineApi, engine_api
 from trio_direct.fleet.engine_url import parse_engine_url
-from trio_direct.fleet.probe import ENGINE_APIS, ApiChoice, ProbedEngine, probe_engine
+from trio_direct.fleet.probe import ProbedEngine, probe_engine
 
 __all__ = [
     "Engine",
@@ -148,7 +149,7 @@ class Fleet:
         urls: Sequence[str],
         pool: ChannelPool,
         *,
-        api: ApiChoice = "auto",
+        api: str = AUTO,
         wait_timeout: float = 60.0,
         join_grace: float = 5.0,
         overrides: FleetOverrides | None = None,
@@ -233,7 +234,7 @@ async def probe_fleet(
     urls: Sequence[str],
     pool: ChannelPool,
     *,
-    api: ApiChoice = "auto",
+    api: str = AUTO,
     wait_timeout: float = 60.0,
     join_grace: float = 5.0,
 ) -> tuple[list[tuple[str, ProbedEngine]], list[PendingEngine]]:
@@ -243,8 +244,11 @@ async def probe_fleet(
     Raises `FleetError` for a malformed or repeated URL, an engine that answers but cannot be used,
     and no engine up within ``wait_timeout``.
     """
-    if api not in ENGINE_APIS:
-        raise FleetError(f"unknown engine API {api!r} ({', '.join(ENGINE_APIS)})")
+    if api != AUTO:
+        try:
+            engine_api(api)
+        except UnknownEngineApi as error:
+            raise FleetError(str(error)) from None
     if not urls:
         raise FleetError("no engine URLs given")
     addresses: dict[tuple[str, int], str] = {}
@@ -318,7 +322,7 @@ def _url_index(engine_id: str) -> int:
     return int(digits) if engine_id.startswith("e") and digits.isdigit() else -1
 
 
-async def _wait_for_engine(engine: PendingEngine, pool: ChannelPool, api: ApiChoice, deadline: float) -> ProbedEngine:
+async def _wait_for_engine(engine: PendingEngine, pool: ChannelPool, api: str, deadline: float) -> ProbedEngine:
     """Probe until it works (the caller cancels at its deadline); retry only "not up yet" failures,
     noting the last one in ``engine.reason``."""
     name = f"engine {engine.id} ({engine.url})"
@@ -388,14 +392,14 @@ def _pairing_agreed(cards: Sequence[tuple[str, EngineCard]]) -> None:
         return
     first_id, first = pd[0]
     for engine_id, card in pd[1:]:
-        if (card.api == "vllm") != (first.api == "vllm"):
+        if engine_api(card.api).handoff != engine_api(first.api).handoff:
             raise FleetError(
                 f"engine {engine_id} ({card.url}) speaks the {card.api} API but engine {first_id} ({first.url}) the "
                 f"{first.api} API: prefill and decode engines hand KV over through one engine family"
             )
-    vllm = [(engine_id, card) for engine_id, card in pd if card.api == "vllm"]
+    connected = [(engine_id, card) for engine_id, card in pd if engine_api(card.api).handoff == "connector"]
     facts: dict[str, list[tuple[str, EngineCard, str]]] = {}
-    for engine_id, card in vllm:
+    for engine_id, card in connected:
         facts.setdefault("kv_connector", []).append((engine_id, card, card.kv_connector or ""))
         for name, value in card.pairing:
             facts.setdefault(name, []).append((engine_id, card, value))

@@ -32,8 +32,9 @@ import trio
 from trio_direct.engine.errors import EngineDeadlineExceeded, EngineError, EngineUnavailable
 from trio_direct.engine.transport import ChannelPool
 from trio_direct.fleet.card import CardError, EngineCard
+from trio_direct.fleet.engine_apis import AUTO
 from trio_direct.fleet.fleet import Engine, Fleet, FleetError, PendingEngine
-from trio_direct.fleet.probe import ApiChoice, probe_engine
+from trio_direct.fleet.probe import probe_engine
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,7 @@ class EngineHealth:
         interval: float = 5.0,
         timeout: float = 2.0,
         failures_to_down: int = 2,
-        api: ApiChoice = "auto",
+        api: str = AUTO,
         on_down: Callable[[Engine], None] | None = None,
         check_join: Callable[[Engine], None] | None = None,
         on_join: Callable[[Engine], None] | None = None,

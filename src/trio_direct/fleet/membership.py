@@ -34,8 +34,9 @@ from trio_direct.engine.errors import EngineDeadlineExceeded, EngineError, Engin
 from trio_direct.engine.transport import ChannelPool
 from trio_direct.fleet.card import CardError
 from trio_direct.fleet.discovery import Address, EngineIds, EngineSpec, SourceChanges, SourceState
+from trio_direct.fleet.engine_apis import AUTO
 from trio_direct.fleet.fleet import Engine, FleetError
-from trio_direct.fleet.probe import ApiChoice, ProbedEngine, probe_engine
+from trio_direct.fleet.probe import ProbedEngine, probe_engine
 
 __all__ = ["Member", "MemberState", "Membership", "PoolHost"]
 
@@ -111,7 +112,7 @@ class Membership:
         channels: ChannelPool,
         *,
         ids: EngineIds,
-        api: ApiChoice = "auto",
+        api: str = AUTO,
         probe_interval: float = 5.0,
         probe_timeout: float = 10.0,
         drain_timeout: float = 30.0,

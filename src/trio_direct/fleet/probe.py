@@ -16,28 +16,17 @@ import json
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 import trio
 
-from trio_direct.engine.errors import (
-    EngineDeadlineExceeded,
-    EngineError,
-    EngineUnavailable,
-)
-from trio_direct.engine.native import NativeEngineClient
-from trio_direct.engine.smg import SmgEngineClient
+from trio_direct.engine.errors import EngineDeadlineExceeded, EngineError, EngineUnavailable
 from trio_direct.engine.transport import ChannelPool, open_transport
 from trio_direct.engine.types import EngineClient
-from trio_direct.engine.vllm import VllmEngineClient, sampling_defaults
-from trio_direct.fleet.card import CardError, EngineCard, engine_card
+from trio_direct.fleet.card import CardError, EngineCard
+from trio_direct.fleet.engine_apis import AUTO, engine_api, engine_api_names
 from trio_direct.fleet.engine_url import parse_engine_url
 
-__all__ = ["ENGINE_APIS", "ApiChoice", "ProbedEngine", "probe_command", "probe_engine"]
-
-ApiChoice = Literal["auto", "native", "smg", "vllm"]
-#: Every ``--engine-api`` value, in the order ``auto`` tries the APIs after itself.
-ENGINE_APIS: tuple[ApiChoice, ...] = ("auto", "native", "smg", "vllm")
+__all__ = ["ProbedEngine", "probe_command", "probe_engine"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,66 +37,40 @@ class ProbedEngine:
     client: EngineClient
 
 
-async def probe_engine(url: str, pool: ChannelPool, *, api: ApiChoice = "auto", timeout: float = 10.0) -> ProbedEngine:
+async def probe_engine(url: str, pool: ChannelPool, *, api: str = AUTO, timeout: float = 10.0) -> ProbedEngine:
     """Probe the engine at ``url`` (see `parse_engine_url` for the accepted forms).
 
-    Raises `ValueError` for a malformed URL, `EngineUnavailable` when the engine cannot be reached,
-    `EngineDeadlineExceeded` when the probe as a whole takes longer than ``timeout`` seconds,
-    `EngineUnimplemented` when the engine speaks neither API asked for, `CardError` when its info
-    makes no sense, and other `EngineError`s as the engine reports them.
+    Raises `ValueError` for a malformed URL or an unknown API (`UnknownEngineApi`),
+    `EngineUnavailable` when the engine cannot be reached, `EngineDeadlineExceeded` when the probe as
+    a whole takes longer than ``timeout`` seconds, `EngineUnimplemented` when the engine speaks none
+    of the APIs asked for, `CardError` when its info makes no sense, and other `EngineError`s as the
+    engine reports them.
     """
-    if api not in ENGINE_APIS:
-        raise ValueError(f"unknown engine API {api!r} ({', '.join(ENGINE_APIS)})")
+    apis = [engine_api(name) for name in engine_api_names()] if api == AUTO else [engine_api(api)]
     host, port = parse_engine_url(url)
     channel = pool.get(host, port)
-    native_error: EngineError | None = None
+    first_error: EngineError | None = None
     with trio.move_on_after(timeout) as scope:
-        if api in ("auto", "native"):
-            native = NativeEngineClient(channel)
+        for candidate in apis:
+            probe = candidate.probe_client(channel)
             try:
-                model_info = await native.model_info(timeout=timeout)
+                model_info = await probe.model_info(timeout=timeout)
             except (EngineUnavailable, EngineDeadlineExceeded):
                 raise
             except EngineError as error:
-                if api == "native":
-                    raise
-                native_error = error
-            else:
-                server_info = await native.server_info(timeout=timeout)
-                card = engine_card(url, host, port, "native", model_info, server_info)
-                return ProbedEngine(card, NativeEngineClient(channel, incremental=card.incremental_streaming))
-        if api in ("auto", "smg"):
-            smg = SmgEngineClient(channel)
-            try:
-                model_info = await smg.model_info(timeout=timeout)
-            except (EngineUnavailable, EngineDeadlineExceeded):
-                raise
-            except EngineError:
-                if api == "smg":
-                    raise
-            else:
-                server_info = await smg.server_info(timeout=timeout)
-                return ProbedEngine(engine_card(url, host, port, "smg", model_info, server_info), smg)
-        vllm = VllmEngineClient(channel)
-        try:
-            model_info = await vllm.model_info(timeout=timeout)
-        except (EngineUnavailable, EngineDeadlineExceeded):
-            raise
-        except EngineError:
-            # No API answered: the native answer says more (it may be an engine error, not a mismatch).
-            if native_error is not None:
-                raise native_error from None
-            raise
-        server_info = await vllm.server_info(timeout=timeout)
-        client = VllmEngineClient(
-            channel, defaults=sampling_defaults(model_info.get("default_sampling_params_json", ""))
-        )
-        return ProbedEngine(engine_card(url, host, port, "vllm", model_info, server_info), client)
+                # The first API's answer says more (it may be an engine error, not a mismatch).
+                first_error = first_error or error
+                continue
+            server_info = await probe.server_info(timeout=timeout)
+            card = candidate.read_card(url, host, port, model_info, server_info)
+            return ProbedEngine(card, candidate.serving_client(channel, card, model_info, probe))
+        assert first_error is not None
+        raise first_error
     assert scope.cancelled_caught
     raise EngineDeadlineExceeded(f"probe took longer than {timeout:g}s", engine=channel.name)
 
 
-async def probe_command(urls: Sequence[str], api: ApiChoice = "auto", timeout: float = 10.0) -> int:
+async def probe_command(urls: Sequence[str], api: str = AUTO, timeout: float = 10.0) -> int:
     """``trio-direct probe URL...``: print one JSON array of engine cards; 0 when every probe worked.
 
     Probes run concurrently. The array holds the card of each engine that answered, in the order of

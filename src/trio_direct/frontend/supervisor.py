@@ -37,6 +37,7 @@ from dataclasses import dataclass, fields, replace
 import trio
 
 from trio_direct.config import ENV_PREFIX, ServeConfig
+from trio_direct.routing.policies import routing_policy
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,7 @@ def worker_config(config: ServeConfig, engine_urls: list[str] | None = None) -> 
     child = replace(config, workers=1)
     if engine_urls is not None:
         child = replace(child, engine_url=list(engine_urls), prefill_engine_url=[])
-    if child.router_mode == "kv" and child.load_poll_interval <= 0:
+    if routing_policy(child.router_mode).selection == "cost" and child.load_poll_interval <= 0:
         child = replace(child, load_poll_interval=DEFAULT_WORKER_LOAD_POLL_INTERVAL)
     return child
 
@@ -329,7 +330,7 @@ def _shutdown_write(sock: socket.socket) -> None:
 async def supervise(config: ServeConfig) -> int:
     """`trio-direct serve --workers N`; returns the process exit status."""
     from trio_direct.engine.transport import open_transport
-    from trio_direct.frontend.runtime import has_engine_sources, start_mock_engines
+    from trio_direct.frontend.engine_sources import has_engine_sources, start_mock_engines
 
     try:
         listener = open_listener(config.host, config.port)

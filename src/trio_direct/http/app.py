@@ -1,4 +1,5 @@
-"""The one HTTP layer: an ASGI app that serves the route table (`http.routes`).
+"""The one HTTP layer: an ASGI app that serves the route table it is given (the surfaces' table,
+`trio_direct.surfaces.routes`, passed in by the composition root `trio_direct.service`).
 
 Every request passes the same rules, written once, in this order: the protocol guard
 (`http/asgi_guard.py`: a declared Content-Length over ``--max-body-bytes`` is a 413 before any body
@@ -12,7 +13,7 @@ generation routes; see `tenants.limiter`), admission against ``--max-concurrent-
 the body read within ``--max-body-bytes`` (413 for a chunked body that grows past it), its messages
 and content parts counted against ``--max-messages`` before it is decoded (400;
 `openai.item_counts`, in a thread for a large body), the client-disconnect watch, then the handler;
-whatever it raises as `OpenAIError` is written in the route's own error envelope, and anything else
+whatever it raises as `ApiError` is written in the route's own error envelope, and anything else
 is logged and answered 500 in that envelope. Nothing answers a bare error page.
 
 A generation request is named on arrival (`core.request_context`: the client's ``X-Request-Id`` or
@@ -45,16 +46,15 @@ import trio
 
 from trio_direct import metrics, tracing
 from trio_direct.config import ServeConfig
+from trio_direct.core import errors
 from trio_direct.core.admission import Admission
+from trio_direct.core.errors import ApiError
 from trio_direct.core.request_context import CURRENT, RequestContext
 from trio_direct.http.access_log import AccessRecord, log_access
 from trio_direct.http.asgi_guard import ProtocolGuard
 from trio_direct.http.exchange import Exchange, Receive, Scope, Send
-from trio_direct.http.routes import ROUTES
-from trio_direct.http.routing_table import ErrorFormat, Route, RouteTable, openai_error_body
+from trio_direct.http.routing_table import ErrorFormat, HttpRoute, RouteTable, openai_error_body
 from trio_direct.logs import REQUEST_ID
-from trio_direct.openai import errors
-from trio_direct.openai.errors import OpenAIError
 from trio_direct.openai.item_counts import check_item_counts
 from trio_direct.tenants import access as tenant_access
 from trio_direct.tenants.directory import ANONYMOUS, Tenant
@@ -62,7 +62,7 @@ from trio_direct.tenants.limiter import Grant, RateLimited
 from trio_direct.tenants.service import Tenants, TenantsSettings
 
 if TYPE_CHECKING:
-    from trio_direct.frontend.runtime import Frontend
+    from trio_direct.core.frontend import Frontend
 
 __all__ = ["App", "create_app", "tenants_settings"]
 
@@ -93,7 +93,7 @@ def create_app(
     get_frontend: Callable[[], Frontend | None],
     config: ServeConfig,
     *,
-    routes: RouteTable = ROUTES,
+    routes: RouteTable,
     start: StartFrontend | None = None,
     tenants: Tenants | None = None,
 ) -> App:
@@ -150,14 +150,14 @@ def create_app(
                 # Without a key, a path that does not exist looks like one that does: routes cannot
                 # be enumerated by their 404s.
                 error = errors.unauthorized()
-                await exchange.json(error.status, error.to_json(), headers=[(b"www-authenticate", b"Bearer")])
+                await exchange.json(error.status, openai_error_body(error), headers=[(b"www-authenticate", b"Bearer")])
                 return
             if match.allowed:
-                error = errors.OpenAIError(f"Method Not Allowed: {method} {path}", status=405)
+                error = errors.ApiError(f"Method Not Allowed: {method} {path}", status=405)
                 allow = ", ".join(match.allowed).encode()
-                await exchange.json(405, error.to_json(), headers=[(b"allow", allow)])
+                await exchange.json(405, openai_error_body(error), headers=[(b"allow", allow)])
             else:
-                await exchange.json(404, errors.not_found(f"Not Found: {method} {path}").to_json())
+                await exchange.json(404, openai_error_body(errors.not_found(f"Not Found: {method} {path}")))
             return
         guarded_metrics = route.path == "/metrics" and metrics_key is not None  # it shows the engines' addresses
         if guarded_metrics and not _authorized(exchange, route.api_key_headers, metrics_key or b""):
@@ -182,7 +182,7 @@ def create_app(
             tenant_access.CURRENT.reset(tenant_token)
 
     async def serve_route(
-        route: Route, exchange: Exchange, receive: Receive, tenant: Tenant, seen: _Seen | None
+        route: HttpRoute, exchange: Exchange, receive: Receive, tenant: Tenant, seen: _Seen | None
     ) -> None:
         if route.needs_frontend and exchange.frontend_or_none is None:
             error = errors.service_unavailable("The server is starting: no engine is ready yet.")
@@ -204,7 +204,7 @@ def create_app(
             REQUEST_ID.reset(id_token)
 
     async def serve_generation(
-        route: Route, exchange: Exchange, receive: Receive, context: RequestContext, tenant: Tenant
+        route: HttpRoute, exchange: Exchange, receive: Receive, context: RequestContext, tenant: Tenant
     ) -> None:
         label = labels(tenant)
         try:
@@ -297,7 +297,7 @@ def _log_access(scope: Scope, seen: _Seen) -> None:
     log_access(record)
 
 
-async def _run(route: Route, exchange: Exchange, receive: Receive, max_body: int, max_items: int = 0) -> None:
+async def _run(route: HttpRoute, exchange: Exchange, receive: Receive, max_body: int, max_items: int = 0) -> None:
     """Read the body, watch for the client leaving, run the handler; errors in the route's envelope."""
     try:
         async with trio.open_nursery() as nursery:
@@ -315,7 +315,7 @@ async def _run(route: Route, exchange: Exchange, receive: Receive, max_body: int
             nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope)
             await route.handler(exchange)
             nursery.cancel_scope.cancel()
-    except* OpenAIError as group:
+    except* ApiError as group:
         await _answer_error(exchange, route, group.exceptions[0])  # type: ignore[arg-type]
     except* Exception as group:
         log.error(
@@ -331,7 +331,7 @@ async def _run(route: Route, exchange: Exchange, receive: Receive, max_body: int
 _THREAD_BODY_BYTES = 256 * 1024
 
 
-async def _answer_error(exchange: Exchange, route: Route, error: OpenAIError) -> None:
+async def _answer_error(exchange: Exchange, route: HttpRoute, error: ApiError) -> None:
     # Not a local of `_run`: the error's traceback holds that frame, so a local there would keep the
     # request, its exchange and the error alive in a reference cycle until a full garbage collection.
     close = error.status == 413  # the rest of the body was never read: the connection cannot carry another request
@@ -378,7 +378,7 @@ async def _settle(grant: Grant, exchange: Exchange) -> None:
         log.warning("the tenant counters did not answer in %gs: a slot is freed when its lease ends", _SETTLE_TIMEOUT)
 
 
-async def _unauthorized(exchange: Exchange, route: Route) -> None:
+async def _unauthorized(exchange: Exchange, route: HttpRoute) -> None:
     error = errors.unauthorized()
     await exchange.json(error.status, route.error_body(error), headers=[(b"www-authenticate", b"Bearer")])
 

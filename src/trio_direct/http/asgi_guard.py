@@ -19,8 +19,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
-from trio_direct.openai import errors
-from trio_direct.openai.errors import OpenAIError
+from trio_direct.core import errors
+from trio_direct.core.errors import ApiError
+from trio_direct.openai.errors import openai_error_body
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -28,12 +29,12 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 #: Any ASGI 3 app (Quart's own type annotations are narrower than these dicts).
 ASGIApp = Callable[[Any, Any, Any], Awaitable[None]]
 #: The error body writer for a request (its route's envelope).
-ErrorBodyFor = Callable[[Scope], Callable[[OpenAIError], bytes]]
+ErrorBodyFor = Callable[[Scope], Callable[[ApiError], bytes]]
 
 CONFLICTING_FRAMING = "conflicting_framing"
 
 
-def refusal(headers: Iterable[tuple[bytes, bytes]], max_body_bytes: int) -> OpenAIError | None:
+def refusal(headers: Iterable[tuple[bytes, bytes]], max_body_bytes: int) -> ApiError | None:
     """Why a request with these headers must be answered without reading its body, or None."""
     lengths: list[bytes] = []
     chunked = False
@@ -59,7 +60,7 @@ def refusal(headers: Iterable[tuple[bytes, bytes]], max_body_bytes: int) -> Open
     return None
 
 
-def websocket_refusal() -> OpenAIError:
+def websocket_refusal() -> ApiError:
     return errors.invalid_request("This server does not accept WebSocket connections.", code="websocket_not_supported")
 
 
@@ -82,7 +83,7 @@ class ProtocolGuard:
                 # Read the (chunk-framed) body first, up to the limit: answering while it still arrives
                 # races hypercorn's own close on the bytes behind it, which can cut the answer short.
                 await _discard_body(receive, self.max_body_bytes)
-            body = self.error_body_for(scope)(error) if self.error_body_for is not None else error.to_json()
+            body = self.error_body_for(scope)(error) if self.error_body_for is not None else openai_error_body(error)
             await _answer_http(scope, send, error, body)
         elif kind == "websocket":
             await _refuse_websocket(scope, receive, send)
@@ -101,7 +102,7 @@ async def _discard_body(receive: Receive, limit: int) -> None:
             return
 
 
-async def _answer_http(scope: Scope, send: Send, error: OpenAIError, body: bytes) -> None:
+async def _answer_http(scope: Scope, send: Send, error: ApiError, body: bytes) -> None:
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if str(scope.get("http_version", "1.1")).startswith("1"):
         headers.append((b"connection", b"close"))  # HTTP/2 forbids the header and has no such framing
@@ -116,7 +117,7 @@ async def _refuse_websocket(scope: Scope, receive: Receive, send: Send) -> None:
     if "websocket.http.response" not in scope.get("extensions", {}):
         await send({"type": "websocket.close", "code": 1008})  # the server answers the handshake 403
         return
-    body = error.to_json()
+    body = openai_error_body(error)
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     await send({"type": "websocket.http.response.start", "status": error.status, "headers": headers})
     await send({"type": "websocket.http.response.body", "body": body})

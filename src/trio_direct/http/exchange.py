@@ -3,8 +3,8 @@
 The HTTP layer (`http.app`) has already matched the route, checked the API key, counted the
 request against admission, read its body within the size limit and started the disconnect watch;
 the handler reads `body` and `params`, and answers with `json`, or with `respond` for a planned
-generation (streamed or unary, by the plan), which first waits for the request's turn (`core.admission`:
-a slot, and an engine of its pool below the busy threshold). Errors are raised as `OpenAIError`: the
+generation (streamed or unary, by the plan), which runs the request pipeline
+(`core.pipeline.serve_planned`: admit, dispatch, render, write) with this exchange as its writer. Errors are raised as `ApiError`: the
 HTTP layer writes them in the route's own envelope.
 """
 
@@ -19,17 +19,18 @@ from urllib.parse import parse_qs
 import msgspec
 import trio
 
-from trio_direct import metrics
+from trio_direct.core import errors
 from trio_direct.core.admission import Admission, Ticket
+from trio_direct.core.pipeline import admit_turn, serve_planned
 from trio_direct.core.plan import RequestPlan
-from trio_direct.core.render import Renderer, stream_response, unary_response
-from trio_direct.frontend.runtime import session_key
+from trio_direct.core.render import Renderer
+from trio_direct.core.request_context import session_key
 from trio_direct.http.connection import direct_body_writer
-from trio_direct.openai import errors
 from trio_direct.tenants.limiter import Grant
 
 if TYPE_CHECKING:
-    from trio_direct.frontend.runtime import Frontend, ModelPool
+    from trio_direct.core.frontend import Frontend
+    from trio_direct.core.pool import PoolView
 
 __all__ = ["Exchange", "Receive", "Scope", "Send", "request_priority"]
 
@@ -142,7 +143,7 @@ class Exchange:
 
     def session_key(self, user: str | None = None) -> str | None:
         """The routing affinity key: the `X-Session-ID` header, else the request's `user` when
-        ``--router-affinity-from-user`` is on (`frontend.runtime.session_key`)."""
+        ``--router-affinity-from-user`` is on (`core.request_context.session_key`)."""
         value = self.header(b"x-session-id")
         header = value.decode("latin-1") if value is not None else None
         return session_key(header, user, from_user=self.frontend.config.router_affinity_from_user)
@@ -209,61 +210,35 @@ class Exchange:
 
     async def respond(
         self,
-        pool: ModelPool,
+        pool: PoolView,
         plan: RequestPlan,
         renderer: Renderer,
         *,
         settle: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
-        """Serve a planned generation once admitted: SSE events as they come, or one body at the end.
-        `settle` runs once the output is complete, before its end is written (`stream_response`)."""
-        priority = request_priority(self.body)
-        if priority is not None:
-            plan.priority = priority
-            for choice in plan.choices:
-                choice.request.priority = priority
-        trace = plan.trace
-        if trace is not None:
-            trace.planned()
+        """Serve a planned generation once admitted: SSE events as they come, or one body at the end
+        (`core.pipeline.serve_planned`, with this exchange as the writer). `settle` runs once the
+        output is complete, before its end is written (`stream_response`)."""
         self.plan = plan
-        if self.grant is not None and self.grant.metered:
-            await self._charge(self.grant)  # the prompt, once known
-        await self.admit(pool, priority, trace)
-        if trace is None:
-            await self._respond(pool, plan, renderer, settle)
-        else:
-            with trace.child("response", stream=plan.stream):
-                await self._respond(pool, plan, renderer, settle)
+        grant = self.grant
+        await serve_planned(
+            pool,
+            plan,
+            renderer,
+            self,
+            priority=request_priority(self.body),
+            admit=lambda priority, trace: self.admit(pool, priority, trace),
+            cutter=self.frontend.cutter,
+            charge=(lambda: self._charge(grant)) if grant is not None and grant.metered else None,
+            settle=settle,
+        )
 
-    async def admit(self, pool: ModelPool, priority: int | None = None, trace: Any = None) -> None:
-        """Wait for this request's turn (`core.admission`): a slot, and an engine of `pool` below
-        the busy threshold. `respond` does it; a generation handler that does not answer through
-        `respond` must call it before it sends anything to an engine. Raises `OpenAIError` 429/503."""
-        ticket, admission = self.ticket, self.admission
-        if ticket is None or admission is None:
-            return
-        if trace is None:
-            await admission.admit(ticket, priority, pool)
-            return
-        with trace.child("queue", priority=priority or 0):
-            await admission.admit(ticket, priority, pool)
-
-    async def _respond(
-        self,
-        pool: ModelPool,
-        plan: RequestPlan,
-        renderer: Renderer,
-        settle: Callable[[], Awaitable[None]] | None = None,
-    ) -> None:
-        cutter = self.frontend.cutter
-        if plan.stream:
-            await stream_response(pool, plan, renderer, self, started=self.started, cutter=cutter, settle=settle)
-            return
-        body = await unary_response(pool, plan, renderer, cutter=cutter)
-        metrics.TTFT.labels(plan.model).observe(time.perf_counter() - self.started)
-        if settle is not None:
-            await settle()
-        await self.json(200, body)
+    async def admit(self, pool: PoolView, priority: int | None = None, trace: Any = None) -> None:
+        """Wait for this request's turn (`core.pipeline.admit_turn`): a slot, and an engine of `pool`
+        below the busy threshold. `respond` does it; a generation handler that does not answer
+        through `respond` must call it before it sends anything to an engine. Raises `ApiError`
+        429/503."""
+        await admit_turn(self.admission, self.ticket, pool, priority, trace)
 
     def query(self, name: str) -> str | None:
         """The first value of query parameter `name`, if given."""

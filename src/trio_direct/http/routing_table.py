@@ -11,24 +11,21 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from trio_direct.openai.errors import OpenAIError
+from trio_direct.core.errors import ApiError
+from trio_direct.openai.errors import openai_error_body
 
 if TYPE_CHECKING:
     from trio_direct.http.exchange import Exchange
 
-__all__ = ["ErrorFormat", "Handler", "Match", "Route", "RouteTable"]
+__all__ = ["ErrorFormat", "Handler", "Match", "HttpRoute", "RouteTable"]
 
 Handler = Callable[["Exchange"], Awaitable[None]]
 #: How a route writes an error body (OpenAI's envelope unless the route's API has its own).
-ErrorFormat = Callable[[OpenAIError], bytes]
-
-
-def openai_error_body(error: OpenAIError) -> bytes:
-    return error.to_json()
+ErrorFormat = Callable[[ApiError], bytes]
 
 
 @dataclass(frozen=True, slots=True)
-class Route:
+class HttpRoute:
     """One row of the route table."""
 
     method: str
@@ -51,7 +48,7 @@ class Route:
 
 @dataclass(frozen=True, slots=True)
 class Match:
-    route: Route | None
+    route: HttpRoute | None
     params: dict[str, str]
     #: Methods the path allows, when it exists but not for the method asked (405).
     allowed: tuple[str, ...] = ()
@@ -63,11 +60,11 @@ _PARAM = re.compile(r"\{(?P<name>\w+)(?::(?P<kind>path))?\}")
 class RouteTable:
     """Every route of the server, listed once; `match` finds the route of a request."""
 
-    def __init__(self, routes: Iterable[Route]) -> None:
+    def __init__(self, routes: Iterable[HttpRoute]) -> None:
         self.routes = list(routes)
-        self._literal: dict[str, dict[str, Route]] = {}
-        self._patterns: list[tuple[re.Pattern[str], dict[str, Route]]] = []
-        patterns: dict[str, dict[str, Route]] = {}
+        self._literal: dict[str, dict[str, HttpRoute]] = {}
+        self._patterns: list[tuple[re.Pattern[str], dict[str, HttpRoute]]] = []
+        patterns: dict[str, dict[str, HttpRoute]] = {}
         for route in self.routes:
             if _PARAM.search(route.path) is None:
                 methods = self._literal.setdefault(route.path, {})

@@ -1,9 +1,9 @@
 """What keeps KV routing's view of the engines current: their KV events and their load.
 
-One subscription per engine feeds the fleet's `KvRouting` index: over ZMQ for SGLang engines (a
+One subscription per engine feeds the fleet's `LoadAwareRouting` index: over ZMQ for SGLang engines (a
 `KvEventSubscriber`, one SUB socket per DP rank), over the engine's own gRPC API for vLLM engines
 (a `GrpcKvEventSubscriber`, one `SubscribeKvEvents` stream carrying every rank); `GetLoad` polling (``--load-poll-interval``, 1 s by default) feeds its
-load: what every frontend has on each engine, to which `KvRouting` adds this one's own requests
+load: what every frontend has on each engine, to which `LoadAwareRouting` adds this one's own requests
 since the poll was sent.
 
 - An engine that joins after start-up (`engine_joined`) is registered and subscribed to like the
@@ -25,10 +25,11 @@ import trio_util
 
 from trio_direct.engine.errors import EngineError
 from trio_direct.fleet.card import EngineCard
+from trio_direct.fleet.engine_apis import engine_api
 from trio_direct.fleet.fleet import Engine, Fleet
 from trio_direct.kv_sync.grpc_subscriber import GrpcKvEventSubscriber
 from trio_direct.kv_sync.subscriber import KvEventSubscriber
-from trio_direct.routing.kv_routing import IndexSink, KvRouting, page_size
+from trio_direct.routing.load_aware import IndexSink, LoadAwareRouting, page_size
 
 __all__ = ["KvFeeds"]
 
@@ -39,9 +40,9 @@ Subscriber = KvEventSubscriber | GrpcKvEventSubscriber
 
 
 def _subscriber(engine: Engine, sink: IndexSink) -> Subscriber:
-    """The subscriber for the engine's API: vLLM's streams its KV events over gRPC."""
+    """The subscriber for the engine's API's KV feed: a gRPC stream (vLLM's) or ZMQ publishers."""
     card = engine.card
-    if card.api == "vllm":
+    if engine_api(card.api).kv_feed == "grpc":
         return GrpcKvEventSubscriber(engine.id, card.host, card.port, range(card.dp_size), sink)
     # Batches of an engine that is not serving are dropped (a stray publisher on a dead engine's port).
     return KvEventSubscriber(engine.id, card.kv_events, sink, serving=lambda: engine.healthy)
@@ -63,7 +64,7 @@ class _Subscription:
 class KvFeeds:
     """The KV-event subscriptions and the load polling of one fleet."""
 
-    def __init__(self, kv: KvRouting, fleet: Fleet, *, load_poll_interval: float = 0.0) -> None:
+    def __init__(self, kv: LoadAwareRouting, fleet: Fleet, *, load_poll_interval: float = 0.0) -> None:
         self.kv = kv
         self.fleet = fleet
         self.load_poll_interval = load_poll_interval

@@ -9,10 +9,8 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
-import msgspec
-
-from trio_direct.openai.errors import invalid_request
-from trio_direct.openai.requests import _TOO_DEEP, decode_object, validation_error
+from trio_direct.core import json_body
+from trio_direct.openai.requests import BODY_RULES
 
 __all__ = ["convert_object", "decode_body"]
 
@@ -20,15 +18,10 @@ T = TypeVar("T")
 
 
 def decode_body(body: bytes, schema: type[T]) -> T:
-    """`body` as a `schema` instance; raises `OpenAIError` (400) on any problem."""
-    return convert_object(decode_object(body), schema)
+    """`body` as a `schema` instance; raises `ApiError` (400) on any problem."""
+    return json_body.convert_object(json_body.decode_object(body, BODY_RULES), schema, BODY_RULES)
 
 
 def convert_object(raw: dict[str, Any], schema: type[T]) -> T:
-    """An already decoded body (`null` values dropped) as a `schema` instance; `OpenAIError` (400)."""
-    try:
-        return msgspec.convert(raw, schema)
-    except msgspec.ValidationError as exc:
-        raise validation_error(str(exc)) from None
-    except RecursionError:
-        raise invalid_request(_TOO_DEEP) from None
+    """An already decoded body (`null` values dropped) as a `schema` instance; `ApiError` (400)."""
+    return json_body.convert_object(raw, schema, BODY_RULES)

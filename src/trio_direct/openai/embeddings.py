@@ -18,8 +18,8 @@ from typing import Literal
 
 import msgspec
 
+from trio_direct.core.errors import invalid_request
 from trio_direct.openai.bodies import decode_body
-from trio_direct.openai.errors import invalid_request
 from trio_direct.openai.requests import INT32_MAX, _token_ids_ok
 
 __all__ = [
@@ -49,7 +49,7 @@ class EmbeddingRequest(msgspec.Struct, kw_only=True):
 
 
 def decode_embedding_request(body: bytes) -> EmbeddingRequest:
-    """Parse and validate an embeddings body; raises `OpenAIError` (400) on any problem."""
+    """Parse and validate an embeddings body; raises `ApiError` (400) on any problem."""
     request = decode_body(body, EmbeddingRequest)
     _check_input(request.input)
     if request.dimensions is not None and not 1 <= request.dimensions <= INT32_MAX:

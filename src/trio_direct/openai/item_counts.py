@@ -19,7 +19,7 @@ from typing import Any
 
 import msgspec
 
-from trio_direct.openai.errors import OpenAIError, invalid_request
+from trio_direct.core.errors import ApiError, invalid_request
 
 __all__ = ["check_item_counts"]
 
@@ -117,7 +117,7 @@ def _items_are_objects(body: bytes) -> bool:
     return isinstance(inputs, _FirstInput) and bytes(inputs.first).lstrip().startswith(b"{")
 
 
-def _too_many(param: str, cap: int) -> OpenAIError:
+def _too_many(param: str, cap: int) -> ApiError:
     return invalid_request(
         f"Too many items in '{param}': at most {cap} are accepted per request (--max-messages).",
         param=param,
@@ -125,7 +125,7 @@ def _too_many(param: str, cap: int) -> OpenAIError:
     )
 
 
-def _too_many_parts(cap: int) -> OpenAIError:
+def _too_many_parts(cap: int) -> ApiError:
     return invalid_request(
         f"Too many content parts: at most {cap} are accepted per request, all messages together (--max-messages).",
         param="messages",

@@ -20,7 +20,8 @@ from typing import Any, Literal, TypeVar
 
 import msgspec
 
-from trio_direct.openai.errors import OpenAIError, invalid_request
+from trio_direct.core import json_body
+from trio_direct.core.errors import ApiError, invalid_request
 
 INT32_MAX = 2**31 - 1
 MAX_N = 128
@@ -231,7 +232,7 @@ _UNSUPPORTED_CHAT = {
 
 
 def decode_chat_request(body: bytes) -> ChatCompletionRequest:
-    """Parse and validate a chat completion body; raises `OpenAIError` (400) on any problem."""
+    """Parse and validate a chat completion body; raises `ApiError` (400) on any problem."""
     return chat_request_from_object(decode_object(body))
 
 
@@ -254,7 +255,7 @@ def chat_request_from_object(raw: dict[str, Any]) -> ChatCompletionRequest:
 
 
 def decode_completion_request(body: bytes) -> CompletionRequest:
-    """Parse and validate a text completion body; raises `OpenAIError` (400) on any problem."""
+    """Parse and validate a text completion body; raises `ApiError` (400) on any problem."""
     request = _convert(decode_object(body), CompletionRequest)
     _check_common(request)
     _check_completion(request)
@@ -280,17 +281,7 @@ def prompt_batch(request: CompletionRequest) -> list[str | list[int]]:
 
 def decode_object(body: bytes) -> dict[str, Any]:
     """The body as a JSON object (top-level nulls dropped: not given); a 400 for anything else."""
-    try:
-        raw = msgspec.json.decode(body)
-    except msgspec.DecodeError:  # ValidationError (e.g. 1e400) is a DecodeError too
-        raise invalid_request(_MALFORMED_JSON) from None
-    except RecursionError:
-        raise invalid_request(_TOO_DEEP) from None
-    except UnicodeDecodeError as error:  # msgspec decodes strings as UTF-8 and lets this through
-        raise invalid_request(f"The request body is not valid UTF-8 (at byte {error.start}).") from None
-    if not isinstance(raw, dict):
-        raise invalid_request("The request body must be a JSON object.")
-    return {key: value for key, value in raw.items() if value is not None}
+    return json_body.decode_object(body, BODY_RULES)
 
 
 _LOCATED = re.compile(r"^(?P<what>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)
@@ -303,15 +294,10 @@ _Request = TypeVar("_Request", ChatCompletionRequest, CompletionRequest)
 
 
 def _convert(raw: dict[str, Any], request_type: type[_Request]) -> _Request:
-    try:
-        return msgspec.convert(raw, request_type)
-    except msgspec.ValidationError as exc:
-        raise validation_error(str(exc)) from None
-    except RecursionError:
-        raise invalid_request(_TOO_DEEP) from None
+    return json_body.convert_object(raw, request_type, BODY_RULES)
 
 
-def validation_error(text: str) -> OpenAIError:
+def validation_error(text: str) -> ApiError:
     """Rephrase msgspec's message in OpenAI's words, with its JSON path as `param`."""
     located = _LOCATED.match(text)
     assert located is not None  # the pattern matches any string
@@ -505,3 +491,7 @@ def _token_ids_ok(prompt: list) -> bool:
 def _check_token_id(token_id: int, param: str) -> None:
     if not 0 <= token_id <= INT32_MAX:
         raise invalid_request(f"Invalid value for '{param}': token ids must be non-negative, got {token_id}.", param)
+
+
+#: How a bad body is worded on OpenAI's routes (`core.json_body`).
+BODY_RULES = json_body.BodyRules(_MALFORMED_JSON, _TOO_DEEP, validation_error)

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from trio_direct.openai.errors import invalid_request
+from trio_direct.core.errors import invalid_request
 from trio_direct.openai.extensions import SGLangExtensions
 from trio_direct.openai.requests import INT32_MAX, decode_object, validation_error
 
@@ -214,7 +214,7 @@ _UNSUPPORTED = {
 
 
 def decode_responses_request(body: bytes) -> ResponsesRequest:
-    """Parse and validate a Responses body; raises `OpenAIError` (400) on any problem."""
+    """Parse and validate a Responses body; raises `ApiError` (400) on any problem."""
     raw = decode_object(body)
     for key, reason in _UNSUPPORTED.items():
         value = raw.get(key)

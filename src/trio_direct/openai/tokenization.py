@@ -16,8 +16,8 @@ from typing import Any
 
 import msgspec
 
+from trio_direct.core.errors import invalid_request
 from trio_direct.openai.bodies import decode_body
-from trio_direct.openai.errors import invalid_request
 from trio_direct.openai.requests import INT32_MAX, ChatMessage, Tool, _check_message
 
 __all__ = [
@@ -50,7 +50,7 @@ class DetokenizeRequest(msgspec.Struct, kw_only=True):
 
 
 def decode_tokenize_request(body: bytes) -> TokenizeRequest:
-    """Parse and validate a tokenize body; raises `OpenAIError` (400) on any problem."""
+    """Parse and validate a tokenize body; raises `ApiError` (400) on any problem."""
     request = decode_body(body, TokenizeRequest)
     if (request.prompt is None) == (request.messages is None):
         raise invalid_request("Give exactly one of 'prompt' and 'messages'.", param="prompt")
@@ -76,7 +76,7 @@ def decode_tokenize_request(body: bytes) -> TokenizeRequest:
 
 
 def decode_detokenize_request(body: bytes) -> DetokenizeRequest:
-    """Parse and validate a detokenize body; raises `OpenAIError` (400) on any problem."""
+    """Parse and validate a detokenize body; raises `ApiError` (400) on any problem."""
     request = decode_body(body, DetokenizeRequest)
     tokens = request.tokens
     nested = bool(tokens) and isinstance(tokens[0], list)

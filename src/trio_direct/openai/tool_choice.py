@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from trio_direct.openai import errors
+from trio_direct.core import errors
 from trio_direct.openai.requests import ChatCompletionRequest, NamedToolChoice
 
 _ANY_OBJECT: dict[str, Any] = {"type": "object"}

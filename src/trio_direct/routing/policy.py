@@ -7,11 +7,11 @@ unless ``--enforce-disagg`` says to refuse. A decode engine never serves alone.
 
 Round-robin and random take turns per pool; in kv mode the prefill (or aggregated) pool is weighed
 by prefix overlap and load, the decode pool by load; least-load and power-of-two weigh load alone
-(`KvRouting` serves all three). A route chosen with a request id counts as load until `release`
+(`LoadAwareRouting` serves all three). A route chosen with a request id counts as load until `release`
 (and its prefill share until `first_token`).
 
 A request with a session key (`SessionAffinity`) goes to the aggregated engine its session went
-to last, unless that engine is no longer offered (unhealthy) or is busy (`KvRouting.busy`: KV
+to last, unless that engine is no longer offered (unhealthy) or is busy (`LoadAwareRouting.busy`: KV
 cache use over `--engine-busy-threshold`); a session with no such engine goes to its rendezvous
 engine among those offered and not busy (`rendezvous_choice`, the same on every frontend), and
 its session follows it. Disaggregated requests are routed without affinity: their prefix lives with the
@@ -27,8 +27,9 @@ from typing import Generic, TypeVar
 from trio_direct.routing.affinity import SessionAffinity, rendezvous_choice
 from trio_direct.routing.block_hash import RoutingKey
 from trio_direct.routing.kv_router import Decision
-from trio_direct.routing.kv_routing import KvRouting
-from trio_direct.routing.simple import NoWorkerAvailable, RandomRouter, RoundRobinRouter, Router
+from trio_direct.routing.load_aware import LoadAwareRouting
+from trio_direct.routing.policies import routing_policy
+from trio_direct.routing.simple import NoWorkerAvailable, RoundRobinRouter, Router
 
 __all__ = ["Candidates", "Route", "RoutingPolicy"]
 
@@ -64,21 +65,26 @@ class Route(Generic[W]):
 
 
 class RoutingPolicy:
-    """The fleet's routing: one router per pool, or KV-aware routing (`kv`)."""
+    """The fleet's routing: the `mode`'s list-only router, or load-aware routing (`kv`).
+
+    Raises `UnknownRoutingPolicy` for a mode that is not registered. A load-aware mode routes through
+    `kv`; built without one (a unit test of the pool's plumbing) it takes turns.
+    """
 
     def __init__(
         self,
         mode: str = "round-robin",
         *,
         enforce_disagg: bool = False,
-        kv: KvRouting | None = None,
+        kv: LoadAwareRouting | None = None,
         affinity: SessionAffinity | None = None,
     ) -> None:
+        kind = routing_policy(mode)
         self.mode = mode
         self.enforce_disagg = enforce_disagg
         self.kv = kv
         self.affinity = affinity
-        self._router = _simple_router(mode)
+        self._router: Router = kind.simple() if kind.simple is not None else RoundRobinRouter()
         self._prefill_router: Router = RoundRobinRouter()
         self._decode_router: Router = RoundRobinRouter()
 
@@ -160,7 +166,3 @@ class RoutingPolicy:
         """The request ended (completion, abort or error): its load leaves its engines."""
         if self.kv is not None:
             self.kv.free(request_id)
-
-
-def _simple_router(mode: str) -> Router:
-    return RandomRouter() if mode == "random" else RoundRobinRouter()

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from trio_direct.core import errors
 from trio_direct.fleet.engine_list import EngineListError, parse_engine_spec
-from trio_direct.openai import errors
 from trio_direct.state.store import StoreUnavailable
 from trio_direct.surfaces.response_store import unavailable
 

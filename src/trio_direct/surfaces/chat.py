@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from trio_direct.core import errors
+from trio_direct.core.errors import ApiError
 from trio_direct.core.output import ChoiceEvent, ChoiceResult, ReasoningSplitter, merge_events
 from trio_direct.core.plan import OutputOptions, Prompt, RequestPlan, Usage, plan_request
-from trio_direct.openai import errors, responses
-from trio_direct.openai.errors import OpenAIError
+from trio_direct.openai import chat_bodies
 from trio_direct.openai.logprobs import TokenText, chat_logprobs
 from trio_direct.openai.requests import ChatCompletionRequest, decode_chat_request
 from trio_direct.openai.sampling import logprob_options, sampling_options, stop_strings
@@ -32,7 +33,7 @@ from trio_direct.text.chat_template import ChatTemplateError, render_chat
 from trio_direct.text.harmony import HarmonyRenderError, render_harmony_chat
 
 if TYPE_CHECKING:
-    from trio_direct.frontend.runtime import ModelPool
+    from trio_direct.core.pool import PoolView
     from trio_direct.http.exchange import Exchange
 
 __all__ = ["ChatRenderer", "chat_output", "chat_prompt", "handle", "plan_chat", "request_prompt"]
@@ -47,7 +48,7 @@ async def handle(exchange: Exchange) -> None:
 
 
 async def plan_chat(
-    pool: ModelPool,
+    pool: PoolView,
     request: ChatCompletionRequest,
     *,
     session_key: str | None = None,
@@ -92,7 +93,7 @@ async def plan_chat(
     )
 
 
-async def request_prompt(pool: ModelPool, request: ChatCompletionRequest, param: str = "messages") -> Prompt:
+async def request_prompt(pool: PoolView, request: ChatCompletionRequest, param: str = "messages") -> Prompt:
     """The prompt `plan_chat` sends for `request` (also what token counting counts), with its images."""
     messages = msgspec.to_builtins(request.messages)
     _check_parts(messages)
@@ -127,7 +128,7 @@ def _check_parts(messages: list[dict[str, Any]]) -> None:
 
 
 async def chat_prompt(
-    pool: ModelPool,
+    pool: PoolView,
     messages: list[dict[str, Any]],
     tools: list[dict[str, Any]] | None,
     *,
@@ -174,7 +175,7 @@ def _render_harmony(
 
 
 def _render_and_tokenize(
-    pool: ModelPool,
+    pool: PoolView,
     messages: Sequence[Mapping[str, Any]],
     tools: list[dict[str, Any]] | None,
     continue_final_message: bool,
@@ -200,7 +201,7 @@ def _render_and_tokenize(
 
 
 def chat_output(
-    pool: ModelPool,
+    pool: PoolView,
     *,
     stop: tuple[str, ...] = (),
     include_stop_str: bool = False,
@@ -270,7 +271,8 @@ class ChatRenderer:
         plan = self._plan
         # OpenAI's first chunk of each choice announces the assistant role.
         self._opening = b"".join(
-            responses.chat_role_chunk(plan.id, plan.created, plan.model, choice.output.index) for choice in plan.choices
+            chat_bodies.chat_role_chunk(plan.id, plan.created, plan.model, choice.output.index)
+            for choice in plan.choices
         )
         for choice in plan.choices:
             choice.output.prepare()
@@ -287,31 +289,31 @@ class ChatRenderer:
             logprobs = chat_logprobs(rows, self._token_text) if rows else None
             if event.reasoning:
                 out.append(
-                    responses.chat_chunk(cid, created, model, event.index, {"reasoning_content": event.reasoning})
+                    chat_bodies.chat_chunk(cid, created, model, event.index, {"reasoning_content": event.reasoning})
                 )
             if event.text or logprobs:
                 content = {"content": event.text}
-                out.append(responses.chat_chunk(cid, created, model, event.index, content, logprobs=logprobs))
+                out.append(chat_bodies.chat_chunk(cid, created, model, event.index, content, logprobs=logprobs))
             if event.tool_calls:
                 calls = {"tool_calls": [tool_call_delta(call) for call in event.tool_calls]}
-                out.append(responses.chat_chunk(cid, created, model, event.index, calls))
+                out.append(chat_bodies.chat_chunk(cid, created, model, event.index, calls))
             if event.finish_reason is not None:
-                out.append(responses.chat_chunk(cid, created, model, event.index, {}, event.finish_reason))
+                out.append(chat_bodies.chat_chunk(cid, created, model, event.index, {}, event.finish_reason))
         return b"".join(out)
 
     def closing(self, usage: Usage) -> bytes:
         plan = self._plan
         if plan.include_usage:
-            return responses.usage_chunk(plan.id, plan.created, plan.model, usage, chat=True) + responses.DONE
-        return responses.DONE
+            return chat_bodies.usage_chunk(plan.id, plan.created, plan.model, usage, chat=True) + chat_bodies.DONE
+        return chat_bodies.DONE
 
-    def failure(self, error: OpenAIError) -> bytes:
-        return responses.error_chunk(error) + responses.DONE
+    def failure(self, error: ApiError) -> bytes:
+        return chat_bodies.error_chunk(error) + chat_bodies.DONE
 
     def unary(self, results: list[ChoiceResult], usage: Usage) -> bytes:
         plan = self._plan
         choices = [
-            responses.ChatChoice(
+            chat_bodies.ChatChoice(
                 index=result.index,
                 message=_message(result.text, result.reasoning, result.tool_calls()),
                 logprobs=chat_logprobs(result.logprobs, self._token_text) if self._logprobs else None,
@@ -319,15 +321,15 @@ class ChatRenderer:
             )
             for result in results
         ]
-        return responses.chat_completion(plan.id, plan.created, plan.model, choices, usage)
+        return chat_bodies.chat_completion(plan.id, plan.created, plan.model, choices, usage)
 
 
-def _message(content: str, reasoning: str, calls: list[ToolCall]) -> responses.ResponseMessage:
+def _message(content: str, reasoning: str, calls: list[ToolCall]) -> chat_bodies.ResponseMessage:
     tool_calls = [
         {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments_json}}
         for call in calls
     ] or None
-    return responses.ResponseMessage(
+    return chat_bodies.ResponseMessage(
         content=content if content or not tool_calls else None,
         reasoning_content=reasoning or None,
         tool_calls=tool_calls,

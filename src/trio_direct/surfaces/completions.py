@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from trio_direct.core import errors
+from trio_direct.core.errors import ApiError
 from trio_direct.core.output import ChoiceEvent, ChoiceResult, merge_events
 from trio_direct.core.plan import (
     OutputOptions,
@@ -15,15 +17,14 @@ from trio_direct.core.plan import (
     plan_request,
     refuse_too_many_choices,
 )
-from trio_direct.openai import errors, responses
-from trio_direct.openai.errors import OpenAIError
+from trio_direct.openai import chat_bodies
 from trio_direct.openai.logprobs import TokenText, completion_logprobs
 from trio_direct.openai.requests import CompletionRequest, decode_completion_request, prompt_batch
 from trio_direct.openai.sampling import logprob_options, sampling_options, stop_strings
 from trio_direct.surfaces.prompting import in_thread_if_long, refuse_if_counted_over, refuse_if_too_long
 
 if TYPE_CHECKING:
-    from trio_direct.frontend.runtime import ModelPool
+    from trio_direct.core.pool import PoolView
     from trio_direct.http.exchange import Exchange
 
 __all__ = ["CompletionRenderer", "handle", "plan_completion"]
@@ -38,9 +39,7 @@ async def handle(exchange: Exchange) -> None:
     await exchange.respond(pool, plan, renderer)
 
 
-async def plan_completion(
-    pool: ModelPool, request: CompletionRequest, *, session_key: str | None = None
-) -> RequestPlan:
+async def plan_completion(pool: PoolView, request: CompletionRequest, *, session_key: str | None = None) -> RequestPlan:
     if request.suffix:
         raise errors.invalid_request("'suffix' is not supported.", param="suffix", code="unsupported_parameter")
     batch = prompt_batch(request)
@@ -79,7 +78,7 @@ async def plan_completion(
     )
 
 
-def _tokenize(pool: ModelPool, text: str) -> Prompt:
+def _tokenize(pool: PoolView, text: str) -> Prompt:
     refuse_if_counted_over(pool, text, param="prompt")
     return Prompt(pool.tokenizer.encode(text, add_special_tokens=True), text)
 
@@ -106,7 +105,7 @@ class CompletionRenderer:
         plan = self._plan
         if self._echo:
             self._opening = b"".join(
-                responses.completion_chunk(
+                chat_bodies.completion_chunk(
                     plan.id, plan.created, plan.model, choice.output.index, self._prompt_text(choice.output.index)
                 )
                 for choice in plan.choices
@@ -131,7 +130,7 @@ class CompletionRenderer:
                 offset = self._text_offsets.get(event.index, 0)
                 logprobs, self._text_offsets[event.index] = completion_logprobs(rows, self._token_text, offset)
             out.append(
-                responses.completion_chunk(
+                chat_bodies.completion_chunk(
                     plan.id, plan.created, plan.model, event.index, event.text, event.finish_reason, logprobs=logprobs
                 )
             )
@@ -140,11 +139,11 @@ class CompletionRenderer:
     def closing(self, usage: Usage) -> bytes:
         plan = self._plan
         if plan.include_usage:
-            return responses.usage_chunk(plan.id, plan.created, plan.model, usage, chat=False) + responses.DONE
-        return responses.DONE
+            return chat_bodies.usage_chunk(plan.id, plan.created, plan.model, usage, chat=False) + chat_bodies.DONE
+        return chat_bodies.DONE
 
-    def failure(self, error: OpenAIError) -> bytes:
-        return responses.error_chunk(error) + responses.DONE
+    def failure(self, error: ApiError) -> bytes:
+        return chat_bodies.error_chunk(error) + chat_bodies.DONE
 
     def unary(self, results: list[ChoiceResult], usage: Usage) -> bytes:
         plan = self._plan
@@ -159,8 +158,8 @@ class CompletionRenderer:
                 else:
                     logprobs = completion_logprobs(result.logprobs, self._token_text, len(prefix))[0]
             choices.append(
-                responses.CompletionChoice(
+                chat_bodies.CompletionChoice(
                     index=result.index, text=prefix + result.text, logprobs=logprobs, finish_reason=result.finish_reason
                 )
             )
-        return responses.completion(plan.id, plan.created, plan.model, choices, usage)
+        return chat_bodies.completion(plan.id, plan.created, plan.model, choices, usage)

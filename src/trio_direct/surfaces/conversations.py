@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from trio_direct.openai import errors
-from trio_direct.openai import responses_objects as objects
+from trio_direct.core import errors
+from trio_direct.openai import responses_output as objects
 from trio_direct.openai.requests import decode_object
 from trio_direct.openai.responses_request import check_metadata, decode_items
 from trio_direct.surfaces.response_store import ConversationStore
@@ -35,7 +35,7 @@ def _store(exchange: Exchange) -> ConversationStore:
     return ConversationStore(exchange.frontend.state, tenant_access.owner())
 
 
-def _unknown(conversation_id: str) -> errors.OpenAIError:
+def _unknown(conversation_id: str) -> errors.ApiError:
     return errors.not_found(f"Conversation with id '{conversation_id}' not found.")
 
 

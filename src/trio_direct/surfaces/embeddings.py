@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from trio_direct import metrics
+from trio_direct.core import errors
 from trio_direct.core.embedding import plan_embeddings, run_embeddings
 from trio_direct.core.plan import Prompt, check_vocab
 from trio_direct.core.request_context import CURRENT
-from trio_direct.openai import errors
 from trio_direct.openai.embeddings import (
     EmbeddingRequest,
     decode_embedding_request,
@@ -30,7 +30,7 @@ from trio_direct.openai.embeddings import (
 from trio_direct.surfaces.prompting import in_thread_if_long, refuse_if_counted_over, refuse_if_too_long
 
 if TYPE_CHECKING:
-    from trio_direct.frontend.runtime import ModelPool
+    from trio_direct.core.pool import PoolView
     from trio_direct.http.exchange import Exchange
 
 __all__ = ["handle", "output_dimensions"]
@@ -75,7 +75,7 @@ async def handle(exchange: Exchange) -> None:
     await exchange.json(200, body)
 
 
-async def embedding_prompts(pool: ModelPool, request: EmbeddingRequest) -> list[Prompt]:
+async def embedding_prompts(pool: PoolView, request: EmbeddingRequest) -> list[Prompt]:
     """One prompt per input: text tokenized with the model's special tokens (on a worker thread
     when long), token ids checked against the vocabulary; a text that cannot fit the context is
     refused before it is encoded whole (`surfaces.prompting`)."""
@@ -97,7 +97,7 @@ def is_listed(request: EmbeddingRequest) -> bool:
     return not isinstance(given, str) and not isinstance(given[0], int)
 
 
-def _prompts(pool: ModelPool, items: list[str | list[int]], listed: bool) -> list[Prompt]:
+def _prompts(pool: PoolView, items: list[str | list[int]], listed: bool) -> list[Prompt]:
     prompts = []
     for index, item in enumerate(items):
         if isinstance(item, str):

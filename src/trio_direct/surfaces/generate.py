@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from trio_direct.core import errors
+from trio_direct.core.errors import ApiError
 from trio_direct.core.output import ChoiceEvent, ChoiceResult, merge_events
 from trio_direct.core.plan import (
     OutputOptions,
@@ -30,8 +32,7 @@ from trio_direct.core.plan import (
     refuse_too_many_choices,
 )
 from trio_direct.engine.types import SamplingOptions, TokenLogprob
-from trio_direct.openai import errors, responses
-from trio_direct.openai.errors import OpenAIError
+from trio_direct.openai import chat_bodies
 from trio_direct.openai.logprobs import TokenText
 from trio_direct.surfaces.generate_request import (
     GenerateRequest,
@@ -45,7 +46,8 @@ from trio_direct.surfaces.images import check_image_url, image_data_for
 from trio_direct.surfaces.prompting import in_thread_if_long, refuse_if_counted_over, refuse_if_too_long
 
 if TYPE_CHECKING:
-    from trio_direct.frontend.runtime import Frontend, ModelPool
+    from trio_direct.core.frontend import Frontend
+    from trio_direct.core.pool import PoolView
     from trio_direct.http.exchange import Exchange
 
 __all__ = ["GenerateRenderer", "handle", "plan_generate"]
@@ -62,7 +64,7 @@ async def handle(exchange: Exchange) -> None:
     await exchange.respond(pool, plan, renderer)
 
 
-def _pool_for(frontend: Frontend, model: str | None) -> ModelPool:
+def _pool_for(frontend: Frontend, model: str | None) -> PoolView:
     """SGLang's server serves one model, so `model` may be left out when this frontend does too."""
     if model is not None:
         return frontend.pool(model)
@@ -72,7 +74,7 @@ def _pool_for(frontend: Frontend, model: str | None) -> ModelPool:
     return frontend.pool(pools[0].name)  # through `pool`: the tenant's models apply
 
 
-async def plan_generate(pool: ModelPool, request: GenerateRequest, *, session_key: str | None = None) -> RequestPlan:
+async def plan_generate(pool: PoolView, request: GenerateRequest, *, session_key: str | None = None) -> RequestPlan:
     param = "text" if request.text is not None else "input_ids"
     prompts = []
     items = generate_prompts(request)
@@ -140,7 +142,7 @@ async def plan_generate(pool: ModelPool, request: GenerateRequest, *, session_ke
     )
 
 
-def _tokenize(pool: ModelPool, text: str, param: str) -> Prompt:
+def _tokenize(pool: PoolView, text: str, param: str) -> Prompt:
     refuse_if_counted_over(pool, text, param=param)
     return Prompt(pool.tokenizer.encode(text, add_special_tokens=True), text)
 
@@ -209,10 +211,10 @@ class GenerateRenderer:
         return b"".join(out)
 
     def closing(self, usage: Usage) -> bytes:
-        return responses.DONE
+        return chat_bodies.DONE
 
-    def failure(self, error: OpenAIError) -> bytes:
-        return responses.error_chunk(error) + responses.DONE
+    def failure(self, error: ApiError) -> bytes:
+        return chat_bodies.error_chunk(error) + chat_bodies.DONE
 
     def unary(self, results: list[ChoiceResult], usage: Usage) -> bytes:
         answers = [

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import msgspec
 
+from trio_direct.core.errors import invalid_request
 from trio_direct.openai.bodies import convert_object
-from trio_direct.openai.errors import invalid_request
 from trio_direct.openai.requests import (
     INT32_MAX,
     MAX_STOP_STRINGS,
@@ -106,7 +106,7 @@ class GenerateRequest(msgspec.Struct, kw_only=True):
 
 
 def decode_generate_request(body: bytes) -> GenerateRequest:
-    """Parse and validate a `/generate` body; raises `OpenAIError` (400) on any problem."""
+    """Parse and validate a `/generate` body; raises `ApiError` (400) on any problem."""
     raw = decode_object(body)
     for key, reason in _UNSUPPORTED.items():
         if raw.get(key) not in (None, False, [], ""):

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import httpx
 import trio
 
-from trio_direct.openai import errors
+from trio_direct.core import errors
 
 __all__ = ["ImageFetchError", "ImageFetchLimits", "fetch_image", "inline_images"]
 

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from trio_direct.openai import errors
+from trio_direct.core import errors
 from trio_direct.surfaces.image_fetch import ImageFetchLimits, inline_images
 from trio_direct.text.chat_template import (
     ChatTemplateError,
@@ -29,7 +29,7 @@ from trio_direct.text.chat_template import (
 )
 
 if TYPE_CHECKING:
-    from trio_direct.frontend.runtime import ModelPool
+    from trio_direct.core.pool import PoolView
 
 __all__ = [
     "ChatImages",
@@ -102,7 +102,7 @@ def check_image_url(url: str, param: str) -> None:
     )
 
 
-async def image_data_for(pool: ModelPool, urls: list[str], params: Sequence[str]) -> list[str]:
+async def image_data_for(pool: PoolView, urls: list[str], params: Sequence[str]) -> list[str]:
     """The `image_data` for the engine: a 400 when the model takes no images; with
     ``--allow-image-fetch`` http(s) images are fetched and sent as data URLs."""
     if not urls:
@@ -115,7 +115,7 @@ async def image_data_for(pool: ModelPool, urls: list[str], params: Sequence[str]
     return await inline_images(urls, params, limits)
 
 
-def require_image_support(pool: ModelPool, params: Sequence[str] = ()) -> None:
+def require_image_support(pool: PoolView, params: Sequence[str] = ()) -> None:
     """A 400 unless every engine of the model takes image input."""
     if not pool.supports_images:
         raise errors.invalid_request(
@@ -126,7 +126,7 @@ def require_image_support(pool: ModelPool, params: Sequence[str] = ()) -> None:
 
 
 async def prepare_chat_images(
-    pool: ModelPool, messages: list[dict[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None
+    pool: PoolView, messages: list[dict[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """Messages ready for the template and the prompt's `image_data` (see the module docstring)."""
     images = take_images(messages)
@@ -142,7 +142,7 @@ async def prepare_chat_images(
     return images.messages, await image_data_for(pool, images.urls, images.params)
 
 
-def _template_renders_parts(pool: ModelPool, tools: Sequence[Mapping[str, Any]] | None) -> bool:
+def _template_renders_parts(pool: PoolView, tools: Sequence[Mapping[str, Any]] | None) -> bool:
     try:
         source = pool.chat_template_override or select_chat_template(pool.tokenizer.chat_templates, tools=tools)
         return compile_chat_template(source).content_format == "openai"

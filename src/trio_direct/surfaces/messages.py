@@ -39,9 +39,9 @@ from trio_direct.anthropic.requests import (
     decode_count_tokens_request,
     decode_messages_request,
 )
+from trio_direct.core.errors import ApiError
 from trio_direct.core.output import ChoiceEvent, ChoiceResult
 from trio_direct.core.plan import RequestPlan, Usage
-from trio_direct.openai.errors import OpenAIError
 from trio_direct.openai.extensions import extension_values
 from trio_direct.openai.requests import ChatCompletionRequest
 from trio_direct.surfaces.chat import plan_chat, request_prompt
@@ -50,7 +50,7 @@ from trio_direct.surfaces.images import anthropic_image_part, require_image_supp
 from trio_direct.surfaces.output_blocks import BlockSequencer, BlockStep, OutputBlock, blocks_of
 
 if TYPE_CHECKING:
-    from trio_direct.frontend.runtime import ModelPool
+    from trio_direct.core.pool import PoolView
     from trio_direct.http.exchange import Exchange
 
 __all__ = ["MessagesRenderer", "chat_messages", "chat_request", "count_tokens", "handle", "plan_message"]
@@ -72,7 +72,7 @@ async def count_tokens(exchange: Exchange) -> None:
     await exchange.json(200, anthropic.encode({"input_tokens": len(prompt.token_ids)}))
 
 
-async def plan_message(pool: ModelPool, request: MessagesRequest, *, session_key: str | None = None) -> RequestPlan:
+async def plan_message(pool: PoolView, request: MessagesRequest, *, session_key: str | None = None) -> RequestPlan:
     images = [
         f"messages[{i}].content[{j}]"
         for i, message in enumerate(request.messages)
@@ -273,7 +273,7 @@ class MessagesRenderer:
         out.append(anthropic.sse_event({"type": "message_stop"}))
         return b"".join(out)
 
-    def failure(self, error: OpenAIError) -> bytes:
+    def failure(self, error: ApiError) -> bytes:
         return anthropic_error_event(error)
 
     def unary(self, results: list[ChoiceResult], usage: Usage) -> bytes:

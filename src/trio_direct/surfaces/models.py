@@ -6,11 +6,11 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from trio_direct.openai import responses
+from trio_direct.openai import chat_bodies
 from trio_direct.tenants.access import may_use
 
 if TYPE_CHECKING:
-    from trio_direct.frontend.runtime import ModelPool
+    from trio_direct.core.pool import PoolView
     from trio_direct.http.exchange import Exchange
 
 __all__ = ["list_models", "retrieve_model"]
@@ -20,15 +20,17 @@ async def list_models(exchange: Exchange) -> None:
     frontend = exchange.frontend
     created = int(time.time())
     cards = [_card(pool, created) for pool in frontend.pools() if may_use(pool.name)]
-    await exchange.json(200, responses.models_list(cards))
+    await exchange.json(200, chat_bodies.models_list(cards))
 
 
 async def retrieve_model(exchange: Exchange) -> None:
     pool = exchange.frontend.pool(exchange.params["model"])
     card = _card(pool, int(time.time()))
-    await exchange.json(200, responses.model_body(card))
+    await exchange.json(200, chat_bodies.model_body(card))
 
 
-def _card(pool: ModelPool, created: int) -> responses.ModelCard:
+def _card(pool: PoolView, created: int) -> chat_bodies.ModelCard:
     """vLLM's model card: the context length, and the engines' model path as `root`."""
-    return responses.model_card(pool.name, created, max_model_len=pool.context_length, root=pool.fleet.model.model_path)
+    return chat_bodies.model_card(
+        pool.name, created, max_model_len=pool.context_length, root=pool.fleet.model.model_path
+    )

@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING
 import msgspec
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from trio_direct.core import errors
 from trio_direct.metrics import exposition
-from trio_direct.openai import errors
 from trio_direct.openai.requests import decode_chat_request, decode_completion_request
 from trio_direct.surfaces.chat import plan_chat
 from trio_direct.surfaces.completions import plan_completion

@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
 
-from trio_direct.openai import errors
+from trio_direct.core import errors
 
 if TYPE_CHECKING:
-    from trio_direct.frontend.runtime import ModelPool
+    from trio_direct.core.pool import PoolView
 
 __all__ = [
     "THREAD_THRESHOLD_CHARS",
@@ -59,7 +59,7 @@ def content_chars(messages: Iterable[Mapping[str, Any]]) -> int:
     return total
 
 
-def refuse_if_too_long(pool: ModelPool, chars: int, messages: int = 0, *, param: str = "messages") -> None:
+def refuse_if_too_long(pool: PoolView, chars: int, messages: int = 0, *, param: str = "messages") -> None:
     """A 400 (context length) when a prompt of `chars` characters in `messages` chat messages
     cannot fit the model's context, judged from its length alone (no rendering, no tokenizing)."""
     limit = pool.context_length
@@ -70,7 +70,7 @@ def refuse_if_too_long(pool: ModelPool, chars: int, messages: int = 0, *, param:
         raise errors.context_length_exceeded(bound, limit, None, param=param, at_least=True)
 
 
-def refuse_if_counted_over(pool: ModelPool, text: str, *, param: str = "messages") -> None:
+def refuse_if_counted_over(pool: PoolView, text: str, *, param: str = "messages") -> None:
     """A 400 (context length) when `text`, far longer than the context, counts past it in chunks
     (`ModelTokenizer.exceeds`), before it is encoded whole. Runs where the encoding would."""
     limit = pool.context_length

@@ -27,8 +27,8 @@ from typing import Any, TypeVar
 import msgspec
 
 from trio_direct import metrics
-from trio_direct.openai import errors
-from trio_direct.openai.errors import OpenAIError
+from trio_direct.core import errors
+from trio_direct.core.errors import ApiError
 from trio_direct.state.store import EntryTooLarge, StateStore, StoreUnavailable
 
 __all__ = ["ConversationStore", "ResponseStore", "StoredResponse", "new_item_id", "unavailable"]
@@ -58,7 +58,7 @@ _encode_record = msgspec.msgpack.Encoder().encode
 _decode_record = msgspec.msgpack.Decoder(StoredResponse).decode
 
 
-def unavailable(error: StoreUnavailable) -> OpenAIError:
+def unavailable(error: StoreUnavailable) -> ApiError:
     """The 503 a request that needs the state store gets while it is down."""
     log.warning("state store unavailable: %s", error)
     metrics.STATE_STORE_UNAVAILABLE.inc()

@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from trio_direct.core import errors
+from trio_direct.core.errors import ApiError
 from trio_direct.core.output import ChoiceEvent, ChoiceResult
 from trio_direct.core.plan import RequestPlan, Usage
-from trio_direct.openai import errors
-from trio_direct.openai import responses_objects as objects
-from trio_direct.openai.errors import OpenAIError
+from trio_direct.openai import responses_output as objects
 from trio_direct.openai.extensions import extension_values
 from trio_direct.openai.requests import ChatCompletionRequest
 from trio_direct.openai.responses_request import (
@@ -48,7 +48,7 @@ from trio_direct.surfaces.response_store import ConversationStore, ResponseStore
 from trio_direct.tenants import access as tenant_access
 
 if TYPE_CHECKING:
-    from trio_direct.frontend.runtime import ModelPool
+    from trio_direct.core.pool import PoolView
     from trio_direct.http.exchange import Exchange
 
 __all__ = [
@@ -82,7 +82,7 @@ async def create(exchange: Exchange) -> None:
     if request.previous_response_id is not None:
         previous = await store.get(request.previous_response_id)
         if previous is None:
-            raise errors.OpenAIError(
+            raise errors.ApiError(
                 f"Previous response with id '{request.previous_response_id}' not found.",
                 status=404,
                 type="invalid_request_error",
@@ -94,7 +94,7 @@ async def create(exchange: Exchange) -> None:
         conversation_id = request.conversation if isinstance(request.conversation, str) else request.conversation.id
         conversation = await conversations.get(conversation_id)
         if conversation is None:
-            raise errors.OpenAIError(
+            raise errors.ApiError(
                 f"Conversation with id '{conversation_id}' not found.",
                 status=404,
                 type="invalid_request_error",
@@ -150,7 +150,7 @@ async def input_items(exchange: Exchange) -> None:
     await exchange.json(200, objects.encode(item_page(exchange, stored.input_items())))
 
 
-def _unknown(response_id: str) -> OpenAIError:
+def _unknown(response_id: str) -> ApiError:
     return errors.not_found(f"Response with id '{response_id}' not found.")
 
 
@@ -219,7 +219,7 @@ def item_page(exchange: Exchange, items: list[dict[str, Any]]) -> dict[str, Any]
 
 
 async def plan_response(
-    pool: ModelPool, request: ResponsesRequest, messages: list[dict[str, Any]], *, session_key: str | None = None
+    pool: PoolView, request: ResponsesRequest, messages: list[dict[str, Any]], *, session_key: str | None = None
 ) -> RequestPlan:
     """Plan `request` over the conversation `messages` (the stored one, then this turn's input)."""
     if not isinstance(request.input, str):
@@ -428,7 +428,7 @@ class ResponsesRenderer:
         return objects.function_call_item(item_id, block.call_id, block.name, "" if opening else block.text, status)
 
     def _response(
-        self, status: str, output: list[dict[str, Any]], usage: Usage | None, error: OpenAIError | None = None
+        self, status: str, output: list[dict[str, Any]], usage: Usage | None, error: ApiError | None = None
     ) -> dict[str, Any]:
         plan = self._plan
         response: dict[str, Any] = {
@@ -537,7 +537,7 @@ class ResponsesRenderer:
         self._unsent = (tail, self._sequence)
         return tail + self._event(f"response.{status}", response=response)
 
-    def failure(self, error: OpenAIError) -> bytes:
+    def failure(self, error: ApiError) -> bytes:
         head = b""
         if self._unsent is not None:  # the closing was rendered but not sent: its items still end
             head, self._sequence = self._unsent

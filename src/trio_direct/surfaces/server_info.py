@@ -23,14 +23,14 @@ import msgspec
 import trio
 
 from trio_direct import __version__
+from trio_direct.core import errors
 from trio_direct.core.render import unary_response
 from trio_direct.engine.errors import EngineError
-from trio_direct.openai import errors
 from trio_direct.openai.requests import decode_completion_request
 from trio_direct.surfaces.completions import CompletionRenderer, plan_completion
 
 if TYPE_CHECKING:
-    from trio_direct.frontend.runtime import ModelPool
+    from trio_direct.core.pool import PoolView
     from trio_direct.http.exchange import Exchange
 
 __all__ = ["flush_cache", "get_model_info", "get_server_info", "health_generate", "version"]
@@ -67,7 +67,7 @@ def _body_model(exchange: Exchange) -> str | None:
     return model or _query_model(exchange)
 
 
-def model_info(pool: ModelPool) -> dict[str, Any]:
+def model_info(pool: PoolView) -> dict[str, Any]:
     model = pool.fleet.model
     config = pool.model_config
     return {
@@ -117,7 +117,7 @@ async def health_generate(exchange: Exchange) -> None:
             plan = await plan_completion(pool, request)
             renderer = CompletionRenderer(plan, pool.token_text, echo=False, logprobs=False)
             await unary_response(pool, plan, renderer, cutter=frontend.cutter)
-        except errors.OpenAIError as error:
+        except errors.ApiError as error:
             body = {"status": "unavailable", "model": pool.name, "error": error.message}
             await exchange.json(503, msgspec.json.encode(body))
             return

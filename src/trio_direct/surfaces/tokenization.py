@@ -30,7 +30,7 @@ from trio_direct.surfaces.images import take_images
 from trio_direct.surfaces.prompting import in_thread_if_long, refuse_if_counted_over, refuse_if_too_long
 
 if TYPE_CHECKING:
-    from trio_direct.frontend.runtime import ModelPool
+    from trio_direct.core.pool import PoolView
     from trio_direct.http.exchange import Exchange
 
 __all__ = ["detokenize", "max_model_len", "tokenize"]
@@ -72,7 +72,7 @@ async def tokenize(exchange: Exchange) -> None:
     await exchange.json(200, body)
 
 
-def _encode_all(pool: ModelPool, prompts: list[str], add_special_tokens: bool) -> list[list[int]]:
+def _encode_all(pool: PoolView, prompts: list[str], add_special_tokens: bool) -> list[list[int]]:
     encoded = []
     for text in prompts:
         refuse_if_counted_over(pool, text, param="prompt")
@@ -97,7 +97,7 @@ async def detokenize(exchange: Exchange) -> None:
     await exchange.json(200, detokenize_body(pool.tokenizer.decode(ids, skip_special_tokens=skip)))
 
 
-def max_model_len(pool: ModelPool) -> int:
+def max_model_len(pool: PoolView) -> int:
     """The longest prompt the engines accept, else the tokenizer's `model_max_length`, else -1."""
     if pool.context_length is not None:
         return pool.context_length

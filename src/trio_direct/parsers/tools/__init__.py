@@ -12,8 +12,8 @@ must keep special tokens (most markup is made of them), never the parser's class
 
 Run it on content after the reasoning parser. Modules: `stream` (the driver and content
 handling), `json_calls` (hermes, llama3_json, mistral, json, cohere, inkling, granite),
-`xml_calls` (qwen3_coder, seed_oss, glm45, hunyuan), `invoke_calls` (minimax_m2, step3,
-deepseek_v32, deepseek_v4), `xtml_calls` (kimi_k3), `special_token_calls` (deepseek_v3,
+`argument_tag_calls` (qwen3_coder, seed_oss, glm45, hunyuan), `invoke_calls` (minimax_m2, step3,
+deepseek_v32, deepseek_v4), `kimi_channel_calls` (kimi_k3), `special_token_calls` (deepseek_v3,
 deepseek_v31, kimi_k2), `pythonic` (pythonic, sarashina), `harmony_calls` (gpt_oss),
 `gemma_calls` (gemma4, function_gemma), `tree_calls` (minimax_m3), with `value_scan` and
 `schema_types` beneath, and `registry` for names.

@@ -15,8 +15,8 @@ import re
 from collections.abc import Callable
 from typing import Any, ClassVar, Final
 
+from trio_direct.parsers.tools.argument_tag_calls import XmlArgumentCalls
 from trio_direct.parsers.tools.stream import MALFORMED, Malformed
-from trio_direct.parsers.tools.xml_calls import XmlArgumentCalls
 
 __all__ = [
     "DeepSeekV4Parser",

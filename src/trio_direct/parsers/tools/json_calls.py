@@ -199,6 +199,29 @@ class JsonObjectCalls(ToolCallParser):
         self._captured(raw)
         return True
 
+    # Calls as an array or one object, then another state: the shape of Cohere's action and
+    # Granite's `<|tool_call|>` payload.
+
+    def _calls_then(self, then: Callable[[], bool]) -> bool:
+        """Read `[{...}, ...]` or one `{...}` of calls, then continue in state `then`."""
+        if not self._skip_ws():
+            return self._starved()
+        char = self._buf[self._pos]
+        if char == "[":
+            self._read_array(lambda: self._continue_in(then))
+        elif char == "{":
+            self._read_object(lambda: self._close_then(then))
+        else:
+            return self._fail()
+        return True
+
+    def _continue_in(self, state: Callable[[], bool]) -> None:
+        self._state = state
+
+    def _close_then(self, state: Callable[[], bool]) -> None:
+        self._close_call()
+        self._state = state
+
     # An array of objects: `[{...}, {...}]`.
 
     def _read_array(self, done: Callable[[], None]) -> None:
@@ -267,7 +290,8 @@ class HermesParser(JsonObjectCalls):
 
     format = "hermes"
     MARKERS = ("<tool_call>",)
-    _END: Final = "</tool_call>"
+    #: The closing tag; a format that is Hermes' JSON between other tags overrides it (and `MARKERS`).
+    _END: ClassVar[str] = "</tool_call>"
 
     def _on_marker(self, marker: str, at: int) -> None:
         self._begin_attempt(at, self._pos)
@@ -521,23 +545,7 @@ class CohereParser(JsonObjectCalls):
         self._state = self._action
 
     def _action(self) -> bool:
-        if not self._skip_ws():
-            return self._starved()
-        char = self._buf[self._pos]
-        if char == "[":
-            self._read_array(self._to_action_end)
-        elif char == "{":
-            self._read_object(self._close_then_action_end)
-        else:
-            return self._fail()
-        return True
-
-    def _to_action_end(self) -> None:
-        self._state = self._action_end
-
-    def _close_then_action_end(self) -> None:
-        self._close_call()
-        self._state = self._action_end
+        return self._calls_then(self._action_end)
 
     def _action_end(self) -> bool:
         if not self._skip_ws():
@@ -654,7 +662,7 @@ class GraniteParser(JsonObjectCalls):
         if buf[first] == "[":
             self._begin_attempt(self._pos, first + 1, markup=False)
             self._pos = first
-            self._read_array(self._to_after_calls)
+            self._read_array(lambda: self._continue_in(self._after_calls))
         else:
             self._state = self._content
         return True
@@ -664,23 +672,7 @@ class GraniteParser(JsonObjectCalls):
         self._state = self._after_marker
 
     def _after_marker(self) -> bool:
-        if not self._skip_ws():
-            return self._starved()
-        char = self._buf[self._pos]
-        if char == "[":
-            self._read_array(self._to_after_calls)
-        elif char == "{":
-            self._read_object(self._close_then_after_calls)
-        else:
-            return self._fail()
-        return True
-
-    def _to_after_calls(self) -> None:
-        self._state = self._after_calls
-
-    def _close_then_after_calls(self) -> None:
-        self._close_call()
-        self._state = self._after_calls
+        return self._calls_then(self._after_calls)
 
     def _after_calls(self) -> bool:
         if not self._skip_ws():

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import json
 import re
+from collections.abc import Callable
 from typing import Any, ClassVar, Final
 
 from trio_direct.parsers.tools.stream import ToolCallParser
@@ -29,7 +30,42 @@ _KEYWORD: Final = re.compile(r"([A-Za-z_]\w*)\s*=")
 _KEYWORD_PREFIX: Final = re.compile(r"[A-Za-z_]\w*\s*")
 
 
-class PythonicParser(ToolCallParser):
+class _PythonList(ToolCallParser):
+    """Calls in a Python list, bare at the start of the output or after a marker: the shape the
+    pythonic formats and Sarashina's share."""
+
+    def _bare_list_then(self, then: Callable[[], bool]) -> bool:
+        """At the start: a list opening the output (after whitespace) is an attempt at calls,
+        continued in `then`; anything else is content."""
+        buf, pos = self._buf, self._pos
+        first = pos
+        while first < len(buf) and buf[first].isspace():
+            first += 1
+        if first == len(buf):
+            if not self._final:
+                return False
+            self._state = self._content
+            return True
+        if buf[first] == "[":
+            self._begin_attempt(pos, first + 1, markup=False)
+            self._pos = first + 1
+            self._state = then
+        else:
+            self._state = self._content
+        return True
+
+    def _list_then(self, then: Callable[[], bool]) -> bool:
+        """After a marker: the list's `[`, then state `then`."""
+        if not self._skip_ws():
+            return self._starved()
+        if self._buf[self._pos] != "[":
+            return self._fail()
+        self._pos += 1
+        self._state = then
+        return True
+
+
+class PythonicParser(_PythonList):
     """Pythonic tool calls; see the module docstring.
 
     Malformed: positional arguments, or anything but calls in the list, leave the list as
@@ -50,35 +86,14 @@ class PythonicParser(ToolCallParser):
         self._value: list[str] = []
 
     def _start(self) -> bool:
-        buf, pos = self._buf, self._pos
-        first = pos
-        while first < len(buf) and buf[first].isspace():
-            first += 1
-        if first == len(buf):
-            if not self._final:
-                return False
-            self._state = self._content
-            return True
-        if buf[first] == "[":
-            self._begin_attempt(pos, first + 1, markup=False)
-            self._pos = first + 1
-            self._state = self._call_head
-        else:
-            self._state = self._content
-        return True
+        return self._bare_list_then(self._call_head)
 
     def _on_marker(self, marker: str, at: int) -> None:
         self._begin_attempt(at, self._pos)
         self._state = self._list_open
 
     def _list_open(self) -> bool:
-        if not self._skip_ws():
-            return self._starved()
-        if self._buf[self._pos] != "[":
-            return self._fail()
-        self._pos += 1
-        self._state = self._call_head
-        return True
+        return self._list_then(self._call_head)
 
     def _call_head(self) -> bool:
         if not self._skip_ws():
@@ -252,7 +267,7 @@ class Olmo3Parser(PythonicParser):
         return True
 
 
-class SarashinaParser(ToolCallParser):
+class SarashinaParser(_PythonList):
     """SoftBank Sarashina: a Python list of call dicts, `[{'name': 'get_weather', 'arguments':
     {'city': 'Tokyo'}}]`, after `<|tool_calls|>` or opening the output (the token is special and
     often detokenized away).
@@ -272,35 +287,14 @@ class SarashinaParser(ToolCallParser):
         self._source: list[str] = []
 
     def _start(self) -> bool:
-        buf, pos = self._buf, self._pos
-        first = pos
-        while first < len(buf) and buf[first].isspace():
-            first += 1
-        if first == len(buf):
-            if not self._final:
-                return False
-            self._state = self._content
-            return True
-        if buf[first] == "[":
-            self._begin_attempt(pos, first + 1, markup=False)
-            self._pos = first + 1
-            self._state = self._element
-        else:
-            self._state = self._content
-        return True
+        return self._bare_list_then(self._element)
 
     def _on_marker(self, marker: str, at: int) -> None:
         self._begin_attempt(at, self._pos)
         self._state = self._list_open
 
     def _list_open(self) -> bool:
-        if not self._skip_ws():
-            return self._starved()
-        if self._buf[self._pos] != "[":
-            return self._fail()
-        self._pos += 1
-        self._state = self._element
-        return True
+        return self._list_then(self._element)
 
     def _element(self) -> bool:
         if not self._skip_ws():

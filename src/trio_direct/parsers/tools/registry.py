@@ -7,6 +7,13 @@ from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, Final
 
+from trio_direct.parsers.tools.argument_tag_calls import (
+    Glm45Parser,
+    HunyuanParser,
+    IQuestParser,
+    Qwen3CoderParser,
+    SeedOssParser,
+)
 from trio_direct.parsers.tools.gemma_calls import FunctionGemmaParser, Gemma4Parser
 from trio_direct.parsers.tools.harmony_calls import GptOssParser
 from trio_direct.parsers.tools.invoke_calls import (
@@ -26,6 +33,7 @@ from trio_direct.parsers.tools.json_calls import (
     LlamaNemotronParser,
     MistralParser,
 )
+from trio_direct.parsers.tools.kimi_channel_calls import KimiK3Parser
 from trio_direct.parsers.tools.pythonic import Lfm25Parser, Olmo3Parser, PythonicParser, SarashinaParser
 from trio_direct.parsers.tools.special_token_calls import (
     DeepSeekV3Parser,
@@ -34,14 +42,6 @@ from trio_direct.parsers.tools.special_token_calls import (
 )
 from trio_direct.parsers.tools.stream import ToolCallParser
 from trio_direct.parsers.tools.tree_calls import MinimaxM3Parser
-from trio_direct.parsers.tools.xml_calls import (
-    Glm45Parser,
-    HunyuanParser,
-    IQuestParser,
-    Qwen3CoderParser,
-    SeedOssParser,
-)
-from trio_direct.parsers.tools.xtml_calls import KimiK3Parser
 
 __all__ = [
     "KNOWN_TOOL_CALL_PARSERS",

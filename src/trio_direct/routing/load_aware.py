@@ -1,4 +1,4 @@
-"""Load-aware routing state of one fleet (`--router-mode kv`, `least-load`, `power-of-two`), without I/O.
+"""Load-aware routing state of one fleet (the policies of `policies` with a `selection`), without I/O.
 
 One `KvIndex` for the fleet, fed per engine and DP rank with the engines' own KV events (the
 subscriptions are the I/O shell's, `kv_sync.feeds`), and two `KvRouter`s: the aggregated (or
@@ -27,20 +27,19 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
-from trio_direct.config import ServeConfig
 from trio_direct.fleet.card import EngineCard
 from trio_direct.routing.active_sequences import OwnLoad
 from trio_direct.routing.block_hash import RoutingKey
 from trio_direct.routing.kv_index import KvIndex
 from trio_direct.routing.kv_router import Decision, KvRouter, KvRouterConfig
+from trio_direct.routing.policies import RoutingSettings, routing_policy
 
 __all__ = [
     "DEFAULT_ROUTING_BLOCK",
-    "LOAD_MODES",
     "PRESETS",
     "CostPreset",
     "IndexSink",
-    "KvRouting",
+    "LoadAwareRouting",
     "cost_settings",
     "page_size",
     "routing_block_size",
@@ -50,9 +49,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 DEFAULT_ROUTING_BLOCK = 16
-
-#: Router modes served by `KvRouting`: the KV cost, and the load-only policies.
-LOAD_MODES = ("kv", "least-load", "power-of-two")
 
 W = TypeVar("W")
 
@@ -74,17 +70,17 @@ PRESETS = {
 }
 
 
-def cost_settings(config: ServeConfig) -> CostPreset:
+def cost_settings(settings: RoutingSettings) -> CostPreset:
     """The preset's weights, with each flag given explicitly taking its place."""
-    preset = PRESETS[config.router_preset]
+    preset = PRESETS[settings.preset]
 
     def given(value: float | None, default: float) -> float:
         return default if value is None else value
 
     return CostPreset(
-        given(config.router_kv_overlap_score_credit, preset.overlap_score_credit),
-        given(config.router_prefill_load_scale, preset.prefill_load_scale),
-        given(config.router_temperature, preset.temperature),
+        given(settings.overlap_score_credit, preset.overlap_score_credit),
+        given(settings.prefill_load_scale, preset.prefill_load_scale),
+        given(settings.temperature, preset.temperature),
     )
 
 
@@ -146,28 +142,33 @@ class IndexSink:
         self._index.clear_worker(self._key(dp_rank))
 
 
-class KvRouting:
+class LoadAwareRouting:
     """The index and the routers of one fleet, kept in step with the engines that come and go.
 
     The routing block is fixed at construction from the engines' page sizes (`cards`); each engine
-    is then added with `add_engine`, and later ones must fit that block (`check_join`).
+    is then added with `add_engine`, and later ones must fit that block (`check_join`). Raises
+    `ValueError` for a policy that is not load-aware (or unknown) and for engines that do not fit.
     """
 
-    def __init__(self, cards: Iterable[EngineCard], config: ServeConfig) -> None:
-        self.mode = config.router_mode if config.router_mode in LOAD_MODES else "kv"
-        self.block_size = routing_block_size(cards, config.kv_cache_block_size)
-        self.use_events = config.router_kv_events and self.mode == "kv"
+    def __init__(self, cards: Iterable[EngineCard], settings: RoutingSettings) -> None:
+        kind = routing_policy(settings.mode)
+        if kind.selection is None:
+            raise ValueError(f"router mode {kind.name!r} is not load-aware")
+        self.mode = kind.name
+        self.selection = kind.selection
+        self.block_size = routing_block_size(cards, settings.kv_cache_block_size)
+        self.use_events = settings.kv_events and self.selection == "cost"
         self.index = KvIndex(self.block_size) if self.use_events else None
-        self.busy_threshold = config.router_session_busy_fraction
-        self.cost = cost_settings(config)
+        self.busy_threshold = settings.session_busy_fraction
+        self.cost = cost_settings(settings)
         router_config = KvRouterConfig(
             overlap_score_credit=self.cost.overlap_score_credit,
             prefill_load_scale=self.cost.prefill_load_scale,
             temperature=self.cost.temperature,
             use_kv_events=self.use_events,
-            ttl_secs=config.router_ttl_secs,
+            ttl_secs=settings.ttl_secs,
             block_size=self.block_size,
-            selection="cost" if self.mode == "kv" else self.mode,
+            selection=self.selection,
         )
         self.router = KvRouter(router_config, self.index)
         # Decode engines of a disaggregated fleet hold no reusable prefix: load alone decides.
@@ -322,7 +323,7 @@ class KvRouting:
     def stats(self) -> dict[str, Any]:
         return {
             "block_size": self.block_size,
-            "mode": "load" if self.mode != "kv" else "events" if self.use_events else "approximate",
+            "mode": "load" if self.selection != "cost" else "events" if self.use_events else "approximate",
             "cost": {
                 "overlap_score_credit": self.cost.overlap_score_credit,
                 "prefill_load_scale": self.cost.prefill_load_scale,

@@ -13,8 +13,9 @@ from typing import Any
 
 import msgspec
 
-from trio_direct.openai.errors import OpenAIError
-from trio_direct.openai.responses import UsageCounts
+from trio_direct.core.errors import ApiError
+from trio_direct.core.sse import sse_event
+from trio_direct.openai.chat_bodies import UsageCounts
 
 __all__ = [
     "arguments_delta_event",
@@ -33,16 +34,6 @@ __all__ = [
 ]
 
 _encoder = msgspec.json.Encoder()
-
-
-def sse_event(payload: dict[str, Any]) -> bytes:
-    """One named SSE event: the payload's `type` is the event name."""
-    buffer = bytearray(b"event: ")
-    buffer += payload["type"].encode()
-    buffer += b"\ndata: "
-    _encoder.encode_into(payload, buffer, len(buffer))
-    buffer += b"\n\n"
-    return bytes(buffer)
 
 
 class _TextDelta(msgspec.Struct, tag_field="type", tag="response.output_text.delta", kw_only=True):
@@ -155,7 +146,7 @@ def response_usage(usage: UsageCounts) -> dict[str, Any]:
     }
 
 
-def response_error(error: OpenAIError) -> dict[str, Any]:
+def response_error(error: ApiError) -> dict[str, Any]:
     """A failed response's `error` (OpenAI's codes: rate_limit_exceeded, else server_error)."""
     code = "rate_limit_exceeded" if error.status == 429 else "server_error"
     return {"code": code, "message": error.message}

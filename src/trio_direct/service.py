@@ -1,4 +1,12 @@
-"""`trio-direct serve`: hypercorn's trio worker serving the app, beside the frontend's own tasks.
+"""The composition root: the one place that wires the service together, and `trio-direct serve`.
+
+Everything below is built here and handed down: the route table (the surfaces' rows,
+`surfaces.routes.ROUTES`) goes to the HTTP layer (`http.app.create_app`, which serves whatever table
+it is given); the fleet, the model pools and their lifecycle come from `frontend.runtime.run_frontend`;
+the tenants from their settings. `build_app` is the HTTP app both entry points serve:
+`trio-direct serve` (`serve`, below) and `hypercorn trio_direct.app:app`.
+
+`serve` runs hypercorn's trio worker serving the app, beside the frontend's own tasks.
 
 hypercorn is started from code inside the engine transport's nursery (`open_transport`), where every
 engine connection's task runs. trio's sockets set TCP_NODELAY on accepted connections, which avoids the
@@ -14,16 +22,19 @@ own graceful timeout is set later than ours, so it never cuts a stream mid-air.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import trio
 
 from trio_direct.config import ServeConfig
+from trio_direct.core.frontend import Frontend
 from trio_direct.engine.transport import open_transport
 from trio_direct.fleet.fleet import FleetError
-from trio_direct.frontend.runtime import Frontend, run_frontend
-from trio_direct.http.app import create_app, tenants_settings
+from trio_direct.frontend.runtime import run_frontend
+from trio_direct.http.app import App, StartFrontend, create_app, tenants_settings
 from trio_direct.http.server import serve_app
+from trio_direct.surfaces.routes import ROUTES
 from trio_direct.tenants.directory import TenantFileError
 from trio_direct.tenants.service import Tenants
 
@@ -31,6 +42,19 @@ log = logging.getLogger(__name__)
 
 #: How long after the cut hypercorn still waits for responses to write their error events.
 CUT_GRACE = 5.0
+
+
+def build_app(
+    get_frontend: Callable[[], Frontend | None],
+    config: ServeConfig,
+    *,
+    start: StartFrontend | None = None,
+    tenants: Tenants | None = None,
+) -> App:
+    """The HTTP app serving every surface's route (`surfaces.routes.ROUTES`) from the frontend that
+    `get_frontend` returns (None while it starts: 503s). `start`, when given, runs the frontend for
+    the app's lifespan (the hypercorn entry)."""
+    return create_app(get_frontend, config, routes=ROUTES, start=start, tenants=tenants)
 
 
 @dataclass(slots=True)
@@ -64,7 +88,7 @@ async def serve(
         # bound fails here, before built-in mock engines start.
         started: list[Frontend] = []
         await nursery.start(tenants.run)  # the JWKS fetched, the tenants file watched
-        app = create_app(lambda: started[0] if started else None, config, tenants=tenants)
+        app = build_app(lambda: started[0] if started else None, config, tenants=tenants)
         stopping = trio.Event()
 
         async def http_server(*, task_status: trio.TaskStatus[list[str]]) -> None:

@@ -5,7 +5,7 @@ JSON arguments object is written as the tags arrive: `{` when the call commits, 
 its value opens, and a string value character by character (escaped for JSON). Values of
 other types are held until their closing tag, then converted. Junk between argument tags is
 skipped (reported in `anomalies`); arguments already seen are kept. `XmlArgumentCalls` is
-shared with the `<invoke name=...>` formats (`invoke_calls`) and Kimi K3 (`xtml_calls`).
+shared with the `<invoke name=...>` formats (`invoke_calls`) and Kimi K3 (`kimi_channel_calls`).
 """
 
 from __future__ import annotations

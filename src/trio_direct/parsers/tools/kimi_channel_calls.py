@@ -19,8 +19,8 @@ from __future__ import annotations
 import re
 from typing import Final
 
+from trio_direct.parsers.tools.argument_tag_calls import XmlArgumentCalls
 from trio_direct.parsers.tools.stream import MALFORMED, Malformed
-from trio_direct.parsers.tools.xml_calls import XmlArgumentCalls
 
 __all__ = ["KimiK3Parser"]
 

@@ -9,9 +9,9 @@ import pytest
 from openai.types import Completion, Model
 from openai.types.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionMessageFunctionToolCall
 
+from trio_direct.core import errors
 from trio_direct.core.plan import Usage
-from trio_direct.openai import errors
-from trio_direct.openai.responses import (
+from trio_direct.openai.chat_bodies import (
     DONE,
     ChatChoice,
     CompletionChoice,

@@ -14,7 +14,8 @@ from typing import Any, Protocol
 
 import msgspec
 
-from trio_direct.openai.errors import OpenAIError
+from trio_direct.core.errors import ApiError
+from trio_direct.openai.errors import openai_error_body
 
 DONE = b"data: [DONE]\n\n"
 
@@ -161,9 +162,9 @@ def usage_chunk(id: str, created: int, model: str, usage: UsageCounts, *, chat: 
     return _sse(_CompletionChunk(id=id, created=created, model=model, choices=[], usage=usage_body(usage)))
 
 
-def error_chunk(error: OpenAIError) -> bytes:
+def error_chunk(error: ApiError) -> bytes:
     """A mid-stream failure as OpenAI sends it: a `data:` event holding the error envelope."""
-    return b"".join((_SSE_PREFIX, error.to_json(), _SSE_SUFFIX))
+    return b"".join((_SSE_PREFIX, openai_error_body(error), _SSE_SUFFIX))
 
 
 # ----------------------------------------------------------------------------------------------
