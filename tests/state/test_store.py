@@ -175,3 +175,54 @@ def test_memory_counters_are_purged_once_their_windows_and_leases_end() -> None:
     for _ in range(1024):
         tables.acquire_slot("live", "h", 1, 10.0)
     assert set(tables._windows) == {"fresh"} and set(tables._slots) == {"live"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["postgresql", "redis"])
+async def test_a_database_back_from_a_long_outage_serves_within_seconds(kind: str, caplog) -> None:
+    """After ~8 s down, calls succeed again within seconds of the server accepting connections,
+    with what was written before. (psycopg_pool's default backoff would next try at ~15 s, so a
+    frontend would answer 503 for ~6 s more; the store bounds the gap between attempts.) The outage
+    is logged once when it starts and once when it ends, not once per call."""
+    from state_servers import PostgresServer, RedisServer, missing_server, postgres_binaries, redis_binary
+
+    server: PostgresServer | RedisServer
+    if kind == "redis":
+        binary = redis_binary()
+        if binary is None:
+            missing_server("redis-server")
+        server = RedisServer(binary)
+    else:
+        binaries = postgres_binaries()
+        if binaries is None:
+            missing_server("PostgreSQL")
+        server = PostgresServer(binaries)
+    server.start()
+    caplog.set_level("INFO", logger="trio_direct.state.threaded")
+    try:
+        async with open_state_store(server.url, StoreSettings(timeout=1.0)) as store:
+            key = unique("kept")
+            await store.put(key, b"acknowledged")
+            await trio.to_thread.run_sync(server.stop)
+            down_until = trio.current_time() + 7.8  # past the default backoff's attempt at ~7 s
+            while trio.current_time() < down_until:
+                with pytest.raises(StoreUnavailable):
+                    await store.get(key)
+                await trio.sleep(0.2)
+            await trio.to_thread.run_sync(server.start)
+            back = trio.current_time()
+            with trio.fail_after(30):
+                while True:
+                    try:
+                        value = await store.get(key)
+                        break
+                    except StoreUnavailable:
+                        await trio.sleep(0.05)
+            recovery = trio.current_time() - back
+            assert value == b"acknowledged"
+            assert recovery < 3.5, f"served again {recovery:.1f}s after the database was back"
+    finally:
+        server.close()
+    messages = [r.getMessage() for r in caplog.records if r.name == "trio_direct.state.threaded"]
+    assert sum("is unavailable" in m for m in messages) == 1, messages
+    assert sum("is reachable again" in m for m in messages) == 1, messages

@@ -10,7 +10,12 @@ transaction in a worker thread (`ThreadRunner`), bounded by the store's timeout:
   ``BEGIN IMMEDIATE`` for every call that writes (reads take no lock).
 - PostgreSQL: psycopg 3 with a `psycopg_pool.ConnectionPool` (each connection checked before use,
   so a restarted server costs no failed call), ``statement_timeout`` and ``connect_timeout`` set to
-  the store's timeout; slots take a transaction-scoped advisory lock on their key.
+  the store's timeout; slots take a transaction-scoped advisory lock on their key. While the server
+  is down the pool's reconnection attempts back off (1 s, 2 s, 4 s... by default, for up to five
+  minutes), which after a long outage would keep a frontend answering 503 for about as long again
+  once the server is back; `RECONNECT_WINDOW` ends each series of attempts early, and the next call
+  that needs a connection starts a new one at once, so attempts are never much more than a second
+  apart and a frontend serves again within about a second of the server accepting connections.
 
 Expired rows are skipped by every read and deleted by a sweep every `SWEEP_INTERVAL` seconds.
 """
@@ -41,7 +46,7 @@ from trio_direct.state.base import (
 )
 from trio_direct.state.threaded import ThreadRunner
 
-__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "SqlStore"]
+__all__ = ["MIGRATIONS", "RECONNECT_WINDOW", "SCHEMA_VERSION", "SqlStore"]
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +54,11 @@ T = TypeVar("T")
 
 #: Seconds between deletions of expired rows.
 SWEEP_INTERVAL = 60.0
+
+#: Seconds a PostgreSQL pool keeps retrying one lost connection (`psycopg_pool`'s
+#: ``reconnect_timeout``) before giving it up; a call that needs a connection then asks for a new
+#: one at once. Two seconds allow attempts at about 0, 1 and 2 s: never more than ~1.1 s apart.
+RECONNECT_WINDOW = 2.0
 
 #: Schema versions in order, each the statements that bring the previous one to it. `{blob}` is the
 #: dialect's binary type. A new version appends an entry; none is ever edited.
@@ -389,6 +399,7 @@ async def open_postgres(url: str, settings: StoreSettings) -> AsyncIterator[Stat
         open=False,
         timeout=timeout,
         check=psycopg_pool.ConnectionPool.check_connection,
+        reconnect_timeout=RECONNECT_WINDOW,
         kwargs={
             "connect_timeout": max(2, math.ceil(timeout)),
             "options": f"-c statement_timeout={int(timeout * 1000)}",
