@@ -158,17 +158,9 @@ class RedisStore:
 @asynccontextmanager
 async def open_redis(url: str, settings: StoreSettings) -> AsyncIterator[StateStore]:
     import redis
-    from redis.backoff import NoBackoff
-    from redis.retry import Retry
 
-    # One try per call: redis-py's default (10 retries, up to 1 s apart) would keep a worker thread
-    # on a call for ~5 s after the store's own timeout gave up on it; the caller retries instead.
     client = redis.Redis.from_url(
-        url,
-        socket_timeout=settings.timeout,
-        socket_connect_timeout=settings.timeout,
-        health_check_interval=30,
-        retry=Retry(NoBackoff(), 0),
+        url, socket_timeout=settings.timeout, socket_connect_timeout=settings.timeout, health_check_interval=30
     )
     try:
         yield RedisStore(url, settings, client, (redis.RedisError, OSError))
