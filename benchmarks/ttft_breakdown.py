@@ -19,8 +19,6 @@ import sys
 import time
 from pathlib import Path
 
-import grpclib.client
-import grpclib.protocol
 import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
@@ -28,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from support import start_mock_engine  # noqa: E402
 from trio_direct.config import ServeConfig  # noqa: E402
 from trio_direct.engine.transport import client as transport  # noqa: E402
+from trio_direct.engine.transport import wire  # noqa: E402
 from trio_direct.core import dispatch, engine_call  # noqa: E402
 from trio_direct import service as serve_module  # noqa: E402
 from trio_direct.http import app as http_app  # noqa: E402
@@ -37,12 +36,10 @@ STEPS = {
     "body": "request body read",
     "planned": "validated, chat template rendered, tokenized",
     "open_stream": "routed, the engine call opening",
-    "aio_start": "the call's asyncio task running",
     "engine_write": "request frames handed to the socket",
     "engine_data": "first engine bytes received (the engine's prefill)",
-    "parsed": "grpclib and h2 parsed them (data_received returned)",
-    "recv_message": "grpclib handed the message to the asyncio task",
-    "trio_message": "the reading trio task has it",
+    "parsed": "frames cut and the message put on its stream (receive_data returned)",
+    "trio_message": "the reading request task has it",
     "batch": "decoded into chunks (EngineCall.next_batch)",
     "events": "detokenized: the request task has the choice event",
     "client_write": "the first SSE chunk written to the client socket",
@@ -88,27 +85,27 @@ def instrument() -> None:
         return open_stream(self, *args, **kwargs)
 
     transport.EngineChannel.open_stream = open_stream_marked
-    wrap_async(transport.EngineChannel, "_stream_aio", before="aio_start")
-    flush = transport._CoalescingTransport.flush
+    data_to_send = wire.GrpcConnection.data_to_send
 
-    def flush_marked(self):
-        if self._pending:
-            mark("engine_write", "aio_start")
-        flush(self)
+    def data_to_send_marked(self):
+        data = data_to_send(self)
+        if data:
+            mark("engine_write", "open_stream")
+        return data
 
-    transport._CoalescingTransport.flush = flush_marked
-    data_received = grpclib.protocol.H2Protocol.data_received
+    wire.GrpcConnection.data_to_send = data_to_send_marked
+    receive_data = wire.GrpcConnection.receive_data
 
-    def data_received_marked(self, data):
+    def receive_data_marked(self, data):
         first = "engine_write" in marks and "engine_data" not in marks
         if first:
             mark("engine_data")
-        data_received(self, data)
+        events = receive_data(self, data)
         if first:
             mark("parsed")
+        return events
 
-    grpclib.protocol.H2Protocol.data_received = data_received_marked
-    wrap_async(grpclib.client.Stream, "recv_message", after="recv_message", needs="engine_data")
+    wire.GrpcConnection.receive_data = receive_data_marked
     wrap_async(transport.MessageStream, "__anext__", after="trio_message", needs="engine_data")
     wrap_async(engine_call.EngineCall, "next_batch", after="batch", needs="engine_data")
     wrap_async(dispatch.ChoiceEvents, "__anext__", after="events", needs="engine_data")  # n > 1, PD
