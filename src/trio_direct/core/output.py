@@ -91,11 +91,17 @@ class ChoiceOutput:
     prompt_cached_tokens: int | None = None
     #: Every token id generated so far, over all engine calls: a migrated stream continues from them.
     generated: list[int] = field(default_factory=list)
+    #: The ids the engine stops on (EOS ids included unless `ignore_eos`): none of them ends up in text.
+    stop_token_ids: frozenset[int] = frozenset()
     #: Reasoning tokens generated before the current engine call, whose own count starts again from
     #: 0; and whether the call is a continuation (its prompt and cache counts are then its own, not
     #: the client's: the first call's stay).
     _reasoning_base: int = field(default=0, init=False, repr=False)
     _continued: bool = field(default=False, init=False, repr=False)
+    #: A stop token that ended the last push without a finish: whether it ends the stream comes in a
+    #: later message (vLLM sends the delta that carries it, then a `complete`; the two can arrive in
+    #: separate reads), so it is not text until then.
+    _held: list[int] = field(default_factory=list, init=False, repr=False)
 
     @property
     def usage_cached_tokens(self) -> int:
@@ -117,13 +123,14 @@ class ChoiceOutput:
         token_ids = [token for chunk in batch for token in chunk.token_ids]
         self.generated += token_ids
         last = batch[-1]
-        text_ids = token_ids
-        if (
-            last.finish_reason == "stop"
-            and isinstance(last.matched_stop, int)
-            and token_ids[-1:] == [last.matched_stop]
-        ):
-            text_ids = token_ids[:-1]  # the stop token (EOS) ends the text, it is not part of it
+        text_ids, self._held = self._held + token_ids, []
+        if last.finish_reason is None:
+            if text_ids and text_ids[-1] in self.stop_token_ids:
+                text_ids, self._held = text_ids[:-1], text_ids[-1:]
+        elif last.finish_reason == "stop" and text_ids:
+            ending = text_ids[-1]
+            if ending in self.stop_token_ids or ending == last.matched_stop:
+                text_ids = text_ids[:-1]  # the stop token (EOS) ends the text, it is not part of it
         if self._continued:
             # The engine counts from the continuation's start; its prompt and cache hit are not the client's.
             self.completion_tokens = len(self.generated)

@@ -219,7 +219,10 @@ def plan_request(
                 prompt_ids=prompt.token_ids,
             )
             stops = StopStringMatcher(output.stop_strings, output.include_stop_str) if output.stop_strings else None
-            choices.append(ChoicePlan(request, ChoiceOutput(index, decoder, stops, reasoning, tools), prompt_index))
+            output_state = ChoiceOutput(
+                index, decoder, stops, reasoning, tools, stop_token_ids=frozenset(options.stop_token_ids)
+            )
+            choices.append(ChoicePlan(request, output_state, prompt_index))
     return RequestPlan(
         id=id_prefix + key,
         key=key,
