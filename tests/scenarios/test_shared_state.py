@@ -191,21 +191,27 @@ async def test_two_frontends_share_responses_and_the_fleet_and_survive_a_databas
             assert down.chat.completions.create(model=model, messages=[{"role": "user", "content": "Count"}]).choices
 
     await trio.to_thread.run_sync(while_down)
+
+    def workers_logging(serve: Serve, since: int, what: str) -> set[str]:
+        """The workers of `serve` whose state store logged `what` after line `since`."""
+        pattern = re.compile(rf"\[worker (\d+)\] trio_direct\.state\.threaded .*{what}")
+        return {m[1] for line in serve.log[since:] if (m := pattern.search(line))}
+
+    async def every_worker_logs(what: str) -> None:
+        with trio.fail_after(60):
+            while len(workers_logging(first, logged_before_the_outage[0], what)) < 2 or (
+                len(workers_logging(second, logged_before_the_outage[1], what)) < 2
+            ):
+                await trio.sleep(0.1)
+
+    # Every worker follows the fleet through the store every 0.3s, so each notices the outage
+    # within the store's timeout; the database stays down until all have (the requests above take
+    # a fraction of a second: a shorter outage could fall between a worker's reads and go unseen).
+    await every_worker_logs("is unavailable")
     server.start()
-
-    def workers_back(serve: Serve, since: int) -> set[str]:
-        """The workers of `serve` that logged a call to the store succeeding again (each follows
-        the fleet through the store every 0.3s, so each saw the outage and sees its end)."""
-        back = re.compile(r"\[worker (\d+)\] trio_direct\.state\.threaded .*is reachable again")
-        return {m[1] for line in serve.log[since:] if (m := back.search(line))}
-
     # Service is back once every worker of both frontends has reached the store again (within
     # about a second of the database accepting connections): wait for that, then expect full service.
-    with trio.fail_after(60):
-        while len(workers_back(first, logged_before_the_outage[0])) < 2 or (
-            len(workers_back(second, logged_before_the_outage[1])) < 2
-        ):
-            await trio.sleep(0.1)
+    await every_worker_logs("is reachable again")
 
     def after() -> None:
         with client(first.base) as one, client(second.base) as other:
