@@ -107,6 +107,17 @@ class MethodNotUpperCase(Exception):
 
 
 #: The connection whose task (or a task it started: hypercorn runs each request's app from it) this is.
+def _drop_tracebacks(error: BaseException) -> None:
+    """Clear the tracebacks along an exception's cause and context chain (the frames they hold
+    keep their locals, and with them the exception, alive in a reference cycle)."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        current.__traceback__ = None
+        current = current.__cause__ or current.__context__
+
+
 _current_connection: ContextVar[GuardedConnection | None] = ContextVar("trio_direct_connection", default=None)
 
 
@@ -294,7 +305,7 @@ class GuardedConnection(TCPServer):
 
     async def _write(self, data: bytes) -> None:
         timeout = self.limits.client_write_timeout
-        stalled = False
+        stalled = gone = False
         async with self.send_lock:
             try:
                 view = memoryview(data)
@@ -306,15 +317,19 @@ class GuardedConnection(TCPServer):
                     if scope.cancelled_caught:
                         stalled = True
                         break
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                stalled = False
-                await self.protocol.handle(Closed())
-                return
+            except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
+                # The client is gone. Nothing awaits inside this block, and the error's chain
+                # drops its tracebacks: on Python 3.13 the socket's OSError, translated in a
+                # generator context manager, and `contextlib`'s `__exit__` frame hold each other,
+                # and through the frames' callers this connection, until a full collection.
+                _drop_tracebacks(error)
+                del error
+                gone = True
             if stalled:
                 HTTP_WRITE_TIMEOUTS.inc()
                 self._linger = False
                 await trio.aclose_forcefully(self.stream)  # the read loop ends on it too
-        if stalled:
+        if stalled or gone:
             await self.protocol.handle(Closed())  # the app sees the client gone: its engine request ends
 
     async def _half_close(self) -> None:
