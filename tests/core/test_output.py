@@ -4,6 +4,7 @@ under load the two arrive in separate reads."""
 
 from __future__ import annotations
 
+import contextvars
 from types import SimpleNamespace
 
 import pytest
@@ -30,8 +31,10 @@ def planned(tokenizer: ModelTokenizer, *, ignore_eos: bool = False) -> RequestPl
     stops = () if ignore_eos else tuple(sorted(tokenizer.eos_token_ids))
     sampling = SamplingOptions(max_new_tokens=64, stop_token_ids=stops, ignore_eos=ignore_eos or None)
     prompt = Prompt(tokenizer.encode("What is the weather in Paris?"), "What is the weather in Paris?")
-    return plan_request(
-        pool, [prompt], sampling, id_prefix="chatcmpl-", output=OutputOptions(skip_special_tokens=False)
+    # In a copy of the context: planned outside a request, plan_request sets the request id for
+    # the log, which would otherwise stay in this thread's context and in every test after it.
+    return contextvars.copy_context().run(
+        plan_request, pool, [prompt], sampling, id_prefix="chatcmpl-", output=OutputOptions(skip_special_tokens=False)
     )
 
 
