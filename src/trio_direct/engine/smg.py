@@ -21,6 +21,7 @@ from trio_direct._proto.smg import common_pb2 as common
 from trio_direct._proto.smg import sglang_scheduler_pb2 as pb
 from trio_direct.engine.chunk_stream import ChunkStream
 from trio_direct.engine.errors import EngineInternal, EngineInvalidArgument
+from trio_direct.engine.logprob_rows import output_rows, prompt_rows
 from trio_direct.engine.transport import EngineChannel
 from trio_direct.engine.types import (
     EmbedInput,
@@ -30,7 +31,6 @@ from trio_direct.engine.types import (
     GenerateChunk,
     GenerateInput,
     SamplingOptions,
-    TokenLogprob,
 )
 
 _SERVICE = "/sglang.grpc.scheduler.SglangScheduler/"
@@ -149,8 +149,8 @@ class _ChunkDecoder:
                 completion_tokens=chunk.completion_tokens,
                 cached_tokens=chunk.cached_tokens,
                 reasoning_tokens=chunk.reasoning_tokens,
-                logprobs=_logprobs(chunk.output_logprobs) if chunk.HasField("output_logprobs") else None,
-                prompt_logprobs=_prompt_logprobs(chunk.input_logprobs) if chunk.HasField("input_logprobs") else None,
+                logprobs=output_rows(chunk.output_logprobs) if chunk.HasField("output_logprobs") else None,
+                prompt_logprobs=prompt_rows(chunk.input_logprobs) if chunk.HasField("input_logprobs") else None,
             )
         if kind == "complete":
             return self._complete(message.complete)
@@ -173,36 +173,13 @@ class _ChunkDecoder:
             reasoning_tokens=complete.reasoning_tokens,
         )
         if complete.HasField("output_logprobs") and ids:
-            rows = _logprobs(complete.output_logprobs)
+            rows = output_rows(complete.output_logprobs)
             chunk.logprobs = rows[len(rows) - len(ids) :]  # the rows of the tail taken from `complete`
         if complete.HasField("input_logprobs") and not self.prompt_rows_seen:
-            chunk.prompt_logprobs = _prompt_logprobs(complete.input_logprobs)
+            chunk.prompt_logprobs = prompt_rows(complete.input_logprobs)
         if chunk.finish_reason == "abort":
             chunk.abort_message = "request aborted by the engine"
         return chunk
-
-
-def _logprobs(rows: pb.OutputLogProbs) -> list[TokenLogprob]:
-    tops = list(rows.top_logprobs)
-    return [
-        TokenLogprob(
-            token_id, logprob, tuple(zip(tops[i].token_ids, tops[i].values, strict=False)) if i < len(tops) else ()
-        )
-        for i, (logprob, token_id) in enumerate(zip(rows.token_logprobs, rows.token_ids, strict=False))
-    ]
-
-
-def _prompt_logprobs(rows: pb.InputLogProbs) -> list[TokenLogprob]:
-    """The prompt's rows; the first token's value is unset (it has no logprob)."""
-    tops = list(rows.top_logprobs)
-    return [
-        TokenLogprob(
-            token_id,
-            value.value if value.HasField("value") else None,
-            tuple(zip(tops[i].token_ids, tops[i].values, strict=False)) if i < len(tops) else (),
-        )
-        for i, (value, token_id) in enumerate(zip(rows.token_logprobs, rows.token_ids, strict=False))
-    ]
 
 
 def _raise_legacy_error(message: pb.GenerateResponse, engine: str) -> None:

@@ -28,6 +28,7 @@ from trio_direct._proto.smg import common_pb2 as common
 from trio_direct._proto.vllm import vllm_engine_pb2 as pb
 from trio_direct.engine.chunk_stream import ChunkStream
 from trio_direct.engine.errors import EngineInvalidArgument
+from trio_direct.engine.logprob_rows import output_rows, prompt_rows
 from trio_direct.engine.transport import EngineChannel, MessageStream
 from trio_direct.engine.types import (
     EmbedInput,
@@ -194,7 +195,7 @@ class _ChunkDecoder:
         if self.prompt_rows_seen:
             return None
         self.prompt_rows_seen = True
-        return _prompt_logprobs(rows)[self.prompt_start :]
+        return prompt_rows(rows)[self.prompt_start :]
 
     def decode(self, message: pb.GenerateResponse) -> GenerateChunk | None:
         kind = message.WhichOneof("response")
@@ -206,7 +207,7 @@ class _ChunkDecoder:
                 prompt_tokens=chunk.prompt_tokens,
                 completion_tokens=self.received,
                 cached_tokens=chunk.cached_tokens,
-                logprobs=_logprobs(chunk.output_logprobs) if chunk.HasField("output_logprobs") else None,
+                logprobs=output_rows(chunk.output_logprobs) if chunk.HasField("output_logprobs") else None,
                 prompt_logprobs=self._prompt_rows(chunk.input_logprobs) if chunk.HasField("input_logprobs") else None,
             )
         if kind == "complete":
@@ -228,7 +229,7 @@ class _ChunkDecoder:
             cached_tokens=complete.cached_tokens,
         )
         if ids and complete.HasField("output_logprobs"):
-            chunk.logprobs = _logprobs(complete.output_logprobs)
+            chunk.logprobs = output_rows(complete.output_logprobs)
         if complete.HasField("input_logprobs"):
             chunk.prompt_logprobs = self._prompt_rows(complete.input_logprobs)
         if complete.HasField("kv_transfer_params_json"):
@@ -240,29 +241,6 @@ class _ChunkDecoder:
                 else f"the engine ended the request with finish reason {complete.finish_reason!r}"
             )
         return chunk
-
-
-def _logprobs(rows: pb.OutputLogProbs) -> list[TokenLogprob]:
-    tops = list(rows.top_logprobs)
-    return [
-        TokenLogprob(
-            token_id, logprob, tuple(zip(tops[i].token_ids, tops[i].values, strict=False)) if i < len(tops) else ()
-        )
-        for i, (logprob, token_id) in enumerate(zip(rows.token_logprobs, rows.token_ids, strict=False))
-    ]
-
-
-def _prompt_logprobs(rows: pb.InputLogProbs) -> list[TokenLogprob]:
-    """The prompt's rows; the first token's value is unset (nothing precedes it, so it has none)."""
-    tops = list(rows.top_logprobs)
-    return [
-        TokenLogprob(
-            token_id,
-            value.value if value.HasField("value") else None,
-            tuple(zip(tops[i].token_ids, tops[i].values, strict=False)) if i < len(tops) else (),
-        )
-        for i, (value, token_id) in enumerate(zip(rows.token_logprobs, rows.token_ids, strict=False))
-    ]
 
 
 def _as_dict(message: Any) -> dict[str, Any]:
