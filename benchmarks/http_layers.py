@@ -179,7 +179,9 @@ async def main(args: argparse.Namespace) -> None:
             for figure in ("cpu_us_per_request", "requests_per_s", "p50_ms"):
                 quart = statistics.median(r[figure] for r in by_kind["quart"])
                 table = statistics.median(r[figure] for r in by_kind["route-table"])
-                print(f"{path:<28} {concurrency:>3} {figure:<20} {quart:>10.1f} {table:>12.1f} {table / quart:>7.2f}")
+                # CPU time comes in clock ticks (10 ms): a short run can measure none for a server.
+                ratio = f"{table / quart:>7.2f}" if quart else f"{'-':>7}"
+                print(f"{path:<28} {concurrency:>3} {figure:<20} {quart:>10.1f} {table:>12.1f} {ratio}")
     finally:
         for process, _port in children.values():
             process.terminate()
