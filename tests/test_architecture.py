@@ -151,12 +151,13 @@ def _graph() -> dict[str, set[str]]:
 
 
 #: The ladder, lowest rung first: a top-level package or module imports only from those before it.
-#: Foundations (logging, metrics, tracing, ZMQ I/O), then the engine adapters and the text pipeline,
-#: the state store and tenants, the fleet, routing, KV sync and the mock engine, the settings, the
-#: request core (with the one error type, `core.errors`), the APIs' schemas and envelopes (OpenAI's,
-#: Anthropic's), the HTTP layer, the surfaces, the frontend's lifecycle, the composition root
-#: (`service`), and the entry points.
+#: Foundations (the command-line options vocabulary, logging, metrics, tracing, ZMQ I/O), then the
+#: engine adapters and the text pipeline, the state store and tenants, the fleet, routing, KV sync
+#: and the mock engine, the settings, the request core (with the one error type, `core.errors`),
+#: the APIs' schemas and envelopes (OpenAI's, Anthropic's), the HTTP layer, the surfaces, the
+#: frontend's lifecycle, the composition root (`service`), and the entry points.
 LAYERS = (
+    "options",
     "logs",
     "metrics",
     "tracing",

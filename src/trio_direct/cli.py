@@ -1,8 +1,11 @@
 """The ``trio-direct`` command line: one subcommand per program the project runs.
 
 ``serve`` runs the OpenAI-compatible frontend (docs/direct-engines.md), ``probe`` prints what the
-frontend learns from engines, ``mock-engine`` serves a CPU mock SGLang engine (docs/mock-engine.md).
-Each subcommand registers its own parser and handler.
+frontend learns from engines, ``bench`` replays a request trace (docs/bench.md), ``mock-engine``
+serves a CPU mock SGLang engine (docs/mock-engine.md). Each is one `Command` row of `COMMANDS`: its
+options are one dataclass (`trio_direct.options`), from which its parser, ``--help``, environment
+defaults (``serve``'s ``TRIO_DIRECT_*``; the others read none) and the object its handler runs with
+all come.
 """
 
 from __future__ import annotations
@@ -15,92 +18,127 @@ import shlex
 import signal
 import sys
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, NoReturn
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 import trio
 
 from trio_direct import __version__
-from trio_direct.fleet.engine_apis import AUTO, engine_api_choices
-from trio_direct.mock import MOCK_MODEL_NAME
+from trio_direct.config import ENV_PREFIX
+from trio_direct.options import OneLineErrorParser, add_options, option, options_from_args
 
 if TYPE_CHECKING:
+    from trio_direct.bench import BenchOptions
+    from trio_direct.config import ServeConfig
+    from trio_direct.fleet.probe import ProbeOptions
     from trio_direct.frontend.supervisor import WorkerLink
     from trio_direct.mock.server import MockEngineConfig
 
-__all__ = ["build_parser", "main"]
+__all__ = ["COMMANDS", "Command", "add_command_options", "build_parser", "main"]
 
 log = logging.getLogger("trio_direct")
-
-
-class _OneLineErrors(argparse.ArgumentParser):
-    """A bad flag is one line on stderr and exit status 2 (argparse's usage dump is for --help)."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 #: Errors binding a port that are the user's to fix (in use, not permitted, no such local address).
 _BIND_ERRNOS = frozenset({errno.EADDRINUSE, errno.EACCES, errno.EADDRNOTAVAIL})
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _OneLineErrors(
+@dataclass(frozen=True, slots=True)
+class Command:
+    """One `trio-direct` subcommand: its options dataclass and what runs it.
+
+    The parser is derived from the dataclass (`trio_direct.options`), never written by hand; `run`
+    gets the dataclass built from the command line (and the `internal_flags` one, else None) and
+    returns the exit status. `options` and `internal_flags` load their class when called, so a
+    command's modules are imported only when that command runs (`serve` loads no mock engine).
+    """
+
+    name: str
+    #: The line under COMMAND in ``trio-direct --help``.
+    summary: str
+    #: What ``trio-direct NAME --help`` opens with (a function: read when the options are added).
+    description: str | Callable[[], str]
+    options: Callable[[], type]
+    run: Callable[[Any, Any], int]
+    #: The command's environment variables are ``PREFIX + FIELD`` (None: it reads none).
+    env_prefix: str | None = None
+    #: Hidden flags of the program's own (how a supervisor starts its children).
+    internal_flags: Callable[[], type] | None = None
+    #: ``trio-direct NAME --version`` works too.
+    version_flag: bool = False
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line; with `only`, the options of that command alone are added (the
+    others are listed by name), which is all `main` needs to run it."""
+    parser = OneLineErrorParser(
         prog="trio-direct", description="trio-direct: an OpenAI-compatible frontend for stock SGLang engines."
     )
     parser.add_argument("--version", action="version", version=f"trio-direct {__version__}")
     subcommands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    _add_serve(subcommands)
-    _add_probe(subcommands)
-    _add_bench(subcommands)
-    _add_mock_engine(subcommands)
+    for command in COMMANDS.values():
+        sub = subcommands.add_parser(command.name, help=command.summary)
+        sub.set_defaults(handler=partial(_run_command, command))
+        if only is None or only == command.name:
+            add_command_options(sub, command)
     return parser
+
+
+def add_command_options(parser: argparse.ArgumentParser, command: Command) -> None:
+    """Every option of `command`, from its dataclass (and its hidden flags)."""
+    description = command.description
+    parser.description = description() if callable(description) else description
+    add_options(parser, command.options(), env_prefix=command.env_prefix)
+    if command.version_flag:
+        parser.add_argument("--version", action="version", version=f"trio-direct {__version__}")
+    if command.internal_flags is not None:
+        add_options(parser, command.internal_flags())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one subcommand; returns the process exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["bench"]:  # bench owns its whole command line (and its --help)
-        from trio_direct.bench import bench_main
-
-        return bench_main(argv[1:])
-    parser = build_parser()
+    parser = build_parser(only=argv[0] if argv and argv[0] in COMMANDS else None)
     args = parser.parse_args(argv)
     handler: Callable[[argparse.Namespace], int] = args.handler
     return handler(args)
 
 
+def _run_command(command: Command, args: argparse.Namespace) -> int:
+    options: Any = options_from_args(command.options(), args)
+    internal: Any = options_from_args(command.internal_flags(), args) if command.internal_flags is not None else None
+    return command.run(options, internal)
+
+
 # --- serve ---------------------------------------------------------------------------------------
 
 
-def _add_serve(subcommands: argparse._SubParsersAction) -> None:
-    from trio_direct.config import add_serve_arguments
+def _serve_options() -> type:
+    from trio_direct.config import ServeConfig
 
-    p = subcommands.add_parser(
-        "serve",
-        help="serve the OpenAI API from SGLang engines (built-in mock engines when no --engine-url)",
-        description="Serve an OpenAI-compatible API from stock SGLang engines over gRPC. "
-        "Every flag can also be set with the TRIO_DIRECT_<FLAG> environment variable.",
-    )
-    add_serve_arguments(p)
-    p.add_argument("--version", action="version", version=f"trio-direct {__version__}")
-    # Internal: how a `--workers` supervisor starts its children (frontend/supervisor.py).
-    for flag in ("--worker-index", "--listen-fd", "--control-fd"):
-        p.add_argument(flag, type=int, default=None, help=argparse.SUPPRESS)
-    p.set_defaults(handler=_run_serve)
+    return ServeConfig
 
 
-def _run_serve(args: argparse.Namespace) -> int:
-    from trio_direct.config import config_from_args
+@dataclass(slots=True)
+class WorkerFlags:
+    """How a `--workers` supervisor starts its children (frontend/supervisor.py): hidden flags."""
+
+    worker_index: int | None = option(None, hidden=True, help="this child's index")
+    listen_fd: int | None = option(None, hidden=True, help="the listening socket it inherits")
+    control_fd: int | None = option(None, hidden=True, help="its end of the supervisor's control socket")
+
+
+def _run_serve(config: ServeConfig, flags: WorkerFlags) -> int:
     from trio_direct.fleet.fleet import FleetError
     from trio_direct.http.server import ListenError
     from trio_direct.service import serve
 
-    config = config_from_args(args)
     problem = _serve_setting_problem(config)
     if problem is not None:
         print(f"trio-direct serve: error: {problem}", file=sys.stderr)
         return 2
-    worker = _worker_link(args)
+    worker = _worker_link(flags)
     _configure_logging(
         config.log_level,
         worker.index if worker is not None else None,
@@ -135,7 +173,7 @@ def _run_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _serve_setting_problem(config) -> str | None:
+def _serve_setting_problem(config: ServeConfig) -> str | None:
     """What stops `serve` before anything starts: a setting out of range or a file it cannot read."""
     if config.workers < 1:
         return "--workers must be at least 1"
@@ -162,12 +200,12 @@ def _find(exc: BaseException, kind: type[BaseException]) -> BaseException | None
     return None
 
 
-def _worker_link(args: argparse.Namespace) -> WorkerLink | None:
-    if args.worker_index is None:
+def _worker_link(flags: WorkerFlags) -> WorkerLink | None:
+    if flags.worker_index is None or flags.listen_fd is None or flags.control_fd is None:
         return None
     from trio_direct.frontend.supervisor import WorkerLink
 
-    return WorkerLink(args.worker_index, args.listen_fd, args.control_fd)
+    return WorkerLink(flags.worker_index, flags.listen_fd, flags.control_fd)
 
 
 async def _serve_until_signalled(serve, config, worker: WorkerLink | None = None) -> None:
@@ -252,193 +290,52 @@ class _WorkerLabel(logging.Filter):
 # --- probe ---------------------------------------------------------------------------------------
 
 
-def _add_probe(subcommands: argparse._SubParsersAction) -> None:
-    p = subcommands.add_parser(
-        "probe",
-        help="print what trio-direct learns from engines (engine cards as JSON)",
-        description="Probe engines over gRPC and print one engine card per URL as JSON.",
-    )
-    p.add_argument("urls", nargs="+", metavar="URL", help="engine gRPC address (grpc://h:p, http://h:p or h:p)")
-    p.add_argument("--engine-api", choices=engine_api_choices(), default=AUTO, help="default %(default)s")
-    p.add_argument("--timeout", type=float, default=10.0, help="seconds per engine (default %(default)s)")
-    p.set_defaults(handler=_run_probe)
+def _probe_options() -> type:
+    from trio_direct.fleet.probe import ProbeOptions
+
+    return ProbeOptions
 
 
-def _run_probe(args: argparse.Namespace) -> int:
+def _run_probe(options: ProbeOptions, _internal: None) -> int:
     from trio_direct.fleet.probe import probe_command
 
     _configure_logging("warning")
-    return trio.run(probe_command, args.urls, args.engine_api, args.timeout)
+    return trio.run(probe_command, options.urls, options.engine_api, options.timeout)
 
 
 # --- bench ---------------------------------------------------------------------------------------
 
 
-def _add_bench(subcommands: argparse._SubParsersAction) -> None:
-    p = subcommands.add_parser(
-        "bench",
-        help="replay a request trace against a frontend (or an embedded fleet); see docs/bench.md",
-        add_help=False,
-    )
-    p.set_defaults(handler=lambda _args: 0)  # main() hands `bench ...` to bench_main before parsing
+def _bench_options() -> type:
+    from trio_direct.bench import BenchOptions
+
+    return BenchOptions
+
+
+def _bench_description() -> str:
+    from trio_direct.bench import DESCRIPTION
+
+    return DESCRIPTION
+
+
+def _run_bench(options: BenchOptions, _internal: None) -> int:
+    from trio_direct.bench import run_bench_command
+
+    return run_bench_command(options)
 
 
 # --- mock-engine ---------------------------------------------------------------------------------
 
 
-def _add_mock_engine(subcommands: argparse._SubParsersAction) -> None:
-    p = subcommands.add_parser(
-        "mock-engine",
-        help="serve a CPU mock engine (SGLang's native and/or SMG gRPC API, or vLLM's)",
-        description="Serve a CPU mock SGLang or vLLM engine speaking the real gRPC contracts. "
-        'Prints one JSON line {"event": "ready", ...} to stdout once it accepts calls.',
-    )
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default %(default)s)")
-    p.add_argument("--port", type=int, default=0, help="gRPC port; 0 picks a free one (default)")
-    p.add_argument(
-        "--api",
-        choices=("native", "smg", "both", "vllm"),
-        default="both",
-        help="gRPC API(s) to serve on the port: SGLang's native and/or SMG API (both adds grpc.health.v1), "
-        "or vLLM's (with grpc.health.v1) (default %(default)s)",
-    )
-    p.add_argument(
-        "--role",
-        choices=("aggregated", "prefill", "decode"),
-        default="aggregated",
-        help="PD disaggregation role; under --api vllm reported as kv_role kv_producer/kv_consumer "
-        "(default %(default)s)",
-    )
-    p.add_argument("--page-size", type=int, default=1, help="KV page size in tokens (default %(default)s)")
-    p.add_argument("--dp-size", type=int, default=1, help="data-parallel ranks (default %(default)s)")
-    p.add_argument("--num-blocks", type=int, default=65536, help="KV pages per rank (default %(default)s)")
-    p.add_argument(
-        "--max-running-requests", type=int, default=256, help="decode batch cap per rank (default %(default)s)"
-    )
-    p.add_argument(
-        "--max-prefill-tokens",
-        type=int,
-        default=16384,
-        help="uncached prompt tokens per prefill step (default %(default)s)",
-    )
-    p.add_argument(
-        "--context-length",
-        type=int,
-        default=None,
-        help="context length override (default: the model config's max_position_embeddings)",
-    )
-    p.add_argument(
-        "--speedup",
-        type=float,
-        default=1.0,
-        help="divide simulated step times by this; 'inf' runs as fast as the CPU allows (default 1)",
-    )
-    p.add_argument(
-        "--incremental-streaming-output",
-        action="store_true",
-        help="native API streams deltas instead of cumulative output_ids",
-    )
-    p.add_argument(
-        "--kv-events-config",
-        default=None,
-        metavar="JSON",
-        help='SGLang\'s --kv-events-config JSON (plus "format": "map"|"array")',
-    )
-    p.add_argument(
-        "--disaggregation-bootstrap-port",
-        type=int,
-        default=8998,
-        help="bootstrap port of a prefill engine; 0 picks a free one (default %(default)s)",
-    )
-    p.add_argument(
-        "--bootstrap-timeout",
-        type=float,
-        default=30.0,
-        help="seconds a PD leg waits for its partner (default %(default)s)",
-    )
-    p.add_argument(
-        "--model-path",
-        default=None,
-        help="local tokenizer/model directory (default: the built-in tiny ChatML model)",
-    )
-    p.add_argument(
-        "--served-model-name",
-        default=MOCK_MODEL_NAME,
-        help="model id to report (default: %(default)s, the name `serve` gives its built-in mocks)",
-    )
-    p.add_argument("--tool-call-parser", default=None, help="parser name to advertise in server info")
-    p.add_argument("--reasoning-parser", default=None, help="parser name to advertise in server info")
-    p.add_argument(
-        "--seed",
-        type=int,
-        default=None,
-        help="seed of the engine's sampling RNG, as SGLang's --random-seed: requests without a seed draw theirs "
-        "from it, so a fresh engine answers the same requests in the same order alike (default: fresh entropy)",
-    )
-    p.add_argument(
-        "--scripted-outputs",
-        default=None,
-        metavar="FILE",
-        help='JSON [{"match": "prompt substring" | null, "text": "..."}]: fixed answers (then EOS) for matching prompts',
-    )
-    p.add_argument(
-        "--is-embedding",
-        action="store_true",
-        help="serve an embedding model: Embed answers deterministic unit vectors of the config's hidden_size",
-    )
-    p.add_argument(
-        "--multimodal",
-        action="store_true",
-        help="take image input (native image_data), each image counting a fixed number of prompt tokens",
-    )
-    p.add_argument(
-        "--expose-accounting",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="add a mock_accounting key to the native GetServerInfo json_info (default on)",
-    )
-    p.add_argument(
-        "--log-level",
-        default="info",
-        choices=("debug", "info", "warning", "error"),
-        help="logging level (default %(default)s)",
-    )
-    p.set_defaults(handler=_run_mock_engine)
-
-
-def _run_mock_engine(args: argparse.Namespace) -> int:
-    # Imported here so other subcommands (and --help) do not load the mock engine.
+def _mock_engine_options() -> type:
     from trio_direct.mock.server import MockEngineConfig
 
-    _configure_logging(args.log_level)
-    config = MockEngineConfig(
-        host=args.host,
-        port=args.port,
-        api=args.api,
-        role=args.role,
-        page_size=args.page_size,
-        dp_size=args.dp_size,
-        num_blocks=args.num_blocks,
-        max_running_requests=args.max_running_requests,
-        max_prefill_tokens=args.max_prefill_tokens,
-        context_length=args.context_length,
-        speedup=args.speedup,
-        incremental_streaming_output=args.incremental_streaming_output,
-        kv_events_config=args.kv_events_config,
-        disaggregation_bootstrap_port=args.disaggregation_bootstrap_port,
-        bootstrap_timeout=args.bootstrap_timeout,
-        model_path=args.model_path,
-        served_model_name=args.served_model_name,
-        tool_call_parser=args.tool_call_parser,
-        reasoning_parser=args.reasoning_parser,
-        seed=args.seed,
-        scripted_outputs=args.scripted_outputs,
-        is_embedding=args.is_embedding,
-        multimodal=args.multimodal,
-        expose_accounting=args.expose_accounting,
-        log_level=args.log_level,
-        launch_command=shlex.join(sys.argv),
-    )
+    return MockEngineConfig
+
+
+def _run_mock_engine(config: MockEngineConfig, _internal: None) -> int:
+    _configure_logging(config.log_level)
+    config.launch_command = shlex.join(sys.argv)
     try:
         config.validate()
     except ValueError as exc:  # json.JSONDecodeError included
@@ -479,3 +376,45 @@ async def _stop_on_sigterm(scope: trio.CancelScope) -> None:
             log.info("SIGTERM; stopping")
             scope.cancel()
             return
+
+
+#: Every subcommand, in the order ``trio-direct --help`` lists them. A new command is one more row
+#: (CONTRIBUTING.md, "Add a command-line flag or command").
+COMMANDS: dict[str, Command] = {
+    command.name: command
+    for command in (
+        Command(
+            "serve",
+            summary="serve the OpenAI API from SGLang engines (built-in mock engines when no --engine-url)",
+            description="Serve an OpenAI-compatible API from stock SGLang engines over gRPC. "
+            "Every flag can also be set with the TRIO_DIRECT_<FLAG> environment variable.",
+            options=_serve_options,
+            run=_run_serve,
+            env_prefix=ENV_PREFIX,
+            internal_flags=lambda: WorkerFlags,
+            version_flag=True,
+        ),
+        Command(
+            "probe",
+            summary="print what trio-direct learns from engines (engine cards as JSON)",
+            description="Probe engines over gRPC and print one engine card per URL as JSON.",
+            options=_probe_options,
+            run=_run_probe,
+        ),
+        Command(
+            "bench",
+            summary="replay a request trace against a frontend (or an embedded fleet); see docs/bench.md",
+            description=_bench_description,
+            options=_bench_options,
+            run=_run_bench,
+        ),
+        Command(
+            "mock-engine",
+            summary="serve a CPU mock engine (SGLang's native and/or SMG gRPC API, or vLLM's)",
+            description="Serve a CPU mock SGLang or vLLM engine speaking the real gRPC contracts. "
+            'Prints one JSON line {"event": "ready", ...} to stdout once it accepts calls.',
+            options=_mock_engine_options,
+            run=_run_mock_engine,
+        ),
+    )
+}

@@ -20,9 +20,10 @@ from support import start_frontend, start_mock_engine
 
 from trio_direct.bench import DEFAULT_OUT, TRACE_URL, bench_main, build_parser
 from trio_direct.cli import main
-from trio_direct.config import _ALIASES, parse_serve_args
+from trio_direct.config import ServeConfig, parse_serve_args
 from trio_direct.logs import FORMAT
 from trio_direct.mock import MOCK_MODEL_NAME
+from trio_direct.options import declared_options
 
 ROOT = Path(__file__).resolve().parents[2]
 HELLO = [{"role": "user", "content": "Hello"}]
@@ -275,5 +276,6 @@ def test_http_host_and_http_port_set_host_and_port():
 
 def test_every_flag_alias_is_in_the_flag_list():
     docs = (ROOT / "docs" / "direct-engines.md").read_text()
-    missing = [alias for aliases in _ALIASES.values() for alias in aliases if f"`{alias}`" not in docs]
+    aliases = [alias for declared in declared_options(ServeConfig) for alias in declared.option.aliases]
+    missing = [alias for alias in aliases if f"`{alias}`" not in docs]
     assert not missing, f"aliases missing from docs/direct-engines.md: {missing}"

@@ -13,15 +13,15 @@ import math
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 import trio
 
+from trio_direct.bench.options import DEFAULT_OUT, DESCRIPTION, TRACE_NAME, TRACE_URL, BenchOptions
 from trio_direct.bench.report import format_summary, summarize, write_report
 from trio_direct.bench.runner import (
-    PROGRESS_INTERVAL_S,
     BenchResult,
     FleetSpec,
     HttpError,
@@ -41,23 +41,21 @@ from trio_direct.bench.trace import (
     rebase,
     synthetic_multiturn,
 )
-from trio_direct.routing.policies import routing_policy_names
+from trio_direct.options import OneLineErrorParser, add_options, options_from_args
 
 __all__ = [
     "DEFAULT_OUT",
     "TRACE_NAME",
     "TRACE_URL",
     "bench_main",
+    "BenchOptions",
+    "DESCRIPTION",
     "build_parser",
     "default_trace_path",
     "plan_requests",
+    "run_bench_command",
 ]
 
-TRACE_NAME = "mooncake_conversation_trace.jsonl"
-#: Where to download the Mooncake conversation trace (Apache-2.0) that `--trace` replays.
-TRACE_URL = "https://raw.githubusercontent.com/kvcache-ai/Mooncake/main/FAST25-release/traces/conversation_trace.jsonl"
-#: Default output directory (one subdirectory per run); .gitignore covers it.
-DEFAULT_OUT = Path("bench-results")
 
 log = logging.getLogger("trio_direct.bench")
 
@@ -80,197 +78,14 @@ def default_trace_path() -> Path | None:
     return None
 
 
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError("must be > 0")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    value = float(text)
-    if not value >= 0 or math.isinf(value):
-        raise argparse.ArgumentTypeError("must be a finite number >= 0")
-    return value
-
-
-def _fraction(text: str) -> float:
-    value = float(text)
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError("must be in (0, 1]")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
-    return value
-
-
 def build_parser(prog: str = "trio-direct bench") -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog=prog,
-        description="Replay a Mooncake request trace (or a synthetic multi-turn workload) open-loop against "
-        "an OpenAI-compatible frontend, streaming /v1/completions with token-id prompts, and write "
-        "results.json and plots.",
-    )
-    target = p.add_argument_group("target: a running frontend (--url), else an embedded fleet")
-    target.add_argument("--url", metavar="URL", help="base URL of a running frontend, e.g. http://127.0.0.1:8000")
-    target.add_argument("--model", metavar="NAME", help="model to request (default: the first of GET /v1/models)")
-    target.add_argument(
-        "--mock-engines",
-        metavar="N",
-        type=_positive_int,
-        default=2,
-        help="embedded mode: mock engines behind an in-process trio-direct (default %(default)s)",
-    )
-    target.add_argument(
-        "--mock-speedup",
-        metavar="S",
-        type=_positive_float,
-        default=1.0,
-        help="embedded mode: mock timing divisor; inf = as fast as the CPU allows (default %(default)s)",
-    )
-    target.add_argument(
-        "--router-mode",
-        choices=routing_policy_names(),
-        default="round-robin",
-        help="embedded mode: the frontend's --router-mode (default %(default)s)",
-    )
-    target.add_argument(
-        "--page-size",
-        metavar="TOKENS",
-        type=_positive_int,
-        default=16,
-        help="embedded mode: engines' KV page size (default %(default)s)",
-    )
-
-    workload = p.add_argument_group("workload")
-    source = workload.add_mutually_exclusive_group()
-    source.add_argument(
-        "--trace",
-        type=Path,
-        metavar="PATH",
-        help=f"Mooncake JSONL trace to replay, e.g. the conversation trace from {TRACE_URL} "
-        "(default: the --synthetic workload)",
-    )
-    source.add_argument(
-        "--synthetic", action="store_true", help="a generated multi-turn workload (the default without --trace)"
-    )
-    workload.add_argument("--start", metavar="I", type=int, default=0, help="index of the first request (default 0)")
-    workload.add_argument("--limit", metavar="N", type=int, help="number of requests to replay (default: all)")
-    workload.add_argument(
-        "--sample-conversations",
-        metavar="FRACTION",
-        type=_fraction,
-        default=1.0,
-        help="keep this share of the trace's conversations, every turn of each (applied before "
-        "--start/--limit; drawn with --seed); replays the whole reuse pattern of a long window at a "
-        "rate a small fleet sustains (default 1 = all)",
-    )
-    workload.add_argument(
-        "--time-scale",
-        metavar="X",
-        type=_non_negative_float,
-        default=1.0,
-        help="multiply arrival times by this; 0.5 = twice as fast, 0 = all at once (default %(default)s)",
-    )
-    workload.add_argument("--max-input-tokens", metavar="N", type=_positive_int, help="truncate longer prompts")
-    workload.add_argument("--max-output-tokens", metavar="N", type=int, help="cap max_tokens of every request")
-    workload.add_argument(
-        "--conversations",
-        metavar="N",
-        type=_positive_int,
-        default=16,
-        help="--synthetic: conversations (default %(default)s)",
-    )
-    workload.add_argument(
-        "--turns", metavar="N", type=_positive_int, default=4, help="--synthetic: turns each (default %(default)s)"
-    )
-    workload.add_argument(
-        "--system-prompts",
-        metavar="N",
-        type=_positive_int,
-        default=2,
-        help="--synthetic: shared system prompts (default %(default)s)",
-    )
-    workload.add_argument(
-        "--seed",
-        metavar="N",
-        type=int,
-        default=0,
-        help="prompt token seed; change it for a cold cache (default %(default)s)",
-    )
-    workload.add_argument(
-        "--min-token-id",
-        metavar="ID",
-        type=int,
-        default=None,
-        help="lowest prompt token id (default: above the embedded model's special ids; "
-        f"{DEFAULT_MIN_TOKEN_ID} with --url)",
-    )
-    workload.add_argument(
-        "--vocab-size",
-        metavar="N",
-        type=int,
-        default=None,
-        help="prompt token ids stay below this (default: the embedded model's vocabulary; "
-        f"{DEFAULT_VOCAB_SIZE} with --url)",
-    )
-
-    run = p.add_argument_group("run")
-    run.add_argument(
-        "--duration",
-        metavar="SECONDS",
-        type=_positive_float,
-        default=None,
-        help="stop after this many seconds, cancelling requests in flight",
-    )
-    run.add_argument(
-        "--concurrency",
-        metavar="N",
-        type=_positive_int,
-        default=None,
-        help="at most this many requests in flight; later ones wait (default: unbounded, open loop)",
-    )
-    run.add_argument(
-        "--timeout",
-        metavar="SECONDS",
-        type=_positive_float,
-        default=600.0,
-        help="per-request timeout (default %(default)s)",
-    )
-    run.add_argument("--out", metavar="DIR", type=Path, help=f"output directory (default: {DEFAULT_OUT}/<date-time>)")
-    run.add_argument(
-        "--keep-alive",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="reuse HTTP connections between requests (default on)",
-    )
-    run.add_argument(
-        "--client-check",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="first compare TTFT over reused and fresh connections, to catch a client-side latency floor (default on)",
-    )
-    run.add_argument(
-        "--progress",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="progress on stderr: one rewritten line on a terminal, else a line every --progress-interval seconds",
-    )
-    run.add_argument(
-        "--progress-interval",
-        metavar="SECONDS",
-        type=_positive_float,
-        default=PROGRESS_INTERVAL_S,
-        help="seconds between progress lines when stderr is not a terminal (default %(default)s)",
-    )
-    return p
+    """bench's parser on its own (the `trio-direct` command line adds the same options under ``bench``)."""
+    parser = OneLineErrorParser(prog=prog, description=DESCRIPTION)
+    add_options(parser, BenchOptions)
+    return parser
 
 
-def plan_requests(args: argparse.Namespace) -> tuple[list[TraceRequest], str]:
+def plan_requests(args: BenchOptions | argparse.Namespace) -> tuple[list[TraceRequest], str]:
     """The requests to replay and a description of where they came from."""
     if args.trace is None:  # --synthetic, or no workload given: the synthetic one
         requests = synthetic_multiturn(args.conversations, args.turns, args.system_prompts, seed=args.seed)
@@ -302,13 +117,17 @@ def plan_requests(args: argparse.Namespace) -> tuple[list[TraceRequest], str]:
 
 
 def bench_main(argv: Sequence[str] | None = None, *, prog: str = "trio-direct bench") -> int:
+    """Parse `argv` as `trio-direct bench` does and run it (see `run_bench_command`)."""
+    options = options_from_args(BenchOptions, build_parser(prog).parse_args(argv))
+    return run_bench_command(options, prog=prog)
+
+
+def run_bench_command(args: BenchOptions, *, prog: str = "trio-direct bench") -> int:
     """Run `trio-direct bench`; returns the exit status (1 when no request succeeded, 2 for bad usage)."""
-    parser = build_parser(prog)
-    args = parser.parse_args(argv)
-    if args.start < 0 or (args.limit is not None and args.limit < 0):
-        parser.error("--start and --limit must not be negative")
-    if args.max_output_tokens is not None and args.max_output_tokens < 0:
-        parser.error("--max-output-tokens must not be negative")
+    problem = args.problem()
+    if problem is not None:
+        print(f"{prog}: error: {problem}", file=sys.stderr)
+        return 2
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
     spec = None
@@ -319,7 +138,8 @@ def bench_main(argv: Sequence[str] | None = None, *, prog: str = "trio-direct be
         try:
             check_serve_argv(spec.serve_argv(["grpc://127.0.0.1:1"]))
         except ValueError as exc:
-            parser.error(f"the embedded frontend rejects these settings: {exc}")
+            print(f"{prog}: error: the embedded frontend rejects these settings: {exc}", file=sys.stderr)
+            return 2
     try:
         requests, source = plan_requests(args)
     except (OSError, ValueError) as exc:
@@ -367,18 +187,19 @@ def _leaves(exc: BaseException) -> list[BaseException]:
 
 
 async def _bench(
-    args: argparse.Namespace, spec: FleetSpec | None, requests: list[TraceRequest]
+    args: BenchOptions, spec: FleetSpec | None, requests: list[TraceRequest]
 ) -> tuple[BenchResult, dict[str, Any]]:
     config: dict[str, Any] = {
-        key: _json_safe(value) for key, value in vars(args).items() if key not in ("progress", "progress_interval")
+        key: _json_safe(value) for key, value in asdict(args).items() if key not in ("progress", "progress_interval")
     }
-    if spec is None:
+    if args.url is not None:  # a running frontend (no embedded fleet: spec is None)
         prompts = PromptSynthesizer(
             low=DEFAULT_MIN_TOKEN_ID if args.min_token_id is None else args.min_token_id,
             high=DEFAULT_VOCAB_SIZE if args.vocab_size is None else args.vocab_size,
             seed=args.seed,
         )
         return await _measure(args, args.url, prompts, requests, config, load_targets=())
+    assert spec is not None, "bench_main builds the embedded fleet's spec when no --url is given"
     needed = max((r.input_length + r.output_length for r in requests), default=0) + 1
     spec = replace(spec, min_context_length=needed)
     async with open_embedded_fleet(spec) as fleet:
@@ -394,7 +215,7 @@ async def _bench(
 
 
 async def _measure(
-    args: argparse.Namespace,
+    args: BenchOptions,
     base_url: str,
     prompts: PromptSynthesizer,
     requests: list[TraceRequest],

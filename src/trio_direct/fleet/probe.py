@@ -23,10 +23,11 @@ from trio_direct.engine.errors import EngineDeadlineExceeded, EngineError, Engin
 from trio_direct.engine.transport import ChannelPool, open_transport
 from trio_direct.engine.types import EngineClient
 from trio_direct.fleet.card import CardError, EngineCard
-from trio_direct.fleet.engine_apis import AUTO, engine_api, engine_api_names
+from trio_direct.fleet.engine_apis import AUTO, engine_api, engine_api_choices, engine_api_names
 from trio_direct.fleet.engine_url import parse_engine_url
+from trio_direct.options import option
 
-__all__ = ["ProbedEngine", "probe_command", "probe_engine"]
+__all__ = ["ProbeOptions", "ProbedEngine", "probe_command", "probe_engine"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +69,17 @@ async def probe_engine(url: str, pool: ChannelPool, *, api: str = AUTO, timeout:
         raise first_error
     assert scope.cancelled_caught
     raise EngineDeadlineExceeded(f"probe took longer than {timeout:g}s", engine=channel.name)
+
+
+@dataclass(slots=True)
+class ProbeOptions:
+    """What `trio-direct probe` takes (no environment variables: each probe names its engines)."""
+
+    urls: list[str] = option(
+        factory=list, positional=True, metavar="URL", help="engine gRPC address (grpc://h:p, http://h:p or h:p)"
+    )
+    engine_api: str = option(AUTO, choices=engine_api_choices, help="default %(default)s")
+    timeout: float = option(10.0, help="seconds per engine (default %(default)s)")
 
 
 async def probe_command(urls: Sequence[str], api: str = AUTO, timeout: float = 10.0) -> int:

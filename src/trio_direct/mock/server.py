@@ -32,6 +32,7 @@ from trio_direct.mock.smg_service import SERVICE as SMG_SERVICE
 from trio_direct.mock.smg_service import SmgService, health_methods
 from trio_direct.mock.tiny_model import default_tiny_model_dir, ensure_tiny_model
 from trio_direct.mock.vllm_service import VllmService
+from trio_direct.options import internal, option
 from trio_direct.text.model_source import ModelFilesNotFound, find_model_directory
 
 __all__ = ["MockEngineConfig", "ModelFiles", "RunningMockEngine", "load_model_files", "run_mock_engine"]
@@ -39,6 +40,8 @@ __all__ = ["MockEngineConfig", "ModelFiles", "RunningMockEngine", "load_model_fi
 log = logging.getLogger(__name__)
 
 Api = Literal["native", "smg", "both", "vllm"]
+#: The levels `--log-level` takes.
+LOG_LEVELS = ("debug", "info", "warning", "error")
 
 #: Context length when neither the flag nor the model's config gives one.
 _DEFAULT_CONTEXT_LENGTH = 32768
@@ -46,38 +49,80 @@ _DEFAULT_CONTEXT_LENGTH = 32768
 
 @dataclass(slots=True)
 class MockEngineConfig:
-    """Everything `trio-direct mock-engine` takes on its command line (see docs/mock-engine.md)."""
+    """Everything `trio-direct mock-engine` takes on its command line (see docs/mock-engine.md).
 
-    host: str = "127.0.0.1"
-    port: int = 0
-    api: Api = "both"
-    role: Role = "aggregated"
-    page_size: int = 1
-    dp_size: int = 1
-    num_blocks: int = 65536
-    max_running_requests: int = 256
-    max_prefill_tokens: int = 16384
-    context_length: int | None = None
-    speedup: float = 1.0
-    incremental_streaming_output: bool = False
-    kv_events_config: str | None = None
-    disaggregation_bootstrap_port: int = 8998
-    bootstrap_timeout: float = 30.0
+    The command's flags, ``--help`` and the object it runs with all come from these fields (declared
+    with `trio_direct.options.option`); tests and the built-in mocks build one directly.
+    """
+
+    host: str = option("127.0.0.1", help="address to bind (default %(default)s)")
+    port: int = option(0, help="gRPC port; 0 picks a free one (default)")
+    api: Api = option(
+        "both",
+        help="gRPC API(s) to serve on the port: SGLang's native and/or SMG API (both adds grpc.health.v1), "
+        "or vLLM's (with grpc.health.v1) (default %(default)s)",
+    )
+    role: Role = option(
+        "aggregated",
+        help="PD disaggregation role; under --api vllm reported as kv_role kv_producer/kv_consumer "
+        "(default %(default)s)",
+    )
+    page_size: int = option(1, help="KV page size in tokens (default %(default)s)")
+    dp_size: int = option(1, help="data-parallel ranks (default %(default)s)")
+    num_blocks: int = option(65536, help="KV pages per rank (default %(default)s)")
+    max_running_requests: int = option(256, help="decode batch cap per rank (default %(default)s)")
+    max_prefill_tokens: int = option(16384, help="uncached prompt tokens per prefill step (default %(default)s)")
+    context_length: int | None = option(
+        None, help="context length override (default: the model config's max_position_embeddings)"
+    )
+    speedup: float = option(
+        1.0, help="divide simulated step times by this; 'inf' runs as fast as the CPU allows (default 1)"
+    )
+    incremental_streaming_output: bool = option(
+        False, help="native API streams deltas instead of cumulative output_ids"
+    )
+    kv_events_config: str | None = option(
+        None, metavar="JSON", help='SGLang\'s --kv-events-config JSON (plus "format": "map"|"array")'
+    )
+    disaggregation_bootstrap_port: int = option(
+        8998, help="bootstrap port of a prefill engine; 0 picks a free one (default %(default)s)"
+    )
+    bootstrap_timeout: float = option(30.0, help="seconds a PD leg waits for its partner (default %(default)s)")
     #: A local tokenizer directory; None uses the tiny ChatML model (written on first use).
-    model_path: str | None = None
-    #: None serves `MOCK_MODEL_NAME`, the name `trio-direct serve`'s built-in mocks use.
-    served_model_name: str | None = None
-    tool_call_parser: str | None = None
-    reasoning_parser: str | None = None
-    seed: int | None = None
-    scripted_outputs: str | None = None
+    model_path: str | None = option(
+        None, help="local tokenizer/model directory (default: the built-in tiny ChatML model)"
+    )
+    served_model_name: str | None = option(
+        MOCK_MODEL_NAME,
+        help="model id to report (default: %(default)s, the name `serve` gives its built-in mocks)",
+    )
+    tool_call_parser: str | None = option(None, help="parser name to advertise in server info")
+    reasoning_parser: str | None = option(None, help="parser name to advertise in server info")
+    seed: int | None = option(
+        None,
+        help="seed of the engine's sampling RNG, as SGLang's --random-seed: requests without a seed draw theirs "
+        "from it, so a fresh engine answers the same requests in the same order alike (default: fresh entropy)",
+    )
+    scripted_outputs: str | None = option(
+        None,
+        metavar="FILE",
+        help='JSON [{"match": "prompt substring" | null, "text": "..."}]: fixed answers (then EOS) for matching prompts',
+    )
     #: Serve an embedding model (SGLang's ``--is-embedding``): `Embed` answers, `Generate` refuses.
-    is_embedding: bool = False
+    is_embedding: bool = option(
+        False,
+        help="serve an embedding model: Embed answers deterministic unit vectors of the config's hidden_size",
+    )
     #: Take image input (``image_data``) and report it (``grpc_features``, ``supports_vision``).
-    multimodal: bool = False
-    expose_accounting: bool = True
-    log_level: str = "info"
-    launch_command: str = ""
+    multimodal: bool = option(
+        False,
+        help="take image input (native image_data), each image counting a fixed number of prompt tokens",
+    )
+    expose_accounting: bool = option(
+        True, help="add a mock_accounting key to the native GetServerInfo json_info (default on)"
+    )
+    log_level: str = option("info", choices=LOG_LEVELS, help="logging level (default %(default)s)")
+    launch_command: str = internal("", why="the command line the engine was started with, for GetServerInfo")
 
     def validate(self) -> None:
         """Raise ValueError naming the first setting a mock engine cannot run with."""
