@@ -1,4 +1,4 @@
-"""CONTRIBUTING.md's four recipes, followed step by step with a toy, so they stay true.
+"""CONTRIBUTING.md's five recipes, followed step by step with a toy, so they stay true.
 
 Each test registers its toy the way the recipe says (in a copy of the registry, restored after)
 and serves through it: a route answered by the HTTP app, a routing decision, a parsed tool call,
@@ -8,7 +8,8 @@ a probed engine.
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+import sys
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -24,6 +25,7 @@ from trio_direct.fleet.probe import probe_engine
 from trio_direct.http.app import create_app
 from trio_direct.http.routing_table import HttpRoute, RouteTable
 from trio_direct.openai.bodies import decode_body
+from trio_direct.options import option
 from trio_direct.parsers.tools import assemble
 from trio_direct.parsers.tools.json_calls import HermesParser
 from trio_direct.parsers.tools.registry import TOOL_CALL_FORMATS
@@ -36,8 +38,14 @@ from trio_direct.surfaces.routes import ROUTES
 CONTRIBUTING = (Path(__file__).parent.parent / "CONTRIBUTING.md").read_text()
 
 
-def test_contributing_has_the_four_recipes():
-    for title in ("Add an API surface", "Add a routing policy", "Add a parser", "Add an engine API"):
+def test_contributing_has_the_five_recipes():
+    for title in (
+        "Add an API surface",
+        "Add a routing policy",
+        "Add a parser",
+        "Add an engine API",
+        "Add a command-line flag or command",
+    ):
         assert f"## {title}" in CONTRIBUTING
 
 
@@ -183,3 +191,68 @@ async def test_a_new_engine_api_is_one_registration(monkeypatch):
 def test_an_engine_api_name_is_taken_once():
     with pytest.raises(ValueError, match="already taken"):
         engine_apis.register(engine_apis.engine_api("native"))
+
+
+# ---- a command-line flag or command ---------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _ServeWithAToyFlag(ServeConfig):
+    """Step 1 on `serve`: one more field at the end of `ServeConfig` (here in a subclass)."""
+
+    toy_level: int = option(3, help="how toy the toy is")
+
+
+def test_recipe_a_flag_is_one_field(capsys):
+    from trio_direct.config import ENV_PREFIX
+    from trio_direct.options import OneLineErrorParser, add_options, parse_options
+
+    config = parse_options(_ServeWithAToyFlag, ["--toy-level", "5"], prog="serve", env_prefix=ENV_PREFIX, environ={})
+    assert config.toy_level == 5 and config.port == ServeConfig().port
+    from_env = parse_options(
+        _ServeWithAToyFlag, [], prog="serve", env_prefix=ENV_PREFIX, environ={"TRIO_DIRECT_TOY_LEVEL": "7"}
+    )
+    assert from_env.toy_level == 7
+    parser = OneLineErrorParser(prog="serve")
+    add_options(parser, _ServeWithAToyFlag, env_prefix=ENV_PREFIX, environ={})
+    help_text = " ".join(parser.format_help().split())
+    assert "--toy-level TOY_LEVEL how toy the toy is [TRIO_DIRECT_TOY_LEVEL; default 3]" in help_text
+
+
+@dataclass(slots=True)
+class _GreetOptions:
+    """Step 2: a command's options."""
+
+    greeting: str = option("hello", help="what to say (default %(default)s)")
+    times: int = option(1, parse=int, help="how often")
+    loud: bool = option(False, help="in capitals")
+
+
+def test_recipe_a_command_is_a_dataclass_and_one_row(monkeypatch, capsys):
+    from trio_direct import cli
+
+    said: list[_GreetOptions] = []
+
+    def run(options: _GreetOptions, _internal: None) -> int:
+        if options.times < 1:  # step 3: settings the parser cannot check
+            print("trio-direct greet: error: --times must be at least 1", file=sys.stderr)
+            return 2
+        said.append(options)
+        return 0
+
+    greet = cli.Command("greet", summary="say hello", description="Say hello.", options=lambda: _GreetOptions, run=run)
+    monkeypatch.setattr(cli, "COMMANDS", {**cli.COMMANDS, "greet": greet})
+
+    assert cli.main(["greet", "--greeting", "hi", "--loud"]) == 0
+    assert said == [_GreetOptions(greeting="hi", times=1, loud=True)]
+    with pytest.raises(SystemExit):
+        cli.main(["greet", "--help"])
+    assert "--greeting GREETING" in capsys.readouterr().out
+    for argv in (["greet", "--times", "many"], ["greet", "--times", "0"]):
+        status: object
+        try:
+            status = cli.main(argv)
+        except SystemExit as exit:
+            status = exit.code
+        assert status == 2
+        assert len(capsys.readouterr().err.splitlines()) == 1
