@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import types
 import typing
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -229,8 +230,6 @@ def add_options(
 ) -> None:
     """Add one argument per option of dataclass `cls` to `parser` (defaults from the environment
     under `env_prefix`, when given; `environ` defaults to the process's)."""
-    import os
-
     environ = os.environ if environ is None else environ
     groups: dict[str, Any] = {}
     exclusive: dict[str | None, Any] = {}
