@@ -71,7 +71,8 @@ class Command:
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The whole command line; with `only`, the options of that command alone are added (the
-    others are listed by name), which is all `main` needs to run it."""
+    others are listed by name; none for a name that is no command), which is all `main` needs to
+    run it, without importing the modules of the others."""
     parser = OneLineErrorParser(
         prog="trio-direct", description="trio-direct: an OpenAI-compatible frontend for stock SGLang engines."
     )
@@ -99,7 +100,8 @@ def add_command_options(parser: argparse.ArgumentParser, command: Command) -> No
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one subcommand; returns the process exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser(only=argv[0] if argv and argv[0] in COMMANDS else None)
+    # Only the named command's options (a name that is none: none; `trio-direct --help` lists names).
+    parser = build_parser(only=argv[0] if argv else "")
     args = parser.parse_args(argv)
     handler: Callable[[argparse.Namespace], int] = args.handler
     return handler(args)

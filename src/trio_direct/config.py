@@ -9,12 +9,11 @@ trio_direct.app:app` has no command line, so there the environment is the only s
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from trio_direct.fleet.engine_apis import engine_api_choices
-from trio_direct.options import add_options, option, options_from_args, parse_options
+from trio_direct.options import option, parse_options
 from trio_direct.routing.load_aware import PRESETS
 from trio_direct.routing.policies import RoutingSettings, routing_policy_names
 
@@ -372,15 +371,6 @@ class ServeConfig:
     )
 
 
-def add_serve_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str] | None = None) -> None:
-    """Declare every `ServeConfig` field as a flag whose default comes from the environment."""
-    add_options(parser, ServeConfig, env_prefix=ENV_PREFIX, environ=environ)
-
-
-def config_from_args(args: argparse.Namespace) -> ServeConfig:
-    return options_from_args(ServeConfig, args)
-
-
 def routing_settings(config: ServeConfig) -> RoutingSettings:
     """What routing needs of the settings (routing/ does not know `ServeConfig`)."""
     return RoutingSettings(
@@ -403,4 +393,5 @@ def config_from_env(environ: Mapping[str, str] | None = None) -> ServeConfig:
 
 
 def parse_serve_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> ServeConfig:
+    """`serve`'s settings from its flags and `environ` (the process's environment when None)."""
     return parse_options(ServeConfig, argv, prog="trio-direct serve", env_prefix=ENV_PREFIX, environ=environ)
