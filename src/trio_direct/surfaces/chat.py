@@ -1,9 +1,10 @@
 """`POST /v1/chat/completions`: OpenAI chat, planned on the request core and rendered as OpenAI does.
 
-`chat_prompt` and `chat_output` are the chat-shaped planning every conversational surface shares
-(Responses and Messages build OpenAI-style messages and tools, then plan through them): the chat
-template rendered and tokenized (on a worker thread when long), and the reasoning and tool-call
-parsers set up per choice. Image parts go through `surfaces.images.prepare_chat_images` first: the
+`plan_conversation` is the planning every conversational surface shares: chat, Responses and
+Messages each turn their own typed request into a `surfaces.conversation.ConversationRequest`
+(chat's is `chat_conversation`) and plan it here. `chat_prompt` renders the chat template and
+tokenizes (on a worker thread when long), `chat_output` sets up the reasoning and tool-call
+parsers per choice. Image parts go through `surfaces.images.prepare_chat_images` first: the
 template gets `{"type": "image"}` placeholders, the prompt the images as `image_data`.
 """
 

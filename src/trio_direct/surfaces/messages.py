@@ -1,6 +1,8 @@
 """`POST /v1/messages` and `POST /v1/messages/count_tokens`: Anthropic's Messages API on the request core.
 
-The request becomes the equivalent chat request (`surfaces.conversation`), planned by chat:
+The request becomes a `ConversationRequest` (`surfaces.conversation`) directly, planned as chat
+plans its own (`surfaces.chat.plan_conversation`), and held to chat's rules for the fields it
+shares with chat (SGLang's extensions, `stop_sequences` as chat's `stop`), with chat's words:
 `system` is a system message; text blocks are message text; an assistant's `tool_use` blocks are
 its `tool_calls` and its `thinking` blocks its `reasoning_content`; each `tool_result` block is a
 `tool` message answering its `tool_use_id`; `tools` are function tools, `tool_choice` any/tool/none
@@ -31,6 +33,7 @@ from trio_direct.anthropic.requests import (
     ThinkingAdaptive,
     ThinkingBlock,
     ThinkingEnabled,
+    ToolChoice,
     ToolChoiceAny,
     ToolChoiceNone,
     ToolChoiceTool,
@@ -105,17 +108,7 @@ def conversation_request(request: CountTokensRequest) -> ConversationRequest:
         system = request.system if isinstance(request.system, str) else "\n".join(b.text for b in request.system)
         messages.insert(0, template_message("system", system))
     tools = [chat_tool(t.name, t.description, t.input_schema, t.strict) for t in request.tools or ()] or None
-    choice = request.tool_choice
-    tool_choice: Literal["none", "auto", "required"] | None = None
-    forced_tool = None
-    if isinstance(choice, ToolChoiceAny):
-        tool_choice = "required"
-    elif isinstance(choice, ToolChoiceTool):
-        forced_tool = choice.name
-    elif isinstance(choice, ToolChoiceNone):
-        tool_choice = "none"
-    elif choice is not None:
-        tool_choice = "auto"
+    tool_choice, forced_tool = _tool_choice(request.tool_choice)
     template_kwargs = request.chat_template_kwargs
     if request.thinking is not None:
         template_kwargs = dict(template_kwargs or {})
@@ -169,6 +162,18 @@ def conversation_request(request: CountTokensRequest) -> ConversationRequest:
         include_stop_str=bool(request.include_stop_str_in_output),
         stream=stream,
     )
+
+
+def _tool_choice(choice: ToolChoice | None) -> tuple[Literal["none", "auto", "required"] | None, str | None]:
+    """Anthropic's tool choice as chat's, and the tool it forces: any is "required", tool a named
+    function, none and auto the same."""
+    if isinstance(choice, ToolChoiceAny):
+        return "required", None
+    if isinstance(choice, ToolChoiceTool):
+        return None, choice.name
+    if isinstance(choice, ToolChoiceNone):
+        return "none", None
+    return ("auto" if choice is not None else None), None
 
 
 def chat_messages(messages: list[MessageParam]) -> list[dict[str, Any]]:

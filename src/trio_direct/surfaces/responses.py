@@ -4,8 +4,9 @@ The input (a string, or items: messages, function calls and their outputs, reaso
 chat messages, after the stored conversation of `previous_response_id` and after `instructions` as
 a system message (instructions are not carried over to the next turn, as OpenAI's reference says);
 tools, tool choice, `text.format` (guided decoding), `max_output_tokens` and the sampling fields
-become the equivalent chat request, planned by chat (`surfaces.conversation`). The output is
-rendered as Responses output items, streamed as Responses events.
+become a `ConversationRequest` (`surfaces.conversation`) directly, planned as chat plans its own
+(`surfaces.chat.plan_conversation`) and held to chat's rules for the fields it shares with chat,
+with chat's words. The output is rendered as Responses output items, streamed as Responses events.
 
 Mapping decisions, as SGLang's gateway makes them: an assistant turn (reasoning, message and
 function calls in a row) is one chat assistant message with `reasoning_content` and `tool_calls`;
@@ -265,15 +266,7 @@ def conversation_request(request: ResponsesRequest, messages: list[dict[str, Any
         schema = JSON_OBJECT_SCHEMA
     elif isinstance(text_format, TextFormatJsonSchema):
         schema = json_schema_text(text_format.schema)
-    effort = request.reasoning.effort if request.reasoning is not None else None
-    if effort is not None:
-        effort = "minimal" if effort == "none" else effort
-        if effort not in _CHAT_EFFORTS:
-            raise errors.invalid_request(
-                f"reasoning.effort '{effort}' is not supported here: use one of {', '.join(_CHAT_EFFORTS)}.",
-                param="reasoning.effort",
-                code="unsupported_parameter",
-            )
+    effort = _reasoning_effort(request)
     check_as_chat(
         request,
         temperature=request.temperature,
@@ -308,6 +301,22 @@ def conversation_request(request: ResponsesRequest, messages: list[dict[str, Any
         include_stop_str=bool(request.include_stop_str_in_output),
         stream=request.stream,
     )
+
+
+def _reasoning_effort(request: ResponsesRequest) -> str | None:
+    """`reasoning.effort` as chat's `reasoning_effort` ("none" is chat's "minimal"); one chat does
+    not know is refused."""
+    effort = request.reasoning.effort if request.reasoning is not None else None
+    if effort is None:
+        return None
+    effort = "minimal" if effort == "none" else effort
+    if effort not in _CHAT_EFFORTS:
+        raise errors.invalid_request(
+            f"reasoning.effort '{effort}' is not supported here: use one of {', '.join(_CHAT_EFFORTS)}.",
+            param="reasoning.effort",
+            code="unsupported_parameter",
+        )
+    return effort
 
 
 def input_messages(input: str | list[InputItem], history: Sequence[Mapping[str, Any]] = ()) -> list[dict[str, Any]]:
