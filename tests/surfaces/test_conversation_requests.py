@@ -6,6 +6,7 @@ with chat's words."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import msgspec
 import pytest
@@ -182,7 +183,7 @@ async def test_a_responses_request_is_planned_without_chats_decoder(tiny_model, 
 def test_stored_messages_are_put_in_chats_key_order():
     """A conversation an earlier version stored (its own key order) reads back as chat's decoder
     would have given it to the template."""
-    stored = [
+    stored: list[dict[str, Any]] = [
         {"role": "user", "content": "Weather?"},
         {
             "role": "assistant",
