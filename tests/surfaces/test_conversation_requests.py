@@ -76,7 +76,7 @@ async def test_a_messages_request_is_planned_without_chats_decoder(tiny_model, n
         min_tokens=2,
         stream=True,
     )  # fmt: skip
-    conversation = messages.conversation_request(request)
+    conversation = messages.conversation_request(request, eos_token_ids=(2,))
     assert conversation.messages == [
         {"role": "system", "content": "Be terse."},
         {"role": "user", "content": "Weather?"},
@@ -101,14 +101,14 @@ async def test_a_messages_request_is_planned_without_chats_decoder(tiny_model, n
     assert not conversation.continue_final_message and conversation.stream
     sampling = conversation.sampling
     assert (sampling.max_new_tokens, sampling.temperature, sampling.top_k) == (2048, 0.3, -1)
-    assert (sampling.stop, sampling.min_new_tokens, sampling.stop_token_ids) == (("END",), 2, ())
+    assert (sampling.stop, sampling.min_new_tokens, sampling.stop_token_ids) == (("END",), 2, (2,))
     assert as_given(conversation) == as_chat_decodes_them(conversation)
 
     plan = await messages.plan_message(tiny_pool(tiny_model), request)
     assert plan.id.startswith("msg_") and plan.stream
     engine_sampling = plan.choices[0].request.sampling
     assert json.loads(engine_sampling.json_schema or "") == WEATHER  # the forced tool, by guided decoding
-    assert engine_sampling.stop_token_ids  # the tokenizer's EOS, added at planning
+    assert engine_sampling.stop_token_ids  # the tokenizer's EOS
     assert type(plan.choices[0].output.tool_parser).__name__ == "NamedToolCallParser"
 
 
@@ -140,7 +140,8 @@ async def test_a_responses_request_is_planned_without_chats_decoder(tiny_model, 
         stop_token_ids=[7],
     )
     history = [{"role": "user", "content": "Earlier"}, {"role": "assistant", "content": "Answer"}]
-    conversation = responses.conversation_request(request, history + responses.input_messages(request.input))
+    messages = history + responses.input_messages(request.input)
+    conversation = responses.conversation_request(request, messages, eos_token_ids=(2,))
     assert conversation.messages == [
         {"role": "system", "content": "Be terse."},
         *history,
@@ -169,14 +170,13 @@ async def test_a_responses_request_is_planned_without_chats_decoder(tiny_model, 
     )
     sampling = conversation.sampling
     assert (sampling.max_new_tokens, sampling.top_p, sampling.stop) == (33, 0.9, ("END",))
-    assert (sampling.ignore_eos, sampling.stop_token_ids) == (True, (7,))
+    assert (sampling.ignore_eos, sampling.stop_token_ids) == (True, (7,))  # ignore_eos: no EOS added
     assert as_given(conversation) == as_chat_decodes_them(conversation)
 
-    plan = await responses.plan_response(tiny_pool(tiny_model), request, conversation.messages[1:])
+    plan = await responses.plan_response(tiny_pool(tiny_model), request, messages)
     assert plan.id.startswith("resp_")
     engine_sampling = plan.choices[0].request.sampling
     assert json.loads(engine_sampling.json_schema or "")["minItems"] == 1  # "required", by guided decoding
-    assert engine_sampling.stop_token_ids == (7,)  # ignore_eos: no EOS added
     assert type(plan.choices[0].output.tool_parser).__name__ == "RequiredToolCallsParser"
 
 

@@ -10,7 +10,6 @@ JSON text.
 from __future__ import annotations
 
 from collections.abc import Collection
-from dataclasses import replace
 from typing import Any, Protocol
 
 import msgspec
@@ -144,16 +143,6 @@ def extension_sampling(
         skip_special_tokens=fields.skip_special_tokens is not False,
         spaces_between_special_tokens=fields.spaces_between_special_tokens is not False,
     )
-
-
-def with_eos(sampling: SamplingOptions, eos_token_ids: Collection[int]) -> SamplingOptions:
-    """`sampling` with the tokenizer's EOS ids added to its stop token ids, unless it ignores EOS
-    (as `extension_sampling` adds them; for sampling built before the tokenizer is at hand)."""
-    if sampling.ignore_eos:
-        return sampling
-    stop_token_ids = list(sampling.stop_token_ids)
-    stop_token_ids.extend(sorted(set(eos_token_ids).difference(stop_token_ids)))
-    return replace(sampling, stop_token_ids=tuple(stop_token_ids))
 
 
 def logprob_options(request: ChatCompletionRequest | CompletionRequest) -> tuple[bool, int]:

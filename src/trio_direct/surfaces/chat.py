@@ -10,7 +10,7 @@ template gets `{"type": "image"}` placeholders, the prompt the images as `image_
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +23,7 @@ from trio_direct.core.plan import OutputOptions, Prompt, RequestPlan, Usage, pla
 from trio_direct.openai import chat_bodies
 from trio_direct.openai.logprobs import TokenText, chat_logprobs
 from trio_direct.openai.requests import ChatCompletionRequest, NamedToolChoice, decode_chat_request
-from trio_direct.openai.sampling import logprob_options, sampling_options, with_eos
+from trio_direct.openai.sampling import logprob_options, sampling_options
 from trio_direct.openai.tool_choice import forced_tool_name, forced_tools_schema
 from trio_direct.parsers.reasoning import reasoning_parser
 from trio_direct.parsers.tools import ToolCall, ToolCallDelta, ToolParser, tool_call_parser
@@ -66,11 +66,13 @@ async def plan_chat(
 ) -> RequestPlan:
     """Plan a chat request: its conversation (`chat_conversation`), planned as every conversational
     surface's is."""
-    return await plan_conversation(pool, chat_conversation(request), session_key=session_key)
+    conversation = chat_conversation(request, eos_token_ids=pool.tokenizer.eos_token_ids)
+    return await plan_conversation(pool, conversation, session_key=session_key)
 
 
-def chat_conversation(request: ChatCompletionRequest) -> ConversationRequest:
-    """The conversation a (validated) chat request asks for."""
+def chat_conversation(request: ChatCompletionRequest, *, eos_token_ids: Collection[int] = ()) -> ConversationRequest:
+    """The conversation a (validated) chat request asks for; `eos_token_ids` (the tokenizer's) end
+    it unless it ignores EOS."""
     choice = request.tool_choice
     return_logprob, top_logprobs = logprob_options(request)
     options = request.stream_options
@@ -84,7 +86,7 @@ def chat_conversation(request: ChatCompletionRequest) -> ConversationRequest:
         chat_template_kwargs=request.chat_template_kwargs,
         reasoning_effort=request.reasoning_effort,
         separate_reasoning=request.separate_reasoning,
-        sampling=sampling_options(request, eos_token_ids=()),
+        sampling=sampling_options(request, eos_token_ids=eos_token_ids),
         include_stop_str=request.include_stop_str_in_output,
         n=request.n,
         stream=request.stream,
@@ -105,7 +107,7 @@ async def plan_conversation(
     """Plan a conversation, whichever surface it came from (with that surface's id prefix and the
     name of its prompt field), so every parser and sampling rule is chat's."""
     prompt = await conversation_prompt(pool, request, prompt_param)
-    sampling = with_eos(request.sampling, pool.tokenizer.eos_token_ids)
+    sampling = request.sampling
     tools = request.tools
     schema = forced_tools_schema(
         tools, required=request.tool_choice == "required", forced=request.forced_tool, constrained=request.constrained

@@ -65,7 +65,8 @@ class ConversationRequest:
     reasoning_effort: str | None = None
     #: Reasoning split out by the model's reasoning parser (else left in the text).
     separate_reasoning: bool = True
-    #: Engine sampling, without the tokenizer's EOS ids (planning adds them: it has the tokenizer).
+    #: Engine sampling as the engine gets it (the tokenizer's EOS ids among the stop token ids
+    #: unless EOS is ignored), but for the schema a forced tool choice adds at planning.
     sampling: SamplingOptions = field(default_factory=SamplingOptions)
     #: A matched stop string is kept at the end of the text.
     include_stop_str: bool = False

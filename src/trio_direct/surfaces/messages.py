@@ -20,6 +20,7 @@ stop_sequence / tool_use. Errors on these routes use Anthropic's envelope (`anth
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Any, Literal
 
 from trio_direct.anthropic import responses as anthropic
@@ -97,12 +98,14 @@ async def plan_message(pool: PoolView, request: MessagesRequest, *, session_key:
     ]
     if images:
         require_image_support(pool, images)  # named as the client sent them
-    return await plan_conversation(pool, conversation_request(request), session_key=session_key, id_prefix="msg_")
+    conversation = conversation_request(request, eos_token_ids=pool.tokenizer.eos_token_ids)
+    return await plan_conversation(pool, conversation, session_key=session_key, id_prefix="msg_")
 
 
-def conversation_request(request: CountTokensRequest) -> ConversationRequest:
+def conversation_request(request: CountTokensRequest, *, eos_token_ids: Collection[int] = ()) -> ConversationRequest:
     """The conversation `request` asks for (for count_tokens: the one whose prompt it counts),
-    held to chat's rules for the fields it shares with chat."""
+    held to chat's rules for the fields it shares with chat; `eos_token_ids` (the tokenizer's) end
+    it unless it ignores EOS."""
     messages = chat_messages(request.messages)
     if request.system:
         system = request.system if isinstance(request.system, str) else "\n".join(b.text for b in request.system)
@@ -148,6 +151,7 @@ def conversation_request(request: CountTokensRequest) -> ConversationRequest:
         max_new_tokens=max_tokens,
         stop=tuple(stop or ()),
         json_schema=schema,
+        eos_token_ids=eos_token_ids,
     )
     return ConversationRequest(
         messages=messages,

@@ -16,7 +16,7 @@ a `function_call_output` is a `tool` message; `developer` messages are system me
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -241,7 +241,7 @@ async def plan_response(
         ]
         if images:
             require_image_support(pool, images)  # named as the client sent them
-    conversation = conversation_request(request, messages)
+    conversation = conversation_request(request, messages, eos_token_ids=pool.tokenizer.eos_token_ids)
     return await plan_conversation(pool, conversation, session_key=session_key, id_prefix="resp_", prompt_param="input")
 
 
@@ -249,9 +249,12 @@ async def plan_response(
 _CHAT_EFFORTS = ("minimal", "low", "medium", "high")
 
 
-def conversation_request(request: ResponsesRequest, messages: list[dict[str, Any]]) -> ConversationRequest:
+def conversation_request(
+    request: ResponsesRequest, messages: list[dict[str, Any]], *, eos_token_ids: Collection[int] = ()
+) -> ConversationRequest:
     """The conversation `request` asks for over `messages` (the stored conversation, then this
-    turn's input), held to chat's rules for the fields it shares with chat."""
+    turn's input), held to chat's rules for the fields it shares with chat; `eos_token_ids` (the
+    tokenizer's) end it unless it ignores EOS."""
     if request.instructions:
         messages = [template_message("system", request.instructions), *messages]
     if not messages:
@@ -287,6 +290,7 @@ def conversation_request(request: ResponsesRequest, messages: list[dict[str, Any
         max_new_tokens=request.max_output_tokens,
         stop=stop_tuple(request.stop),
         json_schema=schema,
+        eos_token_ids=eos_token_ids,
     )
     return ConversationRequest(
         messages=messages,
