@@ -461,13 +461,11 @@ def _check_message(message: ChatMessage, param: str) -> None:
 
 
 def _check_tool_choice(request: ChatCompletionRequest) -> None:
-    choice = request.tool_choice
-    named = choice.function.name if isinstance(choice, NamedToolChoice) else None
-    check_tool_choice(
-        None if isinstance(choice, NamedToolChoice) else choice,
-        named,
-        [tool.function.name for tool in request.tools or ()],
-    )
+    choice, names = request.tool_choice, [tool.function.name for tool in request.tools or ()]
+    if isinstance(choice, NamedToolChoice):
+        check_tool_choice(None, choice.function.name, names)
+    else:
+        check_tool_choice(choice, None, names)
 
 
 def check_min_tokens(min_tokens: int | None, max_tokens: int | None) -> None:
