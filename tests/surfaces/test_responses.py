@@ -25,7 +25,7 @@ from trio_direct.openai.responses_request import decode_responses_request
 from trio_direct.surfaces.conversation import assistant_message
 from trio_direct.surfaces.responses import (
     ResponsesRenderer,
-    chat_request,
+    conversation_request,
     input_messages,
     plan_response,
     response_fields,
@@ -266,13 +266,13 @@ async def test_planning_puts_instructions_first_and_maps_every_field_as_chat_doe
 @pytest.mark.parametrize(("effort", "chat"), [("low", "low"), ("high", "high"), ("none", "minimal"), (None, None)])
 def test_reasoning_effort_is_chats(effort, chat):
     req = request(reasoning={"effort": effort} if effort else None)
-    assert chat_request(req, input_messages(req.input)).reasoning_effort == chat
+    assert conversation_request(req, input_messages(req.input)).reasoning_effort == chat
 
 
 def test_an_effort_chat_does_not_know_is_refused():
     req = request(reasoning={"effort": "xhigh"})
     with pytest.raises(ApiError) as raised:
-        chat_request(req, input_messages(req.input))
+        conversation_request(req, input_messages(req.input))
     assert (raised.value.status, raised.value.param) == (400, "reasoning.effort")
 
 

@@ -1,9 +1,9 @@
 """SGLang's sampling extensions, accepted by every generation surface exactly as chat accepts them.
 
-The Responses and Messages surfaces plan through an equivalent chat request
-(`surfaces.conversation`), so these fields reach the engine through chat's own validation and
-sampling code (`openai.requests`, `openai.sampling`); declaring them here gives each surface's
-decoder their types, so a wrong type is reported at its path in that surface's request.
+The Responses and Messages requests carry these fields under chat's names, so chat's rules check
+them (`openai.requests.check_sampling`) and chat's mapping makes them the engine's sampling
+(`openai.sampling.extension_sampling`); declaring them here gives each surface's decoder their
+types, so a wrong type is reported at its path in that surface's request.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 
-__all__ = ["SGLangExtensions", "extension_values"]
+__all__ = ["SGLangExtensions"]
 
 
 class SGLangExtensions(msgspec.Struct, kw_only=True):
@@ -34,16 +34,3 @@ class SGLangExtensions(msgspec.Struct, kw_only=True):
     ebnf: str | None = None
     separate_reasoning: bool | None = None
     chat_template_kwargs: dict[str, Any] | None = None
-
-
-_FIELDS = SGLangExtensions.__struct_fields__
-
-
-def extension_values(request: SGLangExtensions) -> dict[str, Any]:
-    """The extensions `request` gives, by their chat field names."""
-    values = {}
-    for name in _FIELDS:
-        value = getattr(request, name)
-        if value is not None:
-            values[name] = value
-    return values

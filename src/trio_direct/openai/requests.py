@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import re
 from array import array
-from typing import Any, Literal, TypeVar
+from collections.abc import Collection
+from typing import Any, Literal, Protocol, TypeVar
 
 import msgspec
 
@@ -237,8 +238,9 @@ def decode_chat_request(body: bytes) -> ChatCompletionRequest:
 
 
 def chat_request_from_object(raw: dict[str, Any]) -> ChatCompletionRequest:
-    """Validate an already decoded chat body (`decode_object`'s, or one another surface built):
-    surfaces that plan as chat do not serialise and parse their request again."""
+    """Validate an already decoded chat body (`decode_object`'s). The other conversational surfaces
+    never come through here: they build their planning input from their own typed request
+    (`surfaces.conversation`) and apply chat's rules with `check_sampling` and its neighbours."""
     raw = {key: value for key, value in raw.items() if value is not None}
     for key, reason in _UNSUPPORTED_CHAT.items():
         if key in raw:
@@ -333,21 +335,51 @@ def _check_common(request: GenerationRequest) -> None:
         raise invalid_request("'stream_options' is only allowed when 'stream' is true.", param="stream_options")
     _check_range(request.max_tokens, "max_tokens", 1, INT32_MAX)
     _check_range(request.n, "n", 1, MAX_N)
-    _check_range(request.temperature, "temperature", 0, 2)
-    _check_range(request.top_p, "top_p", 0, 1, low_open=True)
-    _check_range(request.top_k, "top_k", -1, INT32_MAX)
-    _check_range(request.min_p, "min_p", 0, 1)
-    _check_range(request.presence_penalty, "presence_penalty", -2, 2)
-    _check_range(request.frequency_penalty, "frequency_penalty", -2, 2)
-    _check_range(request.repetition_penalty, "repetition_penalty", 0, 2, low_open=True)
-    _check_range(request.min_tokens, "min_tokens", 0, INT32_MAX)
-    _check_range(request.seed, "seed", -(2**63), 2**63 - 1)
-    _check_stop(request.stop)
-    for i, token_id in enumerate(request.stop_token_ids or ()):
-        _check_range(token_id, f"stop_token_ids[{i}]", 0, INT32_MAX)
+    check_sampling(request, temperature=request.temperature, top_p=request.top_p, stop=request.stop)
     if request.logit_bias:
         raise invalid_request("'logit_bias' is not supported.", param="logit_bias", code="unsupported_parameter")
     _check_constraints(request)
+
+
+class SamplingExtras(Protocol):
+    """The sampling fields chat's rules check beyond temperature, top_p and stop, as chat spells
+    them and as SGLang's extensions on the other conversational surfaces do (`openai.extensions`)."""
+
+    @property
+    def top_k(self) -> int | None: ...
+    @property
+    def min_p(self) -> float | None: ...
+    @property
+    def presence_penalty(self) -> float | None: ...
+    @property
+    def frequency_penalty(self) -> float | None: ...
+    @property
+    def repetition_penalty(self) -> float | None: ...
+    @property
+    def min_tokens(self) -> int | None: ...
+    @property
+    def seed(self) -> int | None: ...
+    @property
+    def stop_token_ids(self) -> list[int] | None: ...
+
+
+def check_sampling(
+    extras: SamplingExtras, *, temperature: float | None, top_p: float | None, stop: str | list[str] | None
+) -> None:
+    """Chat's ranges for the sampling fields (a 400 naming the chat field): chat's own decoding and
+    the surfaces that plan as chat (Responses, Messages) apply the same rules."""
+    _check_range(temperature, "temperature", 0, 2)
+    _check_range(top_p, "top_p", 0, 1, low_open=True)
+    _check_range(extras.top_k, "top_k", -1, INT32_MAX)
+    _check_range(extras.min_p, "min_p", 0, 1)
+    _check_range(extras.presence_penalty, "presence_penalty", -2, 2)
+    _check_range(extras.frequency_penalty, "frequency_penalty", -2, 2)
+    _check_range(extras.repetition_penalty, "repetition_penalty", 0, 2, low_open=True)
+    _check_range(extras.min_tokens, "min_tokens", 0, INT32_MAX)
+    _check_range(extras.seed, "seed", -(2**63), 2**63 - 1)
+    _check_stop(stop)
+    for i, token_id in enumerate(extras.stop_token_ids or ()):
+        _check_range(token_id, f"stop_token_ids[{i}]", 0, INT32_MAX)
 
 
 def _check_stop(stop: str | list[str] | None) -> None:
@@ -368,20 +400,21 @@ def _check_stop(stop: str | list[str] | None) -> None:
 
 
 def _check_constraints(request: GenerationRequest) -> None:
-    """At most one structured-output constraint: the engine's grammar slot is a oneof."""
-    given: list[str] = []
     response_format = request.response_format
-    if isinstance(response_format, ResponseFormatJsonSchema):
-        if response_format.json_schema.schema is None:
-            raise invalid_request(
-                "Missing required parameter: 'response_format.json_schema.schema'.",
-                param="response_format.json_schema.schema",
-            )
-        given.append("response_format")
-    elif isinstance(response_format, ResponseFormatJsonObject):
-        given.append("response_format")
-    for name in ("regex", "ebnf"):
-        value = getattr(request, name)
+    if isinstance(response_format, ResponseFormatJsonSchema) and response_format.json_schema.schema is None:
+        raise invalid_request(
+            "Missing required parameter: 'response_format.json_schema.schema'.",
+            param="response_format.json_schema.schema",
+        )
+    json_format = isinstance(response_format, ResponseFormatJsonSchema | ResponseFormatJsonObject)
+    check_constraints(json_format, request.regex, request.ebnf)
+
+
+def check_constraints(json_format: bool, regex: str | None, ebnf: str | None) -> None:
+    """At most one structured-output constraint (a JSON output format, `regex`, `ebnf`): the
+    engine's grammar slot is a oneof."""
+    given: list[str] = ["response_format"] if json_format else []
+    for name, value in (("regex", regex), ("ebnf", ebnf)):
         if value is None:
             continue
         if not value:
@@ -399,9 +432,7 @@ def _check_chat(request: ChatCompletionRequest) -> None:
     for i, message in enumerate(request.messages):
         _check_message(message, f"messages[{i}]")
     _check_range(request.max_completion_tokens, "max_completion_tokens", 1, INT32_MAX)
-    max_tokens = request.max_completion_tokens or request.max_tokens
-    if request.min_tokens is not None and max_tokens is not None and request.min_tokens > max_tokens:
-        raise invalid_request("'min_tokens' must not exceed the maximum number of tokens.", param="min_tokens")
+    check_min_tokens(request.min_tokens, request.max_completion_tokens or request.max_tokens)
     _check_range(request.top_logprobs, "top_logprobs", 0, MAX_TOP_LOGPROBS)
     if request.top_logprobs and not request.logprobs:
         raise invalid_request("'top_logprobs' requires 'logprobs' to be true.", param="top_logprobs")
@@ -430,14 +461,27 @@ def _check_message(message: ChatMessage, param: str) -> None:
 
 
 def _check_tool_choice(request: ChatCompletionRequest) -> None:
-    choice, tools = request.tool_choice, request.tools or []
+    choice, names = request.tool_choice, [tool.function.name for tool in request.tools or ()]
     if isinstance(choice, NamedToolChoice):
-        if choice.function.name not in {tool.function.name for tool in tools}:
+        check_tool_choice(None, choice.function.name, names)
+    else:
+        check_tool_choice(choice, None, names)
+
+
+def check_min_tokens(min_tokens: int | None, max_tokens: int | None) -> None:
+    """`min_tokens` within the completion budget, when both are given."""
+    if min_tokens is not None and max_tokens is not None and min_tokens > max_tokens:
+        raise invalid_request("'min_tokens' must not exceed the maximum number of tokens.", param="min_tokens")
+
+
+def check_tool_choice(choice: str | None, named: str | None, tool_names: Collection[str]) -> None:
+    """A named tool choice (`named`) must name an offered tool; "required" needs a tool."""
+    if named is not None:
+        if named not in tool_names:
             raise invalid_request(
-                f"Invalid value for 'tool_choice': no tool named '{choice.function.name}' in 'tools'.",
-                param="tool_choice",
+                f"Invalid value for 'tool_choice': no tool named '{named}' in 'tools'.", param="tool_choice"
             )
-    elif choice == "required" and not tools:
+    elif choice == "required" and not tool_names:
         raise invalid_request("'tool_choice' is 'required' but no 'tools' were given.", param="tool_choice")
 
 

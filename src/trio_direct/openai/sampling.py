@@ -1,4 +1,5 @@
-"""From a validated OpenAI request to the engine's `SamplingOptions`.
+"""From a validated OpenAI request (or the sampling fields of another surface, spelled as chat
+spells them) to the engine's `SamplingOptions`.
 
 Values the client did not give stay `None` (engine default); the SMG adapter fills SGLang's semantic
 defaults. Structured output becomes the one grammar constraint the engine accepts, the way SGLang's
@@ -9,6 +10,7 @@ JSON text.
 from __future__ import annotations
 
 from collections.abc import Collection
+from typing import Any, Protocol
 
 import msgspec
 
@@ -19,14 +21,20 @@ from trio_direct.openai.requests import (
     GenerationRequest,
     ResponseFormatJsonObject,
     ResponseFormatJsonSchema,
+    SamplingExtras,
 )
 
-_JSON_OBJECT_SCHEMA = '{"type":"object"}'
+#: A `json_object` output format as the engine takes it: any JSON object.
+JSON_OBJECT_SCHEMA = '{"type":"object"}'
 
 
 def stop_strings(request: GenerationRequest) -> tuple[str, ...]:
     """The request's stop strings, whether given as one string or a list."""
-    stop = request.stop
+    return stop_tuple(request.stop)
+
+
+def stop_tuple(stop: str | list[str] | None) -> tuple[str, ...]:
+    """Stop strings given as one string, a list or nothing, as a tuple."""
     if stop is None:
         return ()
     if isinstance(stop, str):
@@ -43,6 +51,11 @@ def max_new_tokens(request: GenerationRequest, default: int | None = None) -> in
     return default
 
 
+def json_schema_text(schema: dict[str, Any] | None) -> str:
+    """A `json_schema` output format's schema as the engine takes it: JSON text."""
+    return msgspec.json.encode(schema).decode()
+
+
 def sampling_options(
     request: ChatCompletionRequest | CompletionRequest,
     *,
@@ -56,37 +69,79 @@ def sampling_options(
     generation config, would otherwise run past the end of a turn. Stop strings are passed on as
     well; the frontend also cuts text at them itself.
     """
-    stop_token_ids = list(request.stop_token_ids or ())
-    if not request.ignore_eos:
-        stop_token_ids.extend(sorted(set(eos_token_ids).difference(stop_token_ids)))
-    top_k = request.top_k
-    if top_k == 0:  # OpenAI-style clients mean "off"; SGLang spells that -1
-        top_k = -1
     json_schema = None
     response_format = request.response_format
     if isinstance(response_format, ResponseFormatJsonObject):
-        json_schema = _JSON_OBJECT_SCHEMA
+        json_schema = JSON_OBJECT_SCHEMA
     elif isinstance(response_format, ResponseFormatJsonSchema):
-        json_schema = msgspec.json.encode(response_format.json_schema.schema).decode()
-    return SamplingOptions(
+        json_schema = json_schema_text(response_format.json_schema.schema)
+    return extension_sampling(
+        request,
         temperature=request.temperature,
         top_p=request.top_p,
-        top_k=top_k,
-        min_p=request.min_p,
-        frequency_penalty=request.frequency_penalty,
-        presence_penalty=request.presence_penalty,
-        repetition_penalty=request.repetition_penalty,
         max_new_tokens=max_new_tokens(request, default_max_tokens),
-        min_new_tokens=request.min_tokens,
         stop=stop_strings(request),
-        stop_token_ids=tuple(stop_token_ids),
-        ignore_eos=True if request.ignore_eos else None,
-        seed=request.seed,
         json_schema=json_schema,
-        regex=request.regex,
-        ebnf=request.ebnf,
-        skip_special_tokens=request.skip_special_tokens,
-        spaces_between_special_tokens=request.spaces_between_special_tokens,
+        eos_token_ids=eos_token_ids,
+    )
+
+
+class SamplingFields(SamplingExtras, Protocol):
+    """Every sampling field `extension_sampling` reads from a request, beyond those it is given."""
+
+    @property
+    def ignore_eos(self) -> bool | None: ...
+    @property
+    def regex(self) -> str | None: ...
+    @property
+    def ebnf(self) -> str | None: ...
+    @property
+    def skip_special_tokens(self) -> bool | None: ...
+    @property
+    def spaces_between_special_tokens(self) -> bool | None: ...
+
+
+def extension_sampling(
+    fields: SamplingFields,
+    *,
+    temperature: float | None,
+    top_p: float | None,
+    max_new_tokens: int | None,
+    stop: tuple[str, ...],
+    json_schema: str | None,
+    eos_token_ids: Collection[int] = (),
+) -> SamplingOptions:
+    """Engine sampling parameters from SGLang's sampling fields as chat spells them (chat's request,
+    or the extensions another surface accepts: `openai.extensions`; None there is chat's default)
+    and the surface's own temperature, top_p, budget, stop strings and JSON schema.
+
+    `eos_token_ids` are added to `stop_token_ids` unless `ignore_eos` (see `sampling_options`).
+    """
+    stop_token_ids = list(fields.stop_token_ids or ())
+    if not fields.ignore_eos:
+        stop_token_ids.extend(sorted(set(eos_token_ids).difference(stop_token_ids)))
+    top_k = fields.top_k
+    if top_k == 0:  # OpenAI-style clients mean "off"; SGLang spells that -1
+        top_k = -1
+    return SamplingOptions(
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        min_p=fields.min_p,
+        frequency_penalty=fields.frequency_penalty,
+        presence_penalty=fields.presence_penalty,
+        repetition_penalty=fields.repetition_penalty,
+        max_new_tokens=max_new_tokens,
+        min_new_tokens=fields.min_tokens,
+        stop=stop,
+        stop_token_ids=tuple(stop_token_ids),
+        ignore_eos=True if fields.ignore_eos else None,
+        seed=fields.seed,
+        json_schema=json_schema,
+        regex=fields.regex,
+        ebnf=fields.ebnf,
+        skip_special_tokens=fields.skip_special_tokens is not False,
+        spaces_between_special_tokens=fields.spaces_between_special_tokens is not False,
     )
 
 

@@ -1,15 +1,16 @@
 """`POST /v1/chat/completions`: OpenAI chat, planned on the request core and rendered as OpenAI does.
 
-`chat_prompt` and `chat_output` are the chat-shaped planning every conversational surface shares
-(Responses and Messages build OpenAI-style messages and tools, then plan through them): the chat
-template rendered and tokenized (on a worker thread when long), and the reasoning and tool-call
-parsers set up per choice. Image parts go through `surfaces.images.prepare_chat_images` first: the
+`plan_conversation` is the planning every conversational surface shares: chat, Responses and
+Messages each turn their own typed request into a `surfaces.conversation.ConversationRequest`
+(chat's is `chat_conversation`) and plan it here. `chat_prompt` renders the chat template and
+tokenizes (on a worker thread when long), `chat_output` sets up the reasoning and tool-call
+parsers per choice. Image parts go through `surfaces.images.prepare_chat_images` first: the
 template gets `{"type": "image"}` placeholders, the prompt the images as `image_data`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -21,12 +22,13 @@ from trio_direct.core.output import ChoiceEvent, ChoiceResult, ReasoningSplitter
 from trio_direct.core.plan import OutputOptions, Prompt, RequestPlan, Usage, plan_request
 from trio_direct.openai import chat_bodies
 from trio_direct.openai.logprobs import TokenText, chat_logprobs
-from trio_direct.openai.requests import ChatCompletionRequest, decode_chat_request
-from trio_direct.openai.sampling import logprob_options, sampling_options, stop_strings
-from trio_direct.openai.tool_choice import forced_tool_name, tool_choice_schema
+from trio_direct.openai.requests import ChatCompletionRequest, NamedToolChoice, decode_chat_request
+from trio_direct.openai.sampling import logprob_options, sampling_options
+from trio_direct.openai.tool_choice import forced_tool_name, forced_tools_schema
 from trio_direct.parsers.reasoning import reasoning_parser
 from trio_direct.parsers.tools import ToolCall, ToolCallDelta, ToolParser, tool_call_parser
 from trio_direct.parsers.tools.forced import NamedToolCallParser, RequiredToolCallsParser
+from trio_direct.surfaces.conversation import ConversationRequest
 from trio_direct.surfaces.images import prepare_chat_images
 from trio_direct.surfaces.prompting import content_chars, in_thread_if_long, refuse_if_counted_over, refuse_if_too_long
 from trio_direct.text.chat_template import ChatTemplateError, render_chat
@@ -36,7 +38,16 @@ if TYPE_CHECKING:
     from trio_direct.core.pool import PoolView
     from trio_direct.http.exchange import Exchange
 
-__all__ = ["ChatRenderer", "chat_output", "chat_prompt", "handle", "plan_chat", "request_prompt"]
+__all__ = [
+    "ChatRenderer",
+    "chat_conversation",
+    "chat_output",
+    "chat_prompt",
+    "conversation_prompt",
+    "handle",
+    "plan_chat",
+    "plan_conversation",
+]
 
 
 async def handle(exchange: Exchange) -> None:
@@ -52,31 +63,69 @@ async def plan_chat(
     request: ChatCompletionRequest,
     *,
     session_key: str | None = None,
+) -> RequestPlan:
+    """Plan a chat request: its conversation (`chat_conversation`), planned as every conversational
+    surface's is."""
+    conversation = chat_conversation(request, eos_token_ids=pool.tokenizer.eos_token_ids)
+    return await plan_conversation(pool, conversation, session_key=session_key)
+
+
+def chat_conversation(request: ChatCompletionRequest, *, eos_token_ids: Collection[int] = ()) -> ConversationRequest:
+    """The conversation a (validated) chat request asks for; `eos_token_ids` (the tokenizer's) end
+    it unless it ignores EOS."""
+    choice = request.tool_choice
+    return_logprob, top_logprobs = logprob_options(request)
+    options = request.stream_options
+    return ConversationRequest(
+        messages=msgspec.to_builtins(request.messages),
+        tools=msgspec.to_builtins(request.tools) if request.tools else None,
+        tool_choice=None if isinstance(choice, NamedToolChoice) else choice,
+        forced_tool=forced_tool_name(request),
+        constrained=request.response_format is not None or request.regex is not None or request.ebnf is not None,
+        continue_final_message=request.continue_final_message,
+        chat_template_kwargs=request.chat_template_kwargs,
+        reasoning_effort=request.reasoning_effort,
+        separate_reasoning=request.separate_reasoning,
+        sampling=sampling_options(request, eos_token_ids=eos_token_ids),
+        include_stop_str=request.include_stop_str_in_output,
+        n=request.n,
+        stream=request.stream,
+        include_usage=bool(options and options.include_usage),
+        return_logprob=return_logprob,
+        top_logprobs=top_logprobs,
+    )
+
+
+async def plan_conversation(
+    pool: PoolView,
+    request: ConversationRequest,
+    *,
+    session_key: str | None = None,
     id_prefix: str = "chatcmpl-",
     prompt_param: str = "messages",
 ) -> RequestPlan:
-    """Plan a chat request. Other conversational surfaces (Responses, Messages) plan through here
-    with their own id prefix and the name of their prompt field, so every parser and sampling rule
-    is chat's."""
-    tools = msgspec.to_builtins(request.tools) if request.tools else None
-    prompt = await request_prompt(pool, request, prompt_param)
-    sampling = sampling_options(request, eos_token_ids=pool.tokenizer.eos_token_ids)
-    if (schema := tool_choice_schema(request)) is not None:
+    """Plan a conversation, whichever surface it came from (with that surface's id prefix and the
+    name of its prompt field), so every parser and sampling rule is chat's."""
+    prompt = await conversation_prompt(pool, request, prompt_param)
+    sampling = request.sampling
+    tools = request.tools
+    schema = forced_tools_schema(
+        tools, required=request.tool_choice == "required", forced=request.forced_tool, constrained=request.constrained
+    )
+    if schema is not None:
         sampling = replace(sampling, json_schema=schema)
-    return_logprob, top_logprobs = logprob_options(request)
     output = chat_output(
         pool,
-        stop=stop_strings(request),
-        include_stop_str=request.include_stop_str_in_output,
-        skip_special_tokens=request.skip_special_tokens,
-        spaces_between_special_tokens=request.spaces_between_special_tokens,
+        stop=tuple(sampling.stop),
+        include_stop_str=request.include_stop_str,
+        skip_special_tokens=sampling.skip_special_tokens,
+        spaces_between_special_tokens=sampling.spaces_between_special_tokens,
         separate_reasoning=request.separate_reasoning,
         chat_template_kwargs=request.chat_template_kwargs,
         tools=tools if request.tool_choice != "none" else None,
-        forced_tool=forced_tool_name(request),
+        forced_tool=request.forced_tool,
         tools_required=request.tool_choice == "required",
     )
-    options = request.stream_options
     return plan_request(
         pool,
         [prompt],
@@ -84,25 +133,24 @@ async def plan_chat(
         id_prefix=id_prefix,
         n=request.n,
         output=output,
-        return_logprob=return_logprob,
-        top_logprobs=top_logprobs,
+        return_logprob=request.return_logprob,
+        top_logprobs=request.top_logprobs,
         stream=request.stream,
-        include_usage=bool(options and options.include_usage),
+        include_usage=request.include_usage,
         prompt_param=prompt_param,
         session_key=session_key,
     )
 
 
-async def request_prompt(pool: PoolView, request: ChatCompletionRequest, param: str = "messages") -> Prompt:
-    """The prompt `plan_chat` sends for `request` (also what token counting counts), with its images."""
-    messages = msgspec.to_builtins(request.messages)
-    _check_parts(messages)
-    tools = msgspec.to_builtins(request.tools) if request.tools else None
-    messages, image_data = await prepare_chat_images(pool, messages, tools)
+async def conversation_prompt(pool: PoolView, request: ConversationRequest, param: str = "messages") -> Prompt:
+    """The prompt `plan_conversation` sends for `request` (also what token counting counts), with
+    its images."""
+    _check_parts(request.messages)
+    messages, image_data = await prepare_chat_images(pool, request.messages, request.tools)
     prompt = await chat_prompt(
         pool,
         messages,
-        tools,
+        request.tools,
         continue_final_message=request.continue_final_message,
         chat_template_kwargs=request.chat_template_kwargs,
         reasoning_effort=request.reasoning_effort,

@@ -1,6 +1,8 @@
 """`POST /v1/messages` and `POST /v1/messages/count_tokens`: Anthropic's Messages API on the request core.
 
-The request becomes the equivalent chat request (`surfaces.conversation`), planned by chat:
+The request becomes a `ConversationRequest` (`surfaces.conversation`) directly, planned as chat
+plans its own (`surfaces.chat.plan_conversation`), and held to chat's rules for the fields it
+shares with chat (SGLang's extensions, `stop_sequences` as chat's `stop`), with chat's words:
 `system` is a system message; text blocks are message text; an assistant's `tool_use` blocks are
 its `tool_calls` and its `thinking` blocks its `reasoning_content`; each `tool_result` block is a
 `tool` message answering its `tool_use_id`; `tools` are function tools, `tool_choice` any/tool/none
@@ -18,7 +20,8 @@ stop_sequence / tool_use. Errors on these routes use Anthropic's envelope (`anth
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from collections.abc import Collection
+from typing import TYPE_CHECKING, Any, Literal
 
 from trio_direct.anthropic import responses as anthropic
 from trio_direct.anthropic.errors import anthropic_error_event
@@ -31,6 +34,7 @@ from trio_direct.anthropic.requests import (
     ThinkingAdaptive,
     ThinkingBlock,
     ThinkingEnabled,
+    ToolChoice,
     ToolChoiceAny,
     ToolChoiceNone,
     ToolChoiceTool,
@@ -42,10 +46,15 @@ from trio_direct.anthropic.requests import (
 from trio_direct.core.errors import ApiError
 from trio_direct.core.output import ChoiceEvent, ChoiceResult
 from trio_direct.core.plan import RequestPlan, Usage
-from trio_direct.openai.extensions import extension_values
-from trio_direct.openai.requests import ChatCompletionRequest
-from trio_direct.surfaces.chat import plan_chat, request_prompt
-from trio_direct.surfaces.conversation import chat_equivalent, chat_tool, chat_tool_call
+from trio_direct.openai.sampling import extension_sampling, json_schema_text
+from trio_direct.surfaces.chat import conversation_prompt, plan_conversation
+from trio_direct.surfaces.conversation import (
+    ConversationRequest,
+    chat_tool,
+    chat_tool_call,
+    check_as_chat,
+    template_message,
+)
 from trio_direct.surfaces.images import anthropic_image_part, require_image_support
 from trio_direct.surfaces.output_blocks import BlockSequencer, BlockStep, OutputBlock, blocks_of
 
@@ -53,7 +62,14 @@ if TYPE_CHECKING:
     from trio_direct.core.pool import PoolView
     from trio_direct.http.exchange import Exchange
 
-__all__ = ["MessagesRenderer", "chat_messages", "chat_request", "count_tokens", "handle", "plan_message"]
+__all__ = [
+    "MessagesRenderer",
+    "chat_messages",
+    "conversation_request",
+    "count_tokens",
+    "handle",
+    "plan_message",
+]
 
 
 async def handle(exchange: Exchange) -> None:
@@ -68,7 +84,7 @@ async def handle(exchange: Exchange) -> None:
 async def count_tokens(exchange: Exchange) -> None:
     request = decode_count_tokens_request(exchange.body)
     pool = exchange.frontend.pool(request.model)
-    prompt = await request_prompt(pool, chat_request(request))
+    prompt = await conversation_prompt(pool, conversation_request(request))
     await exchange.json(200, anthropic.encode({"input_tokens": len(prompt.token_ids)}))
 
 
@@ -82,58 +98,86 @@ async def plan_message(pool: PoolView, request: MessagesRequest, *, session_key:
     ]
     if images:
         require_image_support(pool, images)  # named as the client sent them
-    return await plan_chat(pool, chat_request(request), session_key=session_key, id_prefix="msg_")
+    conversation = conversation_request(request, eos_token_ids=pool.tokenizer.eos_token_ids)
+    return await plan_conversation(pool, conversation, session_key=session_key, id_prefix="msg_")
 
 
-def chat_request(request: CountTokensRequest) -> ChatCompletionRequest:
-    """The chat request that plans `request` (for count_tokens: that renders its prompt)."""
-    return chat_equivalent(_chat_body(request))
-
-
-def _chat_body(request: CountTokensRequest) -> dict[str, Any]:
+def conversation_request(request: CountTokensRequest, *, eos_token_ids: Collection[int] = ()) -> ConversationRequest:
+    """The conversation `request` asks for (for count_tokens: the one whose prompt it counts),
+    held to chat's rules for the fields it shares with chat; `eos_token_ids` (the tokenizer's) end
+    it unless it ignores EOS."""
     messages = chat_messages(request.messages)
     if request.system:
         system = request.system if isinstance(request.system, str) else "\n".join(b.text for b in request.system)
-        messages.insert(0, {"role": "system", "content": system})
-    body: dict[str, Any] = {"model": request.model, "messages": messages}
-    body.update(extension_values(request))
-    if request.tools:
-        body["tools"] = [chat_tool(t.name, t.description, t.input_schema, t.strict) for t in request.tools]
-    choice = request.tool_choice
-    if isinstance(choice, ToolChoiceAny):
-        body["tool_choice"] = "required"
-    elif isinstance(choice, ToolChoiceTool):
-        body["tool_choice"] = {"type": "function", "function": {"name": choice.name}}
-    elif isinstance(choice, ToolChoiceNone):
-        body["tool_choice"] = "none"
-    elif choice is not None:
-        body["tool_choice"] = "auto"
-    thinking = request.thinking
-    if thinking is not None:
-        kwargs = dict(body.get("chat_template_kwargs") or {})
-        kwargs.setdefault("enable_thinking", isinstance(thinking, ThinkingEnabled | ThinkingAdaptive))
-        body["chat_template_kwargs"] = kwargs
+        messages.insert(0, template_message("system", system))
+    tools = [chat_tool(t.name, t.description, t.input_schema, t.strict) for t in request.tools or ()] or None
+    tool_choice, forced_tool = _tool_choice(request.tool_choice)
+    template_kwargs = request.chat_template_kwargs
+    if request.thinking is not None:
+        template_kwargs = dict(template_kwargs or {})
+        template_kwargs.setdefault("enable_thinking", isinstance(request.thinking, ThinkingEnabled | ThinkingAdaptive))
     last = messages[-1]
-    if last["role"] == "assistant" and isinstance(last.get("content"), str) and last["content"].strip():
-        body["continue_final_message"] = True  # Anthropic's prefill: the reply continues this text
-    if isinstance(request, MessagesRequest):
-        body["max_tokens"] = request.max_tokens
-        body["stream"] = request.stream
-        if request.stop_sequences:
-            body["stop"] = request.stop_sequences
-        for name in ("temperature", "top_p"):
-            value = getattr(request, name)
-            if value is not None:
-                body[name] = value
-        if request.metadata is not None and request.metadata.user_id is not None:
-            body["user"] = request.metadata.user_id
+    # Anthropic's prefill: the reply continues this text
+    prefill = last["role"] == "assistant" and isinstance(last.get("content"), str) and bool(last["content"].strip())
+    temperature: float | None = None
+    top_p: float | None = None
+    max_tokens: int | None = None
+    stop: list[str] | None = None
+    schema: str | None = None
+    stream = False
+    if isinstance(request, MessagesRequest):  # count_tokens has no sampling fields
+        temperature, top_p, max_tokens, stream = request.temperature, request.top_p, request.max_tokens, request.stream
+        stop = request.stop_sequences or None
         output_format = request.output_config.format if request.output_config is not None else None
         if output_format is not None:
-            body["response_format"] = {
-                "type": "json_schema",
-                "json_schema": {"name": "output", "schema": output_format.schema},
-            }
-    return body
+            schema = json_schema_text(output_format.schema)
+    check_as_chat(
+        request,
+        temperature=temperature,
+        top_p=top_p,
+        stop=stop,
+        max_tokens=max_tokens,
+        json_format=schema is not None,
+        regex=request.regex,
+        ebnf=request.ebnf,
+        tool_choice=tool_choice,
+        forced_tool=forced_tool,
+        tools=[t.name for t in request.tools or ()],
+    )
+    sampling = extension_sampling(
+        request,
+        temperature=temperature,
+        top_p=top_p,
+        max_new_tokens=max_tokens,
+        stop=tuple(stop or ()),
+        json_schema=schema,
+        eos_token_ids=eos_token_ids,
+    )
+    return ConversationRequest(
+        messages=messages,
+        tools=tools,
+        tool_choice=tool_choice,
+        forced_tool=forced_tool,
+        constrained=schema is not None or request.regex is not None or request.ebnf is not None,
+        continue_final_message=prefill,
+        chat_template_kwargs=template_kwargs,
+        separate_reasoning=request.separate_reasoning is not False,
+        sampling=sampling,
+        include_stop_str=bool(request.include_stop_str_in_output),
+        stream=stream,
+    )
+
+
+def _tool_choice(choice: ToolChoice | None) -> tuple[Literal["none", "auto", "required"] | None, str | None]:
+    """Anthropic's tool choice as chat's, and the tool it forces: any is "required", tool a named
+    function, none and auto the same."""
+    if isinstance(choice, ToolChoiceAny):
+        return "required", None
+    if isinstance(choice, ToolChoiceTool):
+        return None, choice.name
+    if isinstance(choice, ToolChoiceNone):
+        return "none", None
+    return ("auto" if choice is not None else None), None
 
 
 def chat_messages(messages: list[MessageParam]) -> list[dict[str, Any]]:
@@ -142,7 +186,7 @@ def chat_messages(messages: list[MessageParam]) -> list[dict[str, Any]]:
     for message in messages:
         content = message.content
         if isinstance(content, str):
-            out.append({"role": message.role, "content": content})
+            out.append(template_message(message.role, content))
         elif message.role == "user":
             _user_blocks(content, out)
         else:
@@ -156,7 +200,7 @@ def _user_blocks(blocks: list[Any], out: list[dict[str, Any]]) -> None:
     for block in blocks:
         if isinstance(block, ToolResultBlock):
             if parts:
-                out.append({"role": "user", "content": parts})
+                out.append(template_message("user", parts))
                 parts = []
             result = block.content
             text = (
@@ -164,13 +208,13 @@ def _user_blocks(blocks: list[Any], out: list[dict[str, Any]]) -> None:
                 if isinstance(result, str)
                 else "\n".join(p.text for p in result or () if isinstance(p, TextBlock))
             )
-            out.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": text})
+            out.append(template_message("tool", text, tool_call_id=block.tool_use_id))
         elif isinstance(block, TextBlock):
             parts.append({"type": "text", "text": block.text})
         elif isinstance(block, ImageBlock):  # planning refuses it for a model that takes no images
             parts.append(anthropic_image_part(block.source))
     if parts or not blocks:
-        out.append({"role": "user", "content": parts})
+        out.append(template_message("user", parts))
 
 
 def _assistant_blocks(blocks: list[Any]) -> dict[str, Any]:
@@ -181,14 +225,12 @@ def _assistant_blocks(blocks: list[Any]) -> dict[str, Any]:
         for block in blocks
         if isinstance(block, ToolUseBlock)
     ]
-    message: dict[str, Any] = {"role": "assistant"}
-    if texts or not calls:
-        message["content"] = "".join(texts)
-    if calls:
-        message["tool_calls"] = calls
-    if thinking:
-        message["reasoning_content"] = "\n".join(thinking)
-    return message
+    return template_message(
+        "assistant",
+        "".join(texts) if texts or not calls else None,
+        tool_calls=calls or None,
+        reasoning_content="\n".join(thinking) if thinking else None,
+    )
 
 
 # ---- rendering ------------------------------------------------------------------------------------

@@ -4,8 +4,9 @@ The input (a string, or items: messages, function calls and their outputs, reaso
 chat messages, after the stored conversation of `previous_response_id` and after `instructions` as
 a system message (instructions are not carried over to the next turn, as OpenAI's reference says);
 tools, tool choice, `text.format` (guided decoding), `max_output_tokens` and the sampling fields
-become the equivalent chat request, planned by chat (`surfaces.conversation`). The output is
-rendered as Responses output items, streamed as Responses events.
+become a `ConversationRequest` (`surfaces.conversation`) directly, planned as chat plans its own
+(`surfaces.chat.plan_conversation`) and held to chat's rules for the fields it shares with chat,
+with chat's words. The output is rendered as Responses output items, streamed as Responses events.
 
 Mapping decisions, as SGLang's gateway makes them: an assistant turn (reasoning, message and
 function calls in a row) is one chat assistant message with `reasoning_content` and `tool_calls`;
@@ -15,7 +16,8 @@ a `function_call_output` is a `tool` message; `developer` messages are system me
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -25,8 +27,6 @@ from trio_direct.core.errors import ApiError
 from trio_direct.core.output import ChoiceEvent, ChoiceResult
 from trio_direct.core.plan import RequestPlan, Usage
 from trio_direct.openai import responses_output as objects
-from trio_direct.openai.extensions import extension_values
-from trio_direct.openai.requests import ChatCompletionRequest
 from trio_direct.openai.responses_request import (
     FunctionCallItem,
     FunctionCallOutputItem,
@@ -40,8 +40,17 @@ from trio_direct.openai.responses_request import (
     TextFormatJsonSchema,
     decode_responses_request,
 )
-from trio_direct.surfaces.chat import plan_chat
-from trio_direct.surfaces.conversation import assistant_message, chat_equivalent, chat_tool, chat_tool_call
+from trio_direct.openai.sampling import JSON_OBJECT_SCHEMA, extension_sampling, json_schema_text, stop_tuple
+from trio_direct.surfaces.chat import plan_conversation
+from trio_direct.surfaces.conversation import (
+    ConversationRequest,
+    assistant_message,
+    chat_tool,
+    chat_tool_call,
+    check_as_chat,
+    stored_messages,
+    template_message,
+)
 from trio_direct.surfaces.images import require_image_support, responses_image_part
 from trio_direct.surfaces.output_blocks import BlockSequencer, BlockStep, OutputBlock, blocks_of
 from trio_direct.surfaces.response_store import ConversationStore, ResponseStore, new_item_id
@@ -53,7 +62,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ResponsesRenderer",
-    "chat_request",
+    "conversation_request",
     "create",
     "delete",
     "input_item_objects",
@@ -89,7 +98,7 @@ async def create(exchange: Exchange) -> None:
                 param="previous_response_id",
                 code="previous_response_not_found",
             )
-        history = previous.conversation()
+        history = stored_messages(previous.conversation())
     elif request.conversation is not None:
         conversation_id = request.conversation if isinstance(request.conversation, str) else request.conversation.id
         conversation = await conversations.get(conversation_id)
@@ -232,100 +241,126 @@ async def plan_response(
         ]
         if images:
             require_image_support(pool, images)  # named as the client sent them
-    chat = chat_request(request, messages)
-    return await plan_chat(pool, chat, session_key=session_key, id_prefix="resp_", prompt_param="input")
+    conversation = conversation_request(request, messages, eos_token_ids=pool.tokenizer.eos_token_ids)
+    return await plan_conversation(pool, conversation, session_key=session_key, id_prefix="resp_", prompt_param="input")
 
 
 #: The efforts chat takes as `reasoning_effort` (what gpt-oss's harmony prompt is written with).
 _CHAT_EFFORTS = ("minimal", "low", "medium", "high")
 
 
-def chat_request(request: ResponsesRequest, messages: list[dict[str, Any]]) -> ChatCompletionRequest:
-    """The chat request that plans `request` over the conversation `messages`."""
+def conversation_request(
+    request: ResponsesRequest, messages: list[dict[str, Any]], *, eos_token_ids: Collection[int] = ()
+) -> ConversationRequest:
+    """The conversation `request` asks for over `messages` (the stored conversation, then this
+    turn's input), held to chat's rules for the fields it shares with chat; `eos_token_ids` (the
+    tokenizer's) end it unless it ignores EOS."""
     if request.instructions:
-        messages = [{"role": "system", "content": request.instructions}, *messages]
+        messages = [template_message("system", request.instructions), *messages]
     if not messages:
         raise errors.invalid_request("Invalid value for 'input': expected at least one item.", param="input")
-    return chat_equivalent(_chat_body(request, messages))
-
-
-def _chat_body(request: ResponsesRequest, messages: list[dict[str, Any]]) -> dict[str, Any]:
-    body: dict[str, Any] = {"model": request.model, "messages": messages, "stream": request.stream}
-    body.update(extension_values(request))
-    if request.tools:
-        body["tools"] = [chat_tool(t.name or "", t.description, t.parameters, t.strict) for t in request.tools]
+    tools = [chat_tool(t.name or "", t.description, t.parameters, t.strict) for t in request.tools or ()] or None
     choice = request.tool_choice
-    if isinstance(choice, FunctionToolChoice):
-        body["tool_choice"] = {"type": "function", "function": {"name": choice.name}}
-    elif choice is not None:
-        body["tool_choice"] = choice
-    for name in ("parallel_tool_calls", "temperature", "top_p", "user", "stop"):
-        value = getattr(request, name)
-        if value is not None:
-            body[name] = value
-    if request.max_output_tokens is not None:
-        body["max_completion_tokens"] = request.max_output_tokens
+    forced_tool = choice.name if isinstance(choice, FunctionToolChoice) else None
+    tool_choice = None if isinstance(choice, FunctionToolChoice) else choice
     text_format = request.text.format if request.text is not None else None
+    schema = None
     if isinstance(text_format, TextFormatJsonObject):
-        body["response_format"] = {"type": "json_object"}
+        schema = JSON_OBJECT_SCHEMA
     elif isinstance(text_format, TextFormatJsonSchema):
-        schema: dict[str, Any] = {"name": text_format.name, "schema": text_format.schema}
-        if text_format.strict is not None:
-            schema["strict"] = text_format.strict
-        body["response_format"] = {"type": "json_schema", "json_schema": schema}
+        schema = json_schema_text(text_format.schema)
+    effort = _reasoning_effort(request)
+    check_as_chat(
+        request,
+        temperature=request.temperature,
+        top_p=request.top_p,
+        stop=request.stop,
+        max_tokens=request.max_output_tokens,
+        json_format=schema is not None,
+        regex=request.regex,
+        ebnf=request.ebnf,
+        tool_choice=tool_choice,
+        forced_tool=forced_tool,
+        tools=[t.name or "" for t in request.tools or ()],
+    )
+    sampling = extension_sampling(
+        request,
+        temperature=request.temperature,
+        top_p=request.top_p,
+        max_new_tokens=request.max_output_tokens,
+        stop=stop_tuple(request.stop),
+        json_schema=schema,
+        eos_token_ids=eos_token_ids,
+    )
+    return ConversationRequest(
+        messages=messages,
+        tools=tools,
+        tool_choice=tool_choice,
+        forced_tool=forced_tool,
+        constrained=schema is not None or request.regex is not None or request.ebnf is not None,
+        chat_template_kwargs=request.chat_template_kwargs,
+        reasoning_effort=effort,
+        separate_reasoning=request.separate_reasoning is not False,
+        sampling=sampling,
+        include_stop_str=bool(request.include_stop_str_in_output),
+        stream=request.stream,
+    )
+
+
+def _reasoning_effort(request: ResponsesRequest) -> str | None:
+    """`reasoning.effort` as chat's `reasoning_effort` ("none" is chat's "minimal"); one chat does
+    not know is refused."""
     effort = request.reasoning.effort if request.reasoning is not None else None
-    if effort is not None:
-        effort = "minimal" if effort == "none" else effort
-        if effort not in _CHAT_EFFORTS:
-            raise errors.invalid_request(
-                f"reasoning.effort '{effort}' is not supported here: use one of {', '.join(_CHAT_EFFORTS)}.",
-                param="reasoning.effort",
-                code="unsupported_parameter",
-            )
-        body["reasoning_effort"] = effort
-    return body
+    if effort is None:
+        return None
+    effort = "minimal" if effort == "none" else effort
+    if effort not in _CHAT_EFFORTS:
+        raise errors.invalid_request(
+            f"reasoning.effort '{effort}' is not supported here: use one of {', '.join(_CHAT_EFFORTS)}.",
+            param="reasoning.effort",
+            code="unsupported_parameter",
+        )
+    return effort
 
 
 def input_messages(input: str | list[InputItem], history: Sequence[Mapping[str, Any]] = ()) -> list[dict[str, Any]]:
     """This turn's input as chat messages. `history` (the stored conversation) supplies the calls a
     `function_call_output` may answer; an output for a call nobody made is a 400."""
     if isinstance(input, str):
-        return [{"role": "user", "content": input}]
+        return [template_message("user", input)]
     known_calls = {call["id"] for message in history for call in message.get("tool_calls") or ()}
     out: list[dict[str, Any]] = []
-    turn: dict[str, Any] | None = None  # the assistant message being assembled
+    turn: _AssistantTurn | None = None  # the assistant message being assembled
 
     def flush() -> None:
         nonlocal turn
         if turn is not None:
-            if "content" not in turn and "tool_calls" not in turn:
-                turn["content"] = ""
-            out.append(turn)
+            out.append(turn.message())
             turn = None
 
     for i, item in enumerate(input):
         if isinstance(item, MessageItem):
             if item.role == "assistant":
-                if turn is not None and ("content" in turn or "tool_calls" in turn):
+                if turn is not None and (turn.content is not None or turn.tool_calls):
                     flush()
-                turn = turn or {"role": "assistant"}
-                turn["content"] = _text_of(item.content)
+                turn = turn or _AssistantTurn()
+                turn.content = _text_of(item.content)
                 continue
             flush()
             role = "system" if item.role == "developer" else item.role
             content = item.content
             if isinstance(content, str):
-                out.append({"role": role, "content": content})
+                out.append(template_message(role, content))
             else:
-                out.append({"role": role, "content": [_chat_part(p) for p in content]})
+                out.append(template_message(role, [_chat_part(p) for p in content]))
         elif isinstance(item, ReasoningItem):
             if turn is not None:
                 flush()
             text = "\n".join(part.text for part in item.content or ()) or "\n".join(s.text for s in item.summary)
-            turn = {"role": "assistant", "reasoning_content": text}
+            turn = _AssistantTurn(reasoning=text)
         elif isinstance(item, FunctionCallItem):
-            turn = turn or {"role": "assistant"}
-            turn.setdefault("tool_calls", []).append(chat_tool_call(item.call_id, item.name, item.arguments))
+            turn = turn or _AssistantTurn()
+            turn.tool_calls.append(chat_tool_call(item.call_id, item.name, item.arguments))
             known_calls.add(item.call_id)
         elif isinstance(item, FunctionCallOutputItem):
             flush()
@@ -335,9 +370,27 @@ def input_messages(input: str | list[InputItem], history: Sequence[Mapping[str, 
                     param=f"input[{i}].call_id",
                 )
             output = item.output if isinstance(item.output, str) else _text_of(item.output)
-            out.append({"role": "tool", "tool_call_id": item.call_id, "content": output})
+            out.append(template_message("tool", output, tool_call_id=item.call_id))
     flush()
     return out
+
+
+@dataclass(slots=True)
+class _AssistantTurn:
+    """An assistant turn of Responses items (reasoning, a message, function calls in a row): one
+    chat assistant message."""
+
+    reasoning: str | None = None
+    content: str | None = None
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+
+    def message(self) -> dict[str, Any]:
+        content = self.content
+        if content is None and not self.tool_calls:
+            content = ""
+        return template_message(
+            "assistant", content, tool_calls=self.tool_calls or None, reasoning_content=self.reasoning
+        )
 
 
 def _part_text(part: Any) -> str:
