@@ -221,14 +221,20 @@ async def test_a_relay_snapshot_resyncs_the_rank_and_live_batches_follow_it(fake
     assert subscriber.last_applied(0) == 11 and subscriber.counters.gaps == 0 and not sink.clears
 
 
-async def test_an_engine_that_started_again_is_cleared_and_followed_from_its_first_batch(fake_engine_factory):
-    """A restarted engine numbers afresh: a cursor into the old one must not skip the new batches."""
+@pytest.mark.parametrize(
+    "uptimes",
+    [[1000.0, 1.0, 2.0], [3.0, 0.5, 1.0]],
+    ids=["after a long life", "2.5 seconds after its own start"],
+)
+async def test_an_engine_that_started_again_is_cleared_and_followed_from_its_first_batch(fake_engine_factory, uptimes):
+    """A restarted engine numbers afresh: a cursor into the old one must not skip the new batches,
+    however short the old engine's life was."""
     from trio_direct._proto.vllm import vllm_engine_pb2 as pb
 
     engine = await fake_engine_factory(
         {**TYPES, vllm.GET_SERVER_INFO: (False, pb.GetServerInfoRequest, pb.GetServerInfoResponse)}
     )
-    uptimes = iter([1000.0, 1.0, 2.0])
+    uptimes = iter(uptimes)
     starts: list[int] = []
 
     def server_info(call):

@@ -209,7 +209,8 @@ async def test_an_engine_restart_resets_its_index(aio_loop, nursery, api):
         await trio.sleep(0.5)  # the new publisher's subscription settles
         reply = await client.post("/v1/chat/completions", json=chat_body(model, SYSTEM_PROMPTS[1], "after"))
         assert reply.status_code == 200
-        with trio.fail_after(10):
+        # The subscription finds the new engine within its reconnect backoff (at most 5 s).
+        with trio.fail_after(20):
             while (await subscriber_counters(client))["restarts"] + (await subscriber_counters(client))["lost"] == 0:
                 await trio.sleep(0.05)
         report = (await client.post("/debug/routing", json=chat_body(model, SYSTEM_PROMPTS[0], "x"))).json()

@@ -54,7 +54,11 @@ __all__ = ["GrpcKvEventSubscriber", "KvStreamState", "convert_batch"]
 log = logging.getLogger(__name__)
 
 #: How far two readings of an engine's start time may differ and still be the same engine (seconds).
-_SAME_START = 5.0
+#: Two readings of one engine differ only by how late each answer was read (milliseconds, hundreds
+#: under heavy load); an engine process cannot die and start again in less. At 5 s, an engine
+#: restarted within 5 s of its own start passed for the old one, and a cursor into the old engine's
+#: numbering was resumed against the new one's.
+_SAME_START = 1.0
 #: Reconnect backoff after a failed or ended stream: first delay, cap.
 _RETRY_FIRST = 0.1
 _RETRY_MAX = 5.0
