@@ -501,7 +501,6 @@ def part_longprompt(args, report: Report, smg: str, model_dir: Path, words: Text
             for target in in_turn(targets, i):
                 prompts = [long_prompt(words, next(counter), n) for n in batch]  # built before the CPU is read
                 windows[target.name].append(measured(target, lambda: trio.run(replay_prompts, target.port, MODEL, prompts, 4)))  # noqa: B023
-                del prompts
         cpu = {name: [w.cpu / max(w.requests, 1) for w in ws] for name, ws in windows.items()}
         report.ratio("CPU per request, long single-turn prompts", "ms", cpu, 1e3)
 
