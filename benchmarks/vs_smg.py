@@ -328,7 +328,8 @@ def long_prompt_lengths(trace: Path | None, count: int, *, limit: int, seed: int
 
 def long_prompt(words: TextPrompts, index: int, length: int) -> str:
     """A prompt of `length` one-token words, unique from its first words: they spell `index` in base
-    len(population), so no two prompts share a prefix (nor a KV block, nor a cached segment)."""
+    len(population), so no two prompts share a prefix past the chat template's header (nor a KV
+    block after it, nor a cached segment)."""
     population = words.population
     head = []
     number = index
