@@ -7,13 +7,16 @@ in alternated rounds on the same engines holds (the machine's speed and noise mo
               at c=32 and c=64: CPU-seconds of the frontend process per streamed token, tokens/s
   multiturn   multi-turn chats built from the Mooncake conversation trace (each turn resends the
               whole history as text messages; 8 tokens out): frontend CPU per request
+  longprompt  long single-turn prompts (10-40k tokens, lengths from the trace's input lengths in that
+              range, or uniform without --trace; no shared history: every prompt differs from its
+              first token) on four mocks, 8 tokens out: frontend CPU per request
   latency     two mocks at --speedup 1; c=1 TTFT p50 through each frontend minus direct gRPC
   workers     `trio-direct serve --workers N` against --workers 1, tokens/s at c=64 (N on N cores)
   idle        two mocks, both frontends up with health checks on, nothing sent: CPU % of a core
   aiperf      NVIDIA's aiperf as an independent load generator (c=32 --speedup inf: CPU per token
               and tokens/s; c=1 --speedup 1: TTFT p50), when --aiperf names its executable
 
-    python benchmarks/vs_smg.py --trace PATH [--parts throughput,multiturn,latency,workers,idle]
+    python benchmarks/vs_smg.py --trace PATH [--parts throughput,multiturn,longprompt,latency,workers,idle]
         [--aiperf PATH] [--rounds 3] [--seconds 8] [--smg PATH] [--workers 2] [--json OUT]
         [--baseline OTHER/src]
 
@@ -59,7 +62,7 @@ from trio_direct.mock.tiny_model import default_tiny_model_dir, ensure_tiny_mode
 from trio_direct.text.chat_template import render_chat
 from trio_direct.text.tokenizer import ModelTokenizer
 
-PARTS = ("throughput", "multiturn", "latency", "workers", "idle")
+PARTS = ("throughput", "multiturn", "longprompt", "latency", "workers", "idle")
 TRIO, SMG, BASELINE = "trio-direct", "smg 1.13", "trio-direct baseline"
 #: The model name the mocks serve (explicit: the mock's default name changed between versions).
 MODEL = "tiny"
@@ -143,13 +146,14 @@ def start_smg(children: Children, smg: str, engines: list[int], model_dir: Path)
     return Target(SMG, port, process.pid)
 
 
-def mocks(children: Children, speedup: str, count: int = 2) -> list[int]:
+def mocks(children: Children, speedup: str, count: int = 2, *extra: str) -> list[int]:
     return [
         children.mock_engine(
-            "--speedup", speedup, "--incremental-streaming-output", "--log-level", "warning", "--served-model-name", MODEL
+            "--speedup", speedup, "--incremental-streaming-output", "--log-level", "warning", "--served-model-name", MODEL,
+            *extra,
         )
         for _ in range(count)
-    ]
+    ]  # fmt: skip
 
 
 # --- load -----------------------------------------------------------------------------------------
@@ -302,6 +306,66 @@ async def replay_chats(port: int, model: str, chats: list[list[list[dict]]], con
     return window
 
 
+# --- long single-turn prompts -----------------------------------------------------------------------
+
+#: Prompt lengths of the longprompt part, in tokens (the trace's requests in this range, or uniform).
+LONG_PROMPT_TOKENS = (10_000, 40_000)
+#: The mocks' context for the longprompt part: the tiny model declares 32k, the longest prompt is 40k.
+LONG_CONTEXT = 65_536
+
+
+def long_prompt_lengths(trace: Path | None, count: int, *, limit: int, seed: int = 0) -> list[int]:
+    """`count` prompt lengths in `LONG_PROMPT_TOKENS`: the trace's input lengths in that range, in
+    trace order and repeated when the trace has fewer; uniform draws when there is no trace."""
+    low, high = LONG_PROMPT_TOKENS
+    if trace is not None:
+        lengths = [r.input_length for r in load_trace(trace, limit=limit) if low <= r.input_length <= high]
+        if lengths:
+            return [lengths[i % len(lengths)] for i in range(count)]
+    rng = random.Random(f"long:{seed}")
+    return [rng.randint(low, high) for _ in range(count)]
+
+
+def long_prompt(words: TextPrompts, index: int, length: int) -> str:
+    """A prompt of `length` one-token words, unique from its first words: they spell `index` in base
+    len(population), so no two prompts share a prefix past the chat template's header (nor a KV
+    block after it, nor a cached segment)."""
+    population = words.population
+    head = []
+    number = index
+    for _ in range(3):
+        number, digit = divmod(number, len(population))
+        head.append(population[digit])
+    rng = random.Random(f"long:{index}")
+    return " ".join(head + rng.choices(population, k=length - len(head)))
+
+
+async def replay_prompts(port: int, model: str, prompts: list[str], concurrency: int) -> Window:
+    """Each prompt as a one-message chat (8 tokens out), `concurrency` requests at a time."""
+    window = Window()
+    queue = iter(prompts)
+
+    async def worker() -> None:
+        connection = SseConnection("127.0.0.1", port)
+        try:
+            for text in queue:
+                body = {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": 8,
+                        "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+                sample = await connection.request("/v1/chat/completions", body)
+                window.requests += 1
+                window.tokens += sample.completion_tokens
+                window.failed += not sample.ok
+        finally:
+            await connection.aclose()
+
+    start = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        for _ in range(concurrency):
+            nursery.start_soon(worker)
+    window.wall = time.perf_counter() - start
+    return window
+
+
 # --- reporting ------------------------------------------------------------------------------------
 
 
@@ -415,6 +479,33 @@ def part_multiturn(args, report: Report, smg: str, model_dir: Path, words: TextP
         report.ratio("CPU per request, multi-turn trace chats", "ms", cpu, 1e3)
 
 
+def part_longprompt(args, report: Report, smg: str, model_dir: Path, words: TextPrompts) -> None:
+    per_round = max(1, args.long_requests // args.rounds)
+    lengths = long_prompt_lengths(args.trace, per_round * args.rounds, limit=args.long_trace_limit)
+    low, high = LONG_PROMPT_TOKENS
+    print(
+        f"\n== long single-turn prompts ({low // 1000}-{high // 1000}k tokens, mean {statistics.mean(lengths):.0f}, "
+        f"{'trace lengths' if args.trace else 'uniform lengths'}; no shared history): {per_round} requests per round, "
+        f"{args.long_mocks} mocks, 8 tokens out, c=4 ==",
+        flush=True,
+    )
+    counter = iter(range(10**9))  # every prompt of every target and round is new: no cache hit anywhere
+    with Children() as children:
+        engines = mocks(children, "inf", args.long_mocks, "--context-length", str(LONG_CONTEXT))
+        targets = frontends(children, args, engines, smg, model_dir)
+        for target in targets:
+            warm = [long_prompt(words, next(counter), low) for _ in range(2)]
+            trio.run(replay_prompts, target.port, MODEL, warm, 2)
+        windows: dict[str, list[Window]] = {t.name: [] for t in targets}
+        for i in range(args.rounds):  # every target gets round i's lengths, as texts of its own
+            batch = lengths[i * per_round : (i + 1) * per_round]
+            for target in in_turn(targets, i):
+                prompts = [long_prompt(words, next(counter), n) for n in batch]  # built before the CPU is read
+                windows[target.name].append(measured(target, lambda: trio.run(replay_prompts, target.port, MODEL, prompts, 4)))  # noqa: B023
+        cpu = {name: [w.cpu / max(w.requests, 1) for w in ws] for name, ws in windows.items()}
+        report.ratio("CPU per request, long single-turn prompts", "ms", cpu, 1e3)
+
+
 def part_latency(args, report: Report, smg: str, model_dir: Path, tokenizer: ModelTokenizer) -> None:
     print("\n== added TTFT, c=1, mock --speedup 1, 32 tokens ==", flush=True)
     prompt_ids = tokenizer.encode(render_chat(tokenizer, PROMPT), add_special_tokens=False)
@@ -514,7 +605,7 @@ def part_aiperf(args, report: Report, smg: str, model_dir: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--trace", type=Path, help="the Mooncake conversation trace (JSONL), for the multiturn part")
+    parser.add_argument("--trace", type=Path, help="the Mooncake conversation trace (JSONL), for the multiturn part (and the longprompt part's lengths)")
     parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {', '.join(PARTS)}")
     parser.add_argument("--aiperf", help="the aiperf executable: adds the aiperf part")
     parser.add_argument("--smg", help="the smg executable (default: PATH, then ~/.cache/trio-direct-smg-venv)")
@@ -524,6 +615,13 @@ def main() -> None:
     parser.add_argument("--conversations", type=int, default=20, help="trace conversations per multiturn round")
     parser.add_argument("--trace-limit", type=int, default=3000, help="trace lines read")
     parser.add_argument("--max-prompt-words", type=int, default=16384, help="longest multi-turn prompt")
+    parser.add_argument(
+        "--long-requests", type=int, default=600, help="longprompt requests per frontend, over all rounds"
+    )
+    parser.add_argument("--long-mocks", type=int, default=4, help="mock engines of the longprompt part")
+    parser.add_argument(
+        "--long-trace-limit", type=int, default=12_100, help="trace lines read for the longprompt part's lengths"
+    )
     parser.add_argument("--workers", type=int, default=2, help="N of the workers part")
     parser.add_argument("--idle-seconds", type=float, default=30.0)
     parser.add_argument("--aiperf-requests", type=int, default=640, help="requests per aiperf c=32 round")
@@ -559,6 +657,8 @@ def main() -> None:
             part_throughput(args, report, smg, model_dir, prompts)
         elif part == "multiturn":
             part_multiturn(args, report, smg, model_dir, words)
+        elif part == "longprompt":
+            part_longprompt(args, report, smg, model_dir, words)
         elif part == "latency":
             part_latency(args, report, smg, model_dir, tokenizer)
         elif part == "workers":
