@@ -73,7 +73,11 @@ class Renderer(Protocol):
 
 
 class ResponseWriter(Protocol):
-    """The HTTP side of one response (`http.exchange.Exchange`)."""
+    """The HTTP side of one response (`http.exchange.Exchange`).
+
+    A writer may also offer ``async send_last(data)``, `send` and `end` in one (the last bytes of a
+    stream go out with its end); `stream_response` uses it where it is there.
+    """
 
     async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None: ...
 
@@ -146,13 +150,20 @@ async def stream_response(
     last: float | None = None
     watch = getattr(pool, "watch", None)
     watched: WatchedStream | None = None
+    send_last: Callable[[bytes], Awaitable[None]] | None = getattr(writer, "send_last", None)
 
-    async def write(data: bytes) -> None:
+    async def write(data: bytes, *, end: bool = False) -> None:
         # Timed as the data is handed to the server, recorded once it is out: the histograms'
-        # bookkeeping never delays a token.
+        # bookkeeping never delays a token. `end`: the response ends with these bytes.
         nonlocal last
         now = time.perf_counter()
-        await writer.send(data)
+        if not end:
+            await writer.send(data)
+        elif send_last is not None:
+            await send_last(data)
+        else:
+            await writer.send(data)
+            await writer.end()
         if last is None:
             if ttft is not None:
                 ttft.observe(now - started)
@@ -212,7 +223,7 @@ async def stream_response(
         failure = failure or _shutdown_error(cutter)
     _count_tokens(plan)
     if failure is not None:
-        await write(renderer.failure(failure))
+        await write(renderer.failure(failure), end=True)
     else:
         closing = renderer.closing(plan.usage())
         if settle is not None:
@@ -220,8 +231,7 @@ async def stream_response(
                 await settle()
             except ApiError as error:
                 closing = renderer.failure(error)
-        await write(closing)
-    await writer.end()
+        await write(closing, end=True)
 
 
 async def unary_response(pool: ServingPool, plan: RequestPlan, renderer: Renderer, *, cutter: StreamCutter) -> bytes:
