@@ -14,6 +14,9 @@ and answers a stalled request 408. More changes, each against a hypercorn 0.18 b
   at the next request (a spawn, a lock and several task switches per request, ~1/8 of the CPU of
   a short streamed chat). Here one task per connection watches the keep-alive deadline and the
   server's shutdown, and a request only moves that deadline (`_watch_idle`).
+- hypercorn hands a request's body and disconnect to the app through a memory channel whose send
+  and receive each yield to the scheduler even when nothing waits; here they yield only when they
+  must wait (`AppTaskGroup`), still bounded by the same queue size.
 - When hypercorn closes a connection whose next request is already buffered (a pipelining client
   at shutdown), its read loop waits for that request's turn, which never comes, and holds the
   drain for the whole graceful timeout. Here closing the connection also ends the read loop.
@@ -52,6 +55,7 @@ import re
 from collections.abc import Awaitable, Callable
 from contextlib import suppress
 from contextvars import ContextVar
+from functools import partial
 from socket import SHUT_WR
 from typing import Any
 
@@ -62,7 +66,7 @@ from hypercorn.config import Config
 from hypercorn.events import Closed, Event, RawData, Updated
 from hypercorn.protocol import ProtocolWrapper
 from hypercorn.protocol.h11 import H2ProtocolAssumedError, H11Protocol
-from hypercorn.trio.task_group import TaskGroup
+from hypercorn.trio.task_group import TaskGroup, _handle
 from hypercorn.trio.tcp_server import MAX_RECV, TCPServer
 from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import AppWrapper, ConnectionState
@@ -185,6 +189,39 @@ def direct_body_writer() -> DirectBody | None:
     return DirectBody(connection)
 
 
+async def _put(channel: trio.MemorySendChannel[Any], message: Any) -> None:
+    """`channel.send` that yields only when the queue is full (a checkpoint for cancellation)."""
+    await trio.lowlevel.checkpoint_if_cancelled()
+    try:
+        channel.send_nowait(message)
+    except trio.WouldBlock:
+        await channel.send(message)
+
+
+async def _take(channel: trio.MemoryReceiveChannel[Any]) -> Any:
+    """`channel.receive` that yields only when nothing is queued (a checkpoint for cancellation)."""
+    await trio.lowlevel.checkpoint_if_cancelled()
+    try:
+        return channel.receive_nowait()
+    except trio.WouldBlock:
+        return await channel.receive()
+
+
+class AppTaskGroup(TaskGroup):
+    """hypercorn's task group, with the app's receive channel read and written by `_take` and
+    `_put`: a request's body and its disconnect reach the app without a task switch apiece."""
+
+    async def spawn_app(
+        self, app: AppWrapper, config: Config, scope: Any, send: Callable[[Any], Awaitable[None]]
+    ) -> Callable[[Any], Awaitable[None]]:
+        to_app, app_queue = trio.open_memory_channel[Any](config.max_app_queue_size)
+        assert self._nursery is not None
+        self._nursery.start_soon(
+            _handle, app, config, scope, partial(_take, app_queue), send, trio.to_thread.run_sync, trio.from_thread.run
+        )
+        return partial(_put, to_app)
+
+
 class LastRequestConnection(h11.Connection):
     """h11's server side, quiet about bytes after the last request a connection will carry.
 
@@ -284,7 +321,7 @@ class GuardedConnection(TCPServer):
         try:
             client = parse_socket_addr(socket.family, socket.getpeername())
             server = parse_socket_addr(socket.family, socket.getsockname())
-            async with TaskGroup() as task_group:
+            async with AppTaskGroup() as task_group:
                 self._task_group = task_group
                 http11 = HTTP11Protocol(
                     self.app, self.config, self.context, task_group, ConnectionState(self.state),
@@ -525,4 +562,4 @@ class GuardedConnection(TCPServer):
             await self.stream.aclose()
 
 
-__all__ = ["GuardedConnection", "HTTP11Only", "HTTP11Protocol", "LastRequestConnection"]
+__all__ = ["AppTaskGroup", "GuardedConnection", "HTTP11Only", "HTTP11Protocol", "LastRequestConnection"]
