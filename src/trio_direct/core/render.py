@@ -178,8 +178,8 @@ async def stream_response(
             async with dispatch(pool, plan) as batches:
                 # Every engine request is on the wire: what follows is done while the engines work.
                 renderer.prepare()
-                ttft = metrics.TTFT.labels(plan.model)
-                gaps = metrics.INTER_TOKEN.labels(plan.model)
+                per_model = _model_metrics(plan.model)
+                ttft, gaps = per_model.ttft, per_model.gaps
                 await writer.start(200, SSE_HEADERS)
                 headers_sent = True
                 if watch is not None:
@@ -258,6 +258,35 @@ def _count_tokens(plan: RequestPlan) -> None:
     context = CURRENT.get()
     if context is not None:
         context.prompt_tokens, context.completion_tokens = usage.prompt_tokens, usage.completion_tokens
-    metrics.TOKENS.labels(plan.model, "input").inc(usage.prompt_tokens)
-    metrics.TOKENS.labels(plan.model, "output").inc(usage.completion_tokens)
-    metrics.TOKENS.labels(plan.model, "cached").inc(usage.cached_tokens)
+    per_model = _model_metrics(plan.model)
+    per_model.input_tokens.inc(usage.prompt_tokens)
+    per_model.output_tokens.inc(usage.completion_tokens)
+    per_model.cached_tokens.inc(usage.cached_tokens)
+
+
+class _ModelMetrics:
+    """One model's metric series that every request touches, looked up once: prometheus's `labels`
+    validates, joins and locks on each call (five per streamed request otherwise)."""
+
+    __slots__ = ("ttft", "gaps", "input_tokens", "output_tokens", "cached_tokens")
+
+    def __init__(self, model: str) -> None:
+        self.ttft = metrics.TTFT.labels(model)
+        self.gaps = metrics.INTER_TOKEN.labels(model)
+        self.input_tokens = metrics.TOKENS.labels(model, "input")
+        self.output_tokens = metrics.TOKENS.labels(model, "output")
+        self.cached_tokens = metrics.TOKENS.labels(model, "cached")
+
+
+_MODEL_METRICS: dict[str, _ModelMetrics] = {}
+#: Served model names are few; the bound only keeps a misuse from growing the table for ever.
+_MODEL_METRICS_LIMIT = 1024
+
+
+def _model_metrics(model: str) -> _ModelMetrics:
+    found = _MODEL_METRICS.get(model)
+    if found is None:
+        if len(_MODEL_METRICS) >= _MODEL_METRICS_LIMIT:
+            _MODEL_METRICS.clear()
+        found = _MODEL_METRICS[model] = _ModelMetrics(model)
+    return found
