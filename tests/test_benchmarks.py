@@ -46,6 +46,7 @@ TINY_RUNS: dict[str, str] = {
     "transport_bench.py": "--messages 50 --runs 1",
     "ttft_breakdown.py": "--requests 2",
     "vs_smg.py": "--smg {smg} --parts latency,longprompt --rounds 1 --latency-requests 2 --long-requests 2 --long-mocks 1",
+    "call_counts.py": "--requests 2 --concurrency 1 --tokens 4",
 }
 
 

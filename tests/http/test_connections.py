@@ -90,6 +90,34 @@ async def test_an_idle_kept_alive_connection_is_closed_after_the_keep_alive_time
     assert status_of(response) == 200 and response.endswith(b"ok")
 
 
+async def test_the_keep_alive_timeout_runs_from_each_answer_not_from_the_first(start_server):
+    port = await start_server(header_read_timeout=LONG, body_read_timeout=LONG, keep_alive_timeout=0.6)
+    async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
+        for _ in range(4):  # 1.2 s on one connection, never idle for 0.6 s
+            await stream.send_all(HEAD)
+            assert (await read_response(stream)).endswith(b"ok")
+            await trio.sleep(0.3)
+        await stream.send_all(b"GET /stream HTTP/1.1\r\nHost: x\r\n\r\n")  # ~1 s: busy is never idle
+        streamed = b""
+        with trio.fail_after(10):
+            while not streamed.endswith(b"0\r\n\r\n"):  # the chunked body's end
+                streamed += await stream.receive_some(65536)
+            assert b"done\n" in streamed
+            assert await read_to_eof(stream) == b""  # then idle past the timeout: closed
+
+
+async def test_an_idle_kept_alive_connection_is_closed_at_once_when_the_server_drains(start_server):
+    shutdown, drained = trio.Event(), trio.Event()
+    port = await start_server(shutdown=shutdown, drained=drained, keep_alive_timeout=LONG)
+    async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
+        await stream.send_all(HEAD)
+        assert (await read_response(stream)).endswith(b"ok")
+        shutdown.set()
+        with trio.fail_after(10):  # the keep-alive timeout is 60 s, the graceful timeout 30 s
+            assert await read_to_eof(stream) == b""
+            await drained.wait()
+
+
 async def test_a_kept_alive_connection_times_its_next_head_from_its_first_byte(start_server):
     port = await start_server(header_read_timeout=0.5, body_read_timeout=LONG)
     async with await trio.open_tcp_stream("127.0.0.1", port) as stream:

@@ -40,6 +40,21 @@ def test_the_hypercorn_internals_the_overrides_use_are_still_there():
     assert "self.connection: h11.Connection" in inspect.getsource(H11Protocol.__init__)
 
 
+def test_the_app_hand_off_and_keep_alive_timer_the_connection_replaces_are_still_hypercorns():
+    from hypercorn.trio.task_group import TaskGroup, _handle
+
+    assert list(inspect.signature(TaskGroup.spawn_app).parameters) == ["self", "app", "config", "scope", "send"]
+    spawn_app = inspect.getsource(TaskGroup.spawn_app)
+    assert "open_memory_channel" in spawn_app and "app_receive_channel.receive" in spawn_app and "_handle," in spawn_app
+    assert list(inspect.signature(_handle).parameters) == [
+        "app", "config", "scope", "receive", "send", "sync_spawn", "call_soon",
+    ]  # fmt: skip
+    timer = inspect.getsource(TCPServer._idle_timeout)
+    assert "keep_alive_timeout" in timer and "terminated.wait()" in timer and "_initiate_server_close()" in timer
+    assert "Updated(idle=True)" in inspect.getsource(H11Protocol._maybe_recycle)
+    assert "Updated(idle=False)" in inspect.getsource(H11Protocol._handle_events)
+
+
 REQUEST_WITH_BOTH = b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 40\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
 HIDDEN = b"GET /hidden HTTP/1.1\r\nHost: x\r\n\r\n"
 

@@ -73,7 +73,11 @@ class Renderer(Protocol):
 
 
 class ResponseWriter(Protocol):
-    """The HTTP side of one response (`http.exchange.Exchange`)."""
+    """The HTTP side of one response (`http.exchange.Exchange`).
+
+    A writer may also offer ``async send_last(data)``, `send` and `end` in one (the last bytes of a
+    stream go out with its end); `stream_response` uses it where it is there.
+    """
 
     async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None: ...
 
@@ -146,13 +150,20 @@ async def stream_response(
     last: float | None = None
     watch = getattr(pool, "watch", None)
     watched: WatchedStream | None = None
+    send_last: Callable[[bytes], Awaitable[None]] | None = getattr(writer, "send_last", None)
 
-    async def write(data: bytes) -> None:
+    async def write(data: bytes, *, end: bool = False) -> None:
         # Timed as the data is handed to the server, recorded once it is out: the histograms'
-        # bookkeeping never delays a token.
+        # bookkeeping never delays a token. `end`: the response ends with these bytes.
         nonlocal last
         now = time.perf_counter()
-        await writer.send(data)
+        if not end:
+            await writer.send(data)
+        elif send_last is not None:
+            await send_last(data)
+        else:
+            await writer.send(data)
+            await writer.end()
         if last is None:
             if ttft is not None:
                 ttft.observe(now - started)
@@ -167,8 +178,8 @@ async def stream_response(
             async with dispatch(pool, plan) as batches:
                 # Every engine request is on the wire: what follows is done while the engines work.
                 renderer.prepare()
-                ttft = metrics.TTFT.labels(plan.model)
-                gaps = metrics.INTER_TOKEN.labels(plan.model)
+                per_model = _model_metrics(plan.model)
+                ttft, gaps = per_model.ttft, per_model.gaps
                 await writer.start(200, SSE_HEADERS)
                 headers_sent = True
                 if watch is not None:
@@ -212,7 +223,7 @@ async def stream_response(
         failure = failure or _shutdown_error(cutter)
     _count_tokens(plan)
     if failure is not None:
-        await write(renderer.failure(failure))
+        await write(renderer.failure(failure), end=True)
     else:
         closing = renderer.closing(plan.usage())
         if settle is not None:
@@ -220,8 +231,7 @@ async def stream_response(
                 await settle()
             except ApiError as error:
                 closing = renderer.failure(error)
-        await write(closing)
-    await writer.end()
+        await write(closing, end=True)
 
 
 async def unary_response(pool: ServingPool, plan: RequestPlan, renderer: Renderer, *, cutter: StreamCutter) -> bytes:
@@ -248,6 +258,35 @@ def _count_tokens(plan: RequestPlan) -> None:
     context = CURRENT.get()
     if context is not None:
         context.prompt_tokens, context.completion_tokens = usage.prompt_tokens, usage.completion_tokens
-    metrics.TOKENS.labels(plan.model, "input").inc(usage.prompt_tokens)
-    metrics.TOKENS.labels(plan.model, "output").inc(usage.completion_tokens)
-    metrics.TOKENS.labels(plan.model, "cached").inc(usage.cached_tokens)
+    per_model = _model_metrics(plan.model)
+    per_model.input_tokens.inc(usage.prompt_tokens)
+    per_model.output_tokens.inc(usage.completion_tokens)
+    per_model.cached_tokens.inc(usage.cached_tokens)
+
+
+class _ModelMetrics:
+    """One model's metric series that every request touches, looked up once: prometheus's `labels`
+    validates, joins and locks on each call (five per streamed request otherwise)."""
+
+    __slots__ = ("ttft", "gaps", "input_tokens", "output_tokens", "cached_tokens")
+
+    def __init__(self, model: str) -> None:
+        self.ttft = metrics.TTFT.labels(model)
+        self.gaps = metrics.INTER_TOKEN.labels(model)
+        self.input_tokens = metrics.TOKENS.labels(model, "input")
+        self.output_tokens = metrics.TOKENS.labels(model, "output")
+        self.cached_tokens = metrics.TOKENS.labels(model, "cached")
+
+
+_MODEL_METRICS: dict[str, _ModelMetrics] = {}
+#: Served model names are few; the bound only keeps a misuse from growing the table for ever.
+_MODEL_METRICS_LIMIT = 1024
+
+
+def _model_metrics(model: str) -> _ModelMetrics:
+    found = _MODEL_METRICS.get(model)
+    if found is None:
+        if len(_MODEL_METRICS) >= _MODEL_METRICS_LIMIT:
+            _MODEL_METRICS.clear()
+        found = _MODEL_METRICS[model] = _ModelMetrics(model)
+    return found

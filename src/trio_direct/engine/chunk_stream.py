@@ -49,7 +49,11 @@ class ChunkStream:
         raise StopAsyncIteration
 
     async def wait_written(self) -> None:
-        await self._stream.written.wait()
+        written = self._stream.written
+        if written.is_set():  # as it always is with this transport: no task switch for nothing
+            await trio.lowlevel.checkpoint_if_cancelled()
+        else:
+            await written.wait()
 
     def fail(self, error: EngineError) -> bool:
         """End the stream for its reader with `error`, after what already arrived (a hung engine)."""

@@ -136,29 +136,40 @@ class _ChunkDecoder:
         return rows
 
     def decode(self, message: pb.GenerateResponse) -> GenerateChunk | None:
-        ids = list(message.output_ids)
-        if self.cumulative:
-            ids = ids[self.seen :]
+        # Called once per engine message: slicing the repeated field makes the list in C, and the
+        # counts (plain digits from SGLang) are parsed inline, `_count` only for anything else.
+        ids = message.output_ids[self.seen :] if self.cumulative else message.output_ids[:]
         self.seen += len(ids)
-        chunk = GenerateChunk(token_ids=ids)
         meta = message.meta_info
-        if meta:  # only the keys a router reads, decoded without a JSON parse per value
-            chunk.prompt_tokens = _count(meta.get("prompt_tokens"))
-            chunk.completion_tokens = _count(meta.get("completion_tokens"))
-            chunk.cached_tokens = _count(meta.get("cached_tokens"))
-            chunk.reasoning_tokens = _count(meta.get("reasoning_tokens"))
-            rank = meta.get("dp_rank")
-            chunk.dp_rank = None if rank in (None, "null") else _count(rank)
-            finish = meta.get("finish_reason")
-            if finish not in (None, "null"):
+        if not meta:
+            chunk = GenerateChunk(ids)
+        else:  # only the keys a router reads, decoded without a JSON parse per value
+            get = meta.get
+            prompt = get("prompt_tokens")
+            completion = get("completion_tokens")
+            cached = get("cached_tokens")
+            reasoning = get("reasoning_tokens")
+            rank = get("dp_rank")
+            chunk = GenerateChunk(
+                ids,
+                None,
+                None,
+                int(prompt) if prompt is not None and prompt.isdecimal() else _count(prompt),
+                int(completion) if completion is not None and completion.isdecimal() else _count(completion),
+                int(cached) if cached is not None and cached.isdecimal() else _count(cached),
+                int(reasoning) if reasoning is not None and reasoning.isdecimal() else _count(reasoning),
+                None if rank is None or rank == "null" else _count(rank),
+            )
+            finish = get("finish_reason")
+            if finish is not None and finish != "null":
                 _apply_finish(chunk, _lenient_json(finish))
-            token_logprobs = meta.get("output_token_logprobs")
+            token_logprobs = get("output_token_logprobs")
             if token_logprobs is not None:
-                chunk.logprobs = self._logprobs(token_logprobs, meta.get("output_top_logprobs"))
-            prompt_logprobs = meta.get("input_token_logprobs")
+                chunk.logprobs = self._logprobs(token_logprobs, get("output_top_logprobs"))
+            prompt_logprobs = get("input_token_logprobs")
             if prompt_logprobs is not None and not self.prompt_rows_seen:  # cumulative streams repeat them
                 self.prompt_rows_seen = True
-                chunk.prompt_logprobs = _logprob_rows(prompt_logprobs, meta.get("input_top_logprobs"))
+                chunk.prompt_logprobs = _logprob_rows(prompt_logprobs, get("input_top_logprobs"))
         if message.finished:
             self.finished = True
             if chunk.finish_reason is None:

@@ -10,6 +10,13 @@ and answers a stalled request 408. More changes, each against a hypercorn 0.18 b
 - When the client closes a kept-alive connection, hypercorn keeps its socket (in CLOSE-WAIT) and
   the task until its keep-alive timer expires, since the timer runs in the connection's task group.
   Here the timer stops as soon as the read loop ends.
+- hypercorn's keep-alive timer is a task started anew at the end of every response and cancelled
+  at the next request (a spawn, a lock and several task switches per request, ~1/8 of the CPU of
+  a short streamed chat). Here one task per connection watches the keep-alive deadline and the
+  server's shutdown, and a request only moves that deadline (`_watch_idle`).
+- hypercorn hands a request's body and disconnect to the app through a memory channel whose send
+  and receive each yield to the scheduler even when nothing waits; here they yield only when they
+  must wait (`AppTaskGroup`), still bounded by the same queue size.
 - When hypercorn closes a connection whose next request is already buffered (a pipelining client
   at shutdown), its read loop waits for that request's turn, which never comes, and holds the
   drain for the whole graceful timeout. Here closing the connection also ends the read loop.
@@ -27,7 +34,9 @@ and answers a stalled request 408. More changes, each against a hypercorn 0.18 b
 - A streamed (chunked) response body is written by the project itself (`direct_body_writer`):
   one chunk frame straight to the connection per write, instead of an ASGI message through
   hypercorn's stream and protocol layers and an h11 event for each SSE event. The response head and
-  its end still go through hypercorn and h11, so h11's state stays right for keep-alive.
+  its end still go through hypercorn and h11, so h11's state stays right for keep-alive; the
+  body's last chunk travels in one send with that end (`DirectBody.write_last`).
+- A write the socket takes at once is made there and then (`_write`): no task switch, no timer.
 - hypercorn closes at once, so an answer sent before the request was read (413 up front, 400 to a
   malformed request) meets a connection reset and is lost; here the connection lingers half-closed
   (`GuardedConnection._close`). Bytes after a connection's last request no longer cut its answer
@@ -40,10 +49,13 @@ is ignored, as RFC 9110 §7.8 allows, and the preface is answered 505.
 
 from __future__ import annotations
 
+import math
+import os
 import re
 from collections.abc import Awaitable, Callable
 from contextlib import suppress
 from contextvars import ContextVar
+from functools import partial
 from socket import SHUT_WR
 from typing import Any
 
@@ -54,7 +66,7 @@ from hypercorn.config import Config
 from hypercorn.events import Closed, Event, RawData, Updated
 from hypercorn.protocol import ProtocolWrapper
 from hypercorn.protocol.h11 import H2ProtocolAssumedError, H11Protocol
-from hypercorn.trio.task_group import TaskGroup
+from hypercorn.trio.task_group import TaskGroup, _handle
 from hypercorn.trio.tcp_server import MAX_RECV, TCPServer
 from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import AppWrapper, ConnectionState
@@ -121,14 +133,46 @@ def _drop_tracebacks(error: BaseException) -> None:
 _current_connection: ContextVar[GuardedConnection | None] = ContextVar("trio_direct_connection", default=None)
 
 
-def direct_body_writer() -> Callable[[bytes], Awaitable[None]] | None:
+class DirectBody:
+    """The current response's body, written straight to its connection as chunk frames.
+
+    Each `write` is one chunk frame, sent under the connection's send lock as hypercorn's own writes
+    are, at the cost of formatting the frame (~1 µs) instead of an ASGI message through hypercorn's
+    layers and an h11 event. The response's end still goes through ASGI, where h11 writes the
+    terminating chunk.
+    """
+
+    __slots__ = ("_connection",)
+
+    def __init__(self, connection: GuardedConnection) -> None:
+        self._connection = connection
+
+    async def write(self, data: bytes) -> None:
+        if data:  # an empty chunk would end the body
+            await self._connection._write(b"%x\r\n%b\r\n" % (len(data), data))
+
+    async def write_last(self, data: bytes, end: Callable[[], Awaitable[None]]) -> None:
+        """`data`, then the body's end by `end` (the ASGI message after which h11 writes the
+        terminating chunk), in one send: the frame is held by the connection and goes out with
+        the next bytes hypercorn writes, or before any other event it sends (a close), or at the
+        latest when `end` returns."""
+        connection = self._connection
+        if data:
+            connection._held = b"%x\r\n%b\r\n" % (len(data), data)
+        try:
+            await end()
+        finally:
+            held, connection._held = connection._held, b""
+            if held:  # hypercorn wrote nothing more (the client went away meanwhile)
+                with trio.CancelScope(shield=True):  # bounded by the write timeout
+                    await connection._write(held)
+
+
+def direct_body_writer() -> DirectBody | None:
     """A writer of the current response's body straight to the connection, or None.
 
     Offered under `trio-direct serve` (`GuardedConnection`) once a response's head went out with
-    chunked framing (an HTTP/1.1 response without Content-Length): each write is one chunk frame,
-    sent under the connection's send lock as hypercorn's own writes are, at the cost of formatting
-    the frame (~1 µs) instead of an ASGI message through hypercorn's layers and an h11 event. The
-    response's end still goes through ASGI, where h11 writes the last chunk. Under plain hypercorn
+    chunked framing (an HTTP/1.1 response without Content-Length). Under plain hypercorn
     (`hypercorn trio_direct.app:app`) it is None, and bodies go through ASGI.
     """
     connection = _current_connection.get()
@@ -142,13 +186,40 @@ def direct_body_writer() -> Callable[[bytes], Awaitable[None]] | None:
         return None
     if not isinstance(h11_connection._writer, h11._writers.ChunkedWriter):
         return None  # not chunked (an HTTP/1.0 client gets a body delimited by the connection's close)
-    send = connection.protocol_send
+    return DirectBody(connection)
 
-    async def write(data: bytes) -> None:
-        if data:  # an empty chunk would end the body
-            await send(RawData(b"%x\r\n%b\r\n" % (len(data), data)))
 
-    return write
+async def _put(channel: trio.MemorySendChannel[Any], message: Any) -> None:
+    """`channel.send` that yields only when the queue is full (a checkpoint for cancellation)."""
+    await trio.lowlevel.checkpoint_if_cancelled()
+    try:
+        channel.send_nowait(message)
+    except trio.WouldBlock:
+        await channel.send(message)
+
+
+async def _take(channel: trio.MemoryReceiveChannel[Any]) -> Any:
+    """`channel.receive` that yields only when nothing is queued (a checkpoint for cancellation)."""
+    await trio.lowlevel.checkpoint_if_cancelled()
+    try:
+        return channel.receive_nowait()
+    except trio.WouldBlock:
+        return await channel.receive()
+
+
+class AppTaskGroup(TaskGroup):
+    """hypercorn's task group, with the app's receive channel read and written by `_take` and
+    `_put`: a request's body and its disconnect reach the app without a task switch apiece."""
+
+    async def spawn_app(
+        self, app: AppWrapper, config: Config, scope: Any, send: Callable[[Any], Awaitable[None]]
+    ) -> Callable[[Any], Awaitable[None]]:
+        to_app, app_queue = trio.open_memory_channel[Any](config.max_app_queue_size)
+        assert self._nursery is not None
+        self._nursery.start_soon(
+            _handle, app, config, scope, partial(_take, app_queue), send, trio.to_thread.run_sync, trio.from_thread.run
+        )
+        return partial(_put, to_app)
 
 
 class LastRequestConnection(h11.Connection):
@@ -234,6 +305,14 @@ class GuardedConnection(TCPServer):
         self._linger = False
         #: The read loop has ended: the client is gone (or was sent away), nothing is kept alive.
         self._read_ended = False
+        #: A body's last chunk frame, sent with the next bytes (`DirectBody.write_last`).
+        self._held = b""
+        #: Keep-alive (`_watch_idle`): between requests (and before the first), the deadline by
+        #: which the next request must begin, and the watcher's scope that carries it.
+        self._idle = True
+        self._idle_deadline = math.inf
+        self._idle_scope: trio.CancelScope | None = None
+        self._idle_watch_ended = False
 
     async def run(self) -> None:
         """`TCPServer.run` without TLS, with `HTTP11Only` as the protocol."""
@@ -242,7 +321,7 @@ class GuardedConnection(TCPServer):
         try:
             client = parse_socket_addr(socket.family, socket.getpeername())
             server = parse_socket_addr(socket.family, socket.getsockname())
-            async with TaskGroup() as task_group:
+            async with AppTaskGroup() as task_group:
                 self._task_group = task_group
                 http11 = HTTP11Protocol(
                     self.app, self.config, self.context, task_group, ConnectionState(self.state),
@@ -250,7 +329,8 @@ class GuardedConnection(TCPServer):
                 )  # fmt: skip
                 self.protocol = HTTP11Only(http11, self.protocol_send)
                 await self.protocol.initiate()
-                await self.idle_task.restart(self._task_group, self._idle_timeout)
+                self._set_idle(True)
+                task_group.spawn(self._watch_idle)
                 await self._read_data()
         except OSError:
             pass
@@ -291,46 +371,113 @@ class GuardedConnection(TCPServer):
             await self._discard_until_client_closes()
         await self.protocol.handle(Closed())
         # The client is gone (or was sent away): nothing is left for the keep-alive timer to close.
-        await self.idle_task.stop()
+        self._stop_watching_idle()
 
     async def protocol_send(self, event: Event) -> None:
         """hypercorn's, with a deadline on writes without progress, and no keep-alive timer started
         once the read loop has ended (a client that reset while its answer's end was written)."""
+        held = self._held
+        if held:  # a body's last chunk goes out with what follows it
+            self._held = b""
+            if isinstance(event, RawData):
+                await self._write(held + event.data)
+                return
+            await self._write(held)
         if isinstance(event, RawData):
             await self._write(event.data)
-        elif isinstance(event, Updated) and event.idle and self._read_ended:
-            return
+        elif isinstance(event, Updated):
+            if not (event.idle and self._read_ended):
+                self._set_idle(event.idle)
         else:
             await super().protocol_send(event)
 
+    def _set_idle(self, idle: bool) -> None:
+        """A request began (not idle), or the connection waits for the next one: the keep-alive
+        deadline runs from now."""
+        self._idle = idle
+        deadline = trio.current_time() + self.config.keep_alive_timeout if idle else math.inf
+        self._idle_deadline = deadline
+        if self._idle_scope is not None:
+            self._idle_scope.deadline = deadline
+
+    def _stop_watching_idle(self) -> None:
+        self._idle = False
+        self._idle_watch_ended = True
+        if self._idle_scope is not None:
+            self._idle_scope.cancel()
+
+    async def _watch_idle(self) -> None:
+        """hypercorn's keep-alive timer (`TCPServer._idle_timeout`), one task for the connection:
+        an idle connection closes once its keep-alive deadline passes, or at once when the server
+        shuts down (a busy one closes after its answer, hypercorn's `_maybe_recycle` sees to it)."""
+        terminated = self.context.terminated
+        while True:
+            with trio.CancelScope(deadline=self._idle_deadline) as scope:
+                self._idle_scope = scope
+                await terminated.wait()
+            self._idle_scope = None
+            if self._idle_watch_ended:
+                return
+            if self._idle:
+                break
+            if terminated.is_set():
+                return
+            # The deadline passed as a request began: watch that request's connection on.
+        with trio.CancelScope(shield=True):
+            await self._initiate_server_close()
+
     async def _write(self, data: bytes) -> None:
+        lock = self.send_lock
+        await trio.lowlevel.checkpoint_if_cancelled()  # what acquiring the lock checks first
+        try:
+            lock.acquire_nowait()
+        except trio.WouldBlock:
+            await lock.acquire()
+        try:
+            # The common case, a socket with room: the bytes go now, without a task switch, a timer
+            # and the layers of a trio `send_all`. Anything else (a full socket, an error) takes the
+            # guarded path with what is left, where an error is raised as `send_all` raises it.
+            sent = 0
+            fd = self.stream.socket.fileno()
+            if fd >= 0:
+                try:
+                    sent = os.write(fd, data)
+                except OSError:
+                    sent = 0
+            closed = sent < len(data) and await self._write_guarded(data[sent:] if sent else data)
+        finally:
+            lock.release()
+        if closed:
+            await self.protocol.handle(Closed())  # the app sees the client gone: its engine request ends
+
+    async def _write_guarded(self, data: bytes) -> bool:
+        """Write `data` (under the send lock); True when the client is gone or made no progress for
+        the write timeout, and the connection was closed."""
         timeout = self.limits.client_write_timeout
         stalled = gone = False
-        async with self.send_lock:
-            try:
-                view = memoryview(data)
-                for start in range(0, len(view), _WRITE_SLICE):
-                    # Shielded as hypercorn has it (a cancelled write would leave a partial chunk on the
-                    # wire), but bounded: a client that reads nothing for `timeout` is not waited for.
-                    with trio.CancelScope(shield=True, deadline=trio.current_time() + timeout) as scope:
-                        await self.stream.send_all(view[start : start + _WRITE_SLICE])
-                    if scope.cancelled_caught:
-                        stalled = True
-                        break
-            except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
-                # The client is gone. Nothing awaits inside this block, and the error's chain
-                # drops its tracebacks: on Python 3.13 the socket's OSError, translated in a
-                # generator context manager, and `contextlib`'s `__exit__` frame hold each other,
-                # and through the frames' callers this connection, until a full collection.
-                _drop_tracebacks(error)
-                del error
-                gone = True
-            if stalled:
-                HTTP_WRITE_TIMEOUTS.inc()
-                self._linger = False
-                await trio.aclose_forcefully(self.stream)  # the read loop ends on it too
-        if stalled or gone:
-            await self.protocol.handle(Closed())  # the app sees the client gone: its engine request ends
+        try:
+            view = memoryview(data)
+            for start in range(0, len(view), _WRITE_SLICE):
+                # Shielded as hypercorn has it (a cancelled write would leave a partial chunk on the
+                # wire), but bounded: a client that reads nothing for `timeout` is not waited for.
+                with trio.CancelScope(shield=True, deadline=trio.current_time() + timeout) as scope:
+                    await self.stream.send_all(view[start : start + _WRITE_SLICE])
+                if scope.cancelled_caught:
+                    stalled = True
+                    break
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
+            # The client is gone. Nothing awaits inside this block, and the error's chain
+            # drops its tracebacks: on Python 3.13 the socket's OSError, translated in a
+            # generator context manager, and `contextlib`'s `__exit__` frame hold each other,
+            # and through the frames' callers this connection, until a full collection.
+            _drop_tracebacks(error)
+            del error
+            gone = True
+        if stalled:
+            HTTP_WRITE_TIMEOUTS.inc()
+            self._linger = False
+            await trio.aclose_forcefully(self.stream)  # the read loop ends on it too
+        return stalled or gone
 
     async def _half_close(self) -> None:
         """`SocketStream.send_eof` for a peer that may be gone, without a reference cycle: trio
@@ -415,4 +562,4 @@ class GuardedConnection(TCPServer):
             await self.stream.aclose()
 
 
-__all__ = ["GuardedConnection", "HTTP11Only", "HTTP11Protocol", "LastRequestConnection"]
+__all__ = ["AppTaskGroup", "GuardedConnection", "HTTP11Only", "HTTP11Protocol", "LastRequestConnection"]

@@ -25,7 +25,7 @@ from trio_direct.core.pipeline import admit_turn, serve_planned
 from trio_direct.core.plan import RequestPlan
 from trio_direct.core.render import Renderer
 from trio_direct.core.request_context import session_key
-from trio_direct.http.connection import direct_body_writer
+from trio_direct.http.connection import DirectBody, direct_body_writer
 from trio_direct.tenants.limiter import Grant
 
 if TYPE_CHECKING:
@@ -80,6 +80,7 @@ class Exchange:
     __slots__ = (
         "scope", "_send", "body", "params", "started", "_frontend", "status", "headers_sent", "ended",
         "extra_headers", "model", "stream", "admission", "ticket", "grant", "plan", "counted", "_write_body",
+        "_direct",
     )  # fmt: skip
 
     def __init__(
@@ -104,6 +105,7 @@ class Exchange:
         #: How `send` writes body bytes, chosen at the first: straight to the connection where it
         #: offers that (`http.connection.direct_body_writer`), else as ASGI messages.
         self._write_body: Callable[[bytes], Awaitable[None]] | None = None
+        self._direct: DirectBody | None = None
         #: Headers every response of this request carries (CORS).
         self.extra_headers = extra_headers
         #: Metrics labels, known once the body is read.
@@ -158,8 +160,25 @@ class Exchange:
     async def send(self, data: bytes) -> None:
         write = self._write_body
         if write is None:
-            write = self._write_body = direct_body_writer() or self._send_body
+            write = self._choose_body_writer()
         await write(data)
+
+    async def send_last(self, data: bytes) -> None:
+        """A streamed body's last bytes and its end (`send` then `end`), in one write to the
+        connection where the body goes straight there."""
+        if self._write_body is None:
+            self._choose_body_writer()
+        direct = self._direct
+        if direct is None:
+            await self.send(data)
+            await self.end()
+            return
+        await direct.write_last(data, self.end)
+
+    def _choose_body_writer(self) -> Callable[[bytes], Awaitable[None]]:
+        direct = self._direct = direct_body_writer()
+        write = self._write_body = direct.write if direct is not None else self._send_body
+        return write
 
     async def _send_body(self, data: bytes) -> None:
         await self._send({"type": "http.response.body", "body": data, "more_body": True})

@@ -87,7 +87,7 @@ class IncrementalDetokenizer:
         step = self._stream.step
         tokenizer = self._tokenizer
         pending = self._pending
-        out: list[str] = []
+        text = ""  # per token, a concatenation costs less than a list and its join
         for index, token_id in enumerate(token_ids):
             pending.append(token_id)
             try:
@@ -96,14 +96,13 @@ class IncrementalDetokenizer:
                 self._pending = pending[:-1]
                 self._stream = None
                 self._prefix = self._decode(self._chunk)
-                out.extend(self._step_in_python(i) for i in token_ids[index:])
-                return "".join(out)
+                return text + "".join([self._step_in_python(i) for i in token_ids[index:]])
             if piece is not None:
-                out.append(piece)
+                text += piece
                 self._chunk = pending
                 pending = []
         self._pending = pending
-        return "".join(out)
+        return text
 
     def flush(self) -> str:
         """End of stream: release held-back ids, with U+FFFD for bytes that never completed."""

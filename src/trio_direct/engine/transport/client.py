@@ -483,16 +483,18 @@ class MessageStream:
     async def __anext__(self) -> Any:
         await trio.lowlevel.checkpoint_if_cancelled()
         stream = self._stream
+        if stream.messages:  # arrived meanwhile: still a schedule point, as every trio call is
+            message = self._take()
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            return message
         while True:
-            if stream.messages:
-                message = self._take()
-                await trio.lowlevel.cancel_shielded_checkpoint()
-                return message
             if self._wakeup:
                 self._wakeup = False
                 raise StreamWakeup
             self._raise_outcome()
-            await _wait(stream)
+            await _wait(stream)  # a schedule point and a cancel point: no second one after it
+            if stream.messages:
+                return self._take()
 
     def _take(self) -> Any:
         connection = self._connection
@@ -521,8 +523,20 @@ class MessageStream:
     def receive_nowait(self) -> Any:
         """Next already-arrived message, for coalescing; raises trio.WouldBlock when none, and
         trio.EndOfChannel when the call ended well."""
-        if self._stream.messages:
-            return self._take()
+        stream = self._stream
+        if stream.messages:  # `_take`, inline: this runs for most messages of a busy stream
+            connection = self._connection
+            assert connection is not None
+            wire = connection.wire
+            data = wire.take(stream)
+            if wire._out:  # a window update: it goes now
+                connection._flush()
+            try:
+                return self._parse(data)
+            except Exception as error:  # noqa: BLE001 - a message that does not parse is the engine's fault
+                raise error_for_status(
+                    "INTERNAL", f"cannot parse the engine's reply: {error}", engine=self._engine
+                ) from None
         self._wakeup = False  # a wake-up is moot while messages are being read
         try:
             self._raise_outcome()

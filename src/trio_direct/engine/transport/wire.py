@@ -534,7 +534,10 @@ class GrpcConnection:
         return payload
 
     def _on_data(self, flags: int, stream_id: int, payload: bytes) -> None:
-        stream = self._known_stream(stream_id, "DATA")
+        # `_known_stream`, inline: this runs for every DATA frame.
+        if stream_id == 0 or not stream_id & 1 or stream_id >= self._next_stream_id:
+            raise _ProtocolViolation(ErrorCode.PROTOCOL_ERROR, f"DATA on stream {stream_id}, which was never opened")
+        stream = self.streams.get(stream_id)
         size = len(payload)
         # The connection window: given back as bytes arrive (the per-stream window is the bound).
         self._receive_window -= size
