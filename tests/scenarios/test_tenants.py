@@ -207,6 +207,26 @@ async def test_a_stream_past_the_tokens_per_minute_runs_to_its_end_and_the_next_
     assert refused.value.response.headers["x-ratelimit-remaining-tokens"] == "0"
 
 
+async def test_a_running_streams_tokens_count_against_its_tenant_before_it_ends(aio_loop, nursery, tmp_path):
+    """Tokens are charged as a stream goes (every half second), not only at its end: a tenant whose
+    stream already spent its tokens per minute gets its next request refused while that stream runs."""
+    base, _ = await serve(nursery, tmp_path, tenants_yaml(tenant("alpha", "key", tokens_per_minute=60)), speed="1")
+    alpha = client(base, "key")
+    stream = StreamInThread(base, "key", max_tokens=600)  # ~4 s at the mock's real-time pace
+    nursery.start_soon(stream.run)
+    await stream.opened.wait()
+    with trio.fail_after(30):
+        while len(stream.chunks) < 80:  # past the limit by itself
+            await trio.sleep(0.05)
+    await trio.sleep(0.75)  # past a charge interval (0.5 s)
+    assert not stream.done.is_set()
+    with pytest.raises(openai.RateLimitError) as refused:
+        await alpha.chat.completions.create(**chat())
+    assert "tokens per minute" in refused.value.message
+    assert not stream.done.is_set(), "refused while the stream that spent the tokens still runs"
+    await stream.done.wait()
+
+
 async def test_concurrent_requests_past_the_limit_are_refused_while_the_others_run(aio_loop, nursery, tmp_path):
     base, _ = await serve(nursery, tmp_path, tenants_yaml(tenant("alpha", "key", concurrent_requests=1)), speed="1")
     alpha = client(base, "key")

@@ -162,6 +162,11 @@ class Exchange:
         if write is None:
             write = self._choose_body_writer()
         await write(data)
+        grant = self.grant
+        if grant is not None and grant.tracked and grant.charge_due(time.monotonic()):
+            # A stream's tokens count against its tenant as they go, and its slot's lease is renewed,
+            # whichever writer carries the body (the direct one under `serve`, ASGI under hypercorn).
+            await self._charge(grant)
 
     async def send_last(self, data: bytes) -> None:
         """A streamed body's last bytes and its end (`send` then `end`), in one write to the
@@ -182,9 +187,6 @@ class Exchange:
 
     async def _send_body(self, data: bytes) -> None:
         await self._send({"type": "http.response.body", "body": data, "more_body": True})
-        grant = self.grant
-        if grant is not None and grant.tracked and grant.charge_due(time.monotonic()):
-            await self._charge(grant)  # a stream's tokens count against its tenant as they go
 
     async def _charge(self, grant: Grant) -> None:
         usage = self.usage()
