@@ -30,6 +30,7 @@ from trio_direct.engine.transport import wire  # noqa: E402
 from trio_direct.core import dispatch, engine_call  # noqa: E402
 from trio_direct import service as serve_module  # noqa: E402
 from trio_direct.http import app as http_app  # noqa: E402
+from trio_direct.http import connection  # noqa: E402
 from trio_direct.surfaces import chat  # noqa: E402
 
 STEPS = {
@@ -110,13 +111,13 @@ def instrument() -> None:
     wrap_async(engine_call.EngineCall, "next_batch", after="batch", needs="engine_data")
     wrap_async(dispatch.ChoiceEvents, "__anext__", after="events", needs="engine_data")  # n > 1, PD
     wrap_async(dispatch._OneChoiceEvents, "__anext__", after="events", needs="engine_data")
-    send_all = trio.SocketStream.send_all
+    write = connection.GuardedConnection._write  # every write to a client socket (os.write or send_all)
 
-    async def send_all_marked(self, data):
+    async def write_marked(self, data):
         mark("client_write", "events")
-        return await send_all(self, data)
+        return await write(self, data)
 
-    trio.SocketStream.send_all = send_all_marked
+    connection.GuardedConnection._write = write_marked
 
 
 async def main(requests: int) -> None:
