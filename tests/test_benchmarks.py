@@ -39,7 +39,7 @@ TINY_RUNS: dict[str, str] = {
     "prompt_cache_bench.py": "--trace {trace} --conversations 2 --rounds 1",
     "stalled_clients_bench.py": "--clients 2 --seconds 2",
     "state_store_bench.py": "--rounds 2",
-    "tenant_fairness_bench.py": "--seconds 3 --out {tmp}",
+    "tenant_fairness_bench.py": "--seconds 1 --out {tmp}",
     "soak_bench.py": "--concurrency 2 --duration 1 --warmup 1 --ramp 0.5 --engines 1 --out {tmp}/soak.json",
     "text_pipeline_bench.py": "--tokens 20 --runs 1",
     "token_path_bench.py": "--tokens 50 --runs 1",
