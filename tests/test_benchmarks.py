@@ -37,7 +37,7 @@ TINY_RUNS: dict[str, str] = {
     "mock_scheduler_bench.py": "--running 2 --steps 5",
     "pd_bench.py": "--concurrency 1 --requests 2 --rounds 1",
     "prompt_cache_bench.py": "--trace {trace} --conversations 2 --rounds 1",
-    "stalled_clients_bench.py": "--clients 2 --seconds 2",
+    "stalled_clients_bench.py": "--clients 2 --seconds 1",
     "state_store_bench.py": "--rounds 2",
     "tenant_fairness_bench.py": "--seconds 1 --out {tmp}",
     "soak_bench.py": "--concurrency 2 --duration 1 --warmup 1 --ramp 0.5 --engines 1 --out {tmp}/soak.json",
