@@ -64,7 +64,7 @@ def start_smg(children: Children, smg: str, engine_ports: list[int], model_dir: 
         [smg, "launch", "--host", "127.0.0.1", "--port", str(port),
          "--worker-urls", *(f"grpc://127.0.0.1:{p}" for p in engine_ports),
          "--policy", "round_robin", "--model-path", str(model_dir), "--log-level", "warn",
-         "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())],
+         "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()), "--shutdown-grace-period-secs", "1"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     wait_http(port, "/health")

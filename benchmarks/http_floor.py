@@ -31,7 +31,7 @@ import h11
 import hypercorn.trio
 import trio
 
-from frontend_bench import PROMPT, direct_latency, find_smg, start_frontend, start_smg
+from frontend_bench import MODEL_NAME, PROMPT, direct_latency, find_smg, start_frontend, start_smg
 from loadgen import Children, chat_body, percentile, run_load, summary_ms
 from trio_direct.engine.native import NativeEngineClient
 from trio_direct.engine.transport import EngineChannel, open_asyncio_loop
@@ -178,7 +178,9 @@ def main() -> None:
     prompt_ids = tokenizer.encode(render_chat(tokenizer, PROMPT), add_special_tokens=False)
     smg = find_smg(args.smg)
     with Children() as children:
-        engines = [children.mock_engine("--incremental-streaming-output") for _ in range(2)]
+        engines = [
+            children.mock_engine("--incremental-streaming-output", "--served-model-name", MODEL_NAME) for _ in range(2)
+        ]
         targets = {
             f"{kind} forwarder": start_forwarder(children, kind, engines[i % 2], prompt_ids)
             for i, kind in enumerate(FORWARDERS)
@@ -191,9 +193,11 @@ def main() -> None:
         for _ in range(args.rounds):
             ttft["direct gRPC"] += trio.run(direct_latency, engines[0], prompt_ids, per_round, MAX_TOKENS)[0]
             for name, port in targets.items():
-                body = chat_body(str(model_dir), MAX_TOKENS)
+                body = chat_body(MODEL_NAME, MAX_TOKENS)
                 samples, _ = trio.run(partial(run_load, "127.0.0.1", port, body, concurrency=1, requests=per_round))
                 ttft[name] += [s.ttft for s in samples if s.ttft is not None]
+                if not any(s.ok for s in samples):  # a path that answers nothing has no figure to print
+                    raise SystemExit(f"{name}: none of {len(samples)} requests succeeded")
         base = percentile(ttft["direct gRPC"], 0.5)
         previous = None
         print(f"{'path':<20} {'TTFT':>38} {'added p50':>10} {'vs row above':>13}")

@@ -187,7 +187,7 @@ def start_smg(
             [smg, "launch", "--host", "127.0.0.1", "--port", str(port),
              "--worker-urls", *(f"grpc://127.0.0.1:{p}" for p in ports),
              "--policy", "cache_aware", "--model-path", str(model_dir), "--log-level", "info",
-             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())],
+             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()), "--shutdown-grace-period-secs", "1"],
             env=env, stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
     wait_http(port, "/health")

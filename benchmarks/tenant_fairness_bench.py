@@ -40,6 +40,12 @@ MODEL = "tiny"
 RAMP_UP_S = 2.0
 
 
+def ramp_up(seconds: float) -> float:
+    """The ramp-up of a phase of `seconds`: at most half of it, so that a short (smoke) run still
+    counts requests and samples slots."""
+    return min(RAMP_UP_S, seconds / 2)
+
+
 @dataclass
 class Tenant:
     name: str
@@ -117,7 +123,7 @@ async def run_phase(port: int, tenants: list[Tenant], seconds: float) -> float:
         nursery.start_soon(sample)
         for tenant in tenants:
             for _ in range(tenant.in_flight):
-                nursery.start_soon(one_client, port, tenant, (start + RAMP_UP_S, until))
+                nursery.start_soon(one_client, port, tenant, (start + ramp_up(seconds), until))
     return time.monotonic() - start
 
 
@@ -137,7 +143,7 @@ def queue_waits(port: int) -> dict[str, tuple[float, float]]:
     return {name: (total, count) for name, (total, count) in out.items()}
 
 
-def summary(tenants: list[Tenant]) -> dict:
+def summary(tenants: list[Tenant], seconds: float) -> dict:
     total = sum(t.completed for t in tenants) or 1
     out = {}
     for tenant in tenants:
@@ -149,7 +155,9 @@ def summary(tenants: list[Tenant]) -> dict:
             "ttft_p50_ms": 1000 * statistics.median(ttft) if ttft else None,
             "ttft_p90_ms": 1000 * ttft[int(0.9 * (len(ttft) - 1))] if ttft else None,
             "service_p50_ms": 1000 * statistics.median(tenant.service) if tenant.service else None,
-            "mean_slots": statistics.fmean(n for t, n in tenant.slots if t >= RAMP_UP_S) if tenant.slots else None,
+            "mean_slots": statistics.fmean(n for t, n in tenant.slots if t >= ramp_up(seconds))
+            if tenant.slots
+            else None,
         }
     return out
 
@@ -195,7 +203,9 @@ async def main_async(args: argparse.Namespace, out: Path, tenants_file: Path) ->
             stdout=subprocess.DEVNULL,
         )  # fmt: skip
         await trio.to_thread.run_sync(wait_http, port)
-        await run_phase(port, [Tenant("steady", keys["steady"], STEADY)], 2)  # warm: connections, caches
+        await run_phase(
+            port, [Tenant("steady", keys["steady"], STEADY)], min(2.0, args.seconds)
+        )  # warm: connections, caches
         phases["unloaded"] = [Tenant("steady", keys["steady"], STEADY)]
         await run_phase(port, phases["unloaded"], args.seconds)
         phases["fair"] = [Tenant("steady", keys["steady"], STEADY), Tenant("flood", keys["flood"], FLOOD)]
@@ -211,7 +221,7 @@ async def main_async(args: argparse.Namespace, out: Path, tenants_file: Path) ->
         phases["fifo"] = [Tenant("steady", keys["steady"], STEADY), Tenant("flood", keys["steady"], FLOOD)]
         await run_phase(port, phases["fifo"], args.seconds)
     for name, tenants in phases.items():
-        results[name] = summary(tenants)
+        results[name] = summary(tenants, args.seconds)
     unloaded = results["unloaded"]["steady"]["ttft_p50_ms"]
     fair = results["fair"]["steady"]
 

