@@ -14,6 +14,8 @@ import struct
 import trio
 from support import exchange, read_response, read_to_eof, sockets_in_close_wait, wait_until
 
+from trio_direct.http import connection
+
 HEAD = b"GET /live HTTP/1.1\r\nHost: x\r\n\r\n"
 #: Any timeout not under test: far beyond the test's own duration.
 LONG = 60.0
@@ -361,3 +363,39 @@ async def test_connections_reset_right_after_their_answers_last_bytes_are_releas
         for _ in range(100):
             clients.start_soon(reset_at_the_end)
     await wait_until(lambda: HTTP_CONNECTIONS._value.get() == before, timeout=2)
+
+
+# --- answers given before the request's body was read -----------------------------------------------
+
+EARLY = b"POST /live HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n"  # /live answers without reading a body
+
+
+async def test_a_body_that_arrives_after_the_early_answer_is_discarded_and_the_next_request_served(start_server):
+    port = await start_server(header_read_timeout=LONG, body_read_timeout=LONG)
+    async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
+        await stream.send_all(EARLY % 10 + b"01234")
+        assert status_of(await read_response(stream)) == 200
+        await trio.sleep(0.1)
+        await stream.send_all(b"56789" + HEAD)  # the rest of the body, then the next request
+        assert status_of(await read_response(stream)) == 200
+        chunked = b"POST /live HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nabcde\r\n"
+        await stream.send_all(chunked)
+        assert status_of(await read_response(stream)) == 200
+        await trio.sleep(0.1)
+        await stream.send_all(b"0\r\n\r\n" + HEAD)
+        assert status_of(await read_response(stream)) == 200
+
+
+async def test_an_early_answer_does_not_read_a_large_unread_body_forever(start_server, monkeypatch):
+    monkeypatch.setattr(connection, "LINGER_TIME", 0.5)  # how long a closed connection's answer lingers
+    port = await start_server(max_body_bytes=100_000, header_read_timeout=LONG, body_read_timeout=LONG)
+    async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
+        await stream.send_all(b"POST /live HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+        assert status_of(await read_response(stream)) == 200
+        chunk = b"%x\r\n%s\r\n" % (65536, b"x" * 65536)
+        with trio.fail_after(15):  # an endless body: past the discard limit the server closes
+            try:
+                while True:
+                    await stream.send_all(chunk)
+            except trio.BrokenResourceError:
+                pass

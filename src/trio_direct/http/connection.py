@@ -41,6 +41,9 @@ and answers a stalled request 408. More changes, each against a hypercorn 0.18 b
   malformed request) meets a connection reset and is lost; here the connection lingers half-closed
   (`GuardedConnection._close`). Bytes after a connection's last request no longer cut its answer
   short (`LastRequestConnection`).
+- When an app answers before reading the request's body, hypercorn stops handling the connection's
+  events at the body's next piece and never readies it for the next request; here the rest of the
+  body is read past and the connection recycled (`HTTP11Protocol`).
 
 No TLS is configured, so HTTP/2 could only arrive as an ``Upgrade: h2c`` or a prior-knowledge
 preface; this server speaks HTTP/1.1 alone (the deadlines above are HTTP/1.1's), so the h2c upgrade
@@ -244,13 +247,73 @@ class LastRequestConnection(h11.Connection):
         return reader
 
 
+#: The most request-body bytes read and thrown away after an answer that did not wait for them; a
+#: longer body closes the connection instead (reading it would cost more than a new connection).
+EARLY_ANSWER_DISCARD_LIMIT = 1 << 20
+
+
 class HTTP11Protocol(H11Protocol):
-    """hypercorn's HTTP/1.1 protocol, without its switch to HTTP/2 on ``Upgrade: h2c``."""
+    """hypercorn's HTTP/1.1 protocol, without its switch to HTTP/2 on ``Upgrade: h2c``, and with the
+    rest of a request's body read past after an answer that did not wait for it.
+
+    An app may answer before reading the body (401 for a missing key, 404, a refusal). hypercorn
+    then drops the request's stream and stops handling events at the body's next piece, so the
+    connection is never made ready for its next request: a keep-alive client's next request waits
+    until the connection times out. That happens whenever the answer ends before the body's events
+    were taken from h11, which is always the case when the body arrives after the answer, and often
+    otherwise, since the app here runs without a task switch (`AppTaskGroup`). Here the rest of the
+    body is read and discarded, and the connection recycled at its end, under the body read
+    deadlines; a body over `EARLY_ANSWER_DISCARD_LIMIT` closes the connection.
+    """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         limit = self.config.h11_max_incomplete_size
         self.connection = LastRequestConnection(h11.SERVER, max_incomplete_event_size=limit)
+        #: Body bytes still allowed to be discarded; None when no answered request's body is pending.
+        self._discard_budget: int | None = None
+
+    async def _maybe_recycle(self) -> None:
+        connection = self.connection
+        if (
+            connection.our_state is h11.DONE
+            and connection.their_state is h11.SEND_BODY
+            and not self.context.terminated.is_set()
+        ):
+            await self._close_stream()
+            self._discard_budget = EARLY_ANSWER_DISCARD_LIMIT
+            await self._discard_body()
+            return
+        await super()._maybe_recycle()
+
+    async def _handle_events(self) -> None:
+        if self._discard_budget is not None:
+            await self._discard_body()
+            if self._discard_budget is not None:
+                return  # more of the discarded body is to come
+        await super()._handle_events()
+
+    async def _discard_body(self) -> None:
+        """Take the answered request's body events from h11 and drop them; at its end, recycle the
+        connection for the next request (which `_handle_events` then reads)."""
+        while (budget := self._discard_budget) is not None:
+            try:
+                event = self.connection.next_event()
+            except h11.RemoteProtocolError:
+                event = h11.ConnectionClosed()
+            if isinstance(event, h11.Data):
+                self._discard_budget = budget - len(event.data)
+                if self._discard_budget < 0:
+                    self._discard_budget = None
+                    await self.send(Closed())
+            elif isinstance(event, h11.EndOfMessage):
+                self._discard_budget = None
+                await super()._maybe_recycle()  # both sides are done now: ready for the next request
+            elif event is h11.NEED_DATA:
+                return
+            else:  # the client closed mid-body, or broke the framing
+                self._discard_budget = None
+                await self.send(Closed())
 
     async def _check_protocol(self, event: h11.Request) -> None:
         if event.method == b"PRI" and event.target == b"*" and event.http_version == b"2.0":
