@@ -1,0 +1,442 @@
+"""An exact, faster encoder for byte-level BPE tokenizers: tiktoken's, where it provably equals HF's.
+
+Encoding a long rendered prompt is most of the frontend's CPU per request, and most of that is the
+Hugging Face `tokenizers` binding (its Oniguruma regex, the offsets and token strings it allocates
+per token). `tiktoken` runs the same kind of pipeline (a pre-tokenizing regex, then byte-pair merges
+per piece) about 5x faster. A single differing token id would silently change what the model reads,
+so tiktoken serves a tokenizer only when the conditions below hold, each checked from
+`tokenizer.json` at load (`plan_fast_encoder`), and only for texts where the argument covers it
+(`FastBPE.encode` returns None otherwise and the caller uses HF). Why the two then agree:
+
+1. Pipeline. HF encodes a text by (a) cutting out added tokens, (b) normalizing each remaining piece,
+   (c) pre-tokenizing it with a regex, (d) running BPE on each regex match's bytes, (e) mapping added
+   tokens to their ids. tiktoken does (a) with `allowed_special="all"`, (c), (d), (e). Required:
+
+   - model BPE without dropout, `continuing_subword_prefix`, `end_of_word_suffix` or byte fallback,
+     and all 256 byte-level characters in the vocabulary (then every piece starts as its bytes, as in
+     tiktoken, whose ranks are the vocabulary's ids on the byte strings the characters stand for);
+   - pre-tokenizer `ByteLevel(add_prefix_space=False, use_regex=True)` (GPT-2's regex), or
+     `Sequence[Split(pattern, Isolated), ByteLevel(add_prefix_space=False, use_regex=False)]` with a
+     pattern from `TOTAL_PATTERNS`. Those are *total*: every character is whitespace, a letter, a
+     digit or none of these, and each case has an alternative matching at least that character
+     wherever it stands, so the matches tile the text. HF keeps unmatched stretches as pieces and
+     tiktoken drops them; with a total pattern there are none. Any other pattern: HF;
+   - normalizer none, NFC, or an empty Sequence: all the identity on ASCII text;
+   - text that `isascii()` (O(1) in CPython). On ASCII the two regex engines (Oniguruma for HF,
+     fancy-regex for tiktoken) agree: both are leftmost-first backtracking semantics over the same
+     pattern, and `\\s`, `\\p{L}`, `\\p{N}` and the other classes in these patterns name the same
+     ASCII characters in both (Unicode White_Space, letters A-Z a-z, digits 0-9; the tests run all
+     128 code points through both). Non-ASCII text goes to HF: the engines' Unicode tables need
+     not be the same version;
+   - added tokens without `lstrip`, `rstrip` or `single_word`, none a prefix of another (HF matches
+     leftmost-longest, tiktoken leftmost-first; with no prefixes at most one token matches at a
+     position, so both take the same), and, when some are `normalized` and some not (HF then
+     matches in two passes), no token of one kind overlapping or containing one of the other.
+
+2. Merges. Both merge loops repeatedly merge one adjacent pair of a piece's current symbols. HF
+   merges the pair with the lowest rank in its merge list (leftmost among equal ranks); tiktoken
+   the pair whose concatenation has the lowest id (leftmost among equal ids), considering every
+   pair whose concatenation is in the vocabulary. Required, over the merge list:
+
+   - (R) ranks ordered by result: merge list sorted by the id of the merged token, no duplicates;
+   - (P) a merge's result has a larger id than both its parts;
+   - (O) for two merges (x, y) and (y, z) with the same result (they can overlap: x y z adjacent),
+     HF ranks (x, y) first.
+
+   Call a pair *real* if it is in the merge list and *phantom* if only its concatenation is in
+   the vocabulary (HF's trainer lists only the merges it made: " the" from " t"+"he", but not
+   " "+"the"). Consider tiktoken restricted to real pairs. By (R) both loops always merge a pair
+   with the least result id t among the real candidates; by (P) a merge creates only candidates
+   with larger results, so both proceed in *phases* of increasing t, and a phase merges only pairs
+   that were candidates when it began. Within phase t, candidates that share no symbol are
+   independent (merging one neither removes nor re-ranks another), so the order does not matter;
+   candidates that share a symbol are, by (O) for distinct pairs and trivially for equal ones,
+   taken leftmost first by both. So both end phase t in the same state, and by induction end the
+   same. tiktoken unrestricted differs from this only if it ever merges a phantom pair; that
+   creates the phantom's result, which then lies inside one final token s; and the merges inside
+   the final token s are exactly tiktoken's merge loop on s's bytes alone (an outer merge never
+   changes the symbols inside s, and every step was the least candidate overall, so the least
+   inside s). So a phantom merge happened only if the output holds a token of `risky`: the tokens
+   whose own merge loop uses a phantom pair (computed at load, for the tokens that contain a
+   phantom's result).
+
+3. Whole pieces. tiktoken encodes a piece that is itself in the vocabulary as that token without
+   merging; HF does the same only with `ignore_merges`. Otherwise the two agree exactly when the
+   merge loop on that token's bytes yields the token, which HF's own model decides at load for
+   every token; the exceptions join `risky` (a token can come out of tiktoken only by this
+   shortcut or by its own merge loop, which, by 2, is HF's), except those spelling an added token:
+   a piece never equals an added token's text, since both cut every occurrence out first (with no
+   added token a prefix of another, the leftmost scan matches each occurrence unless an overlapping
+   match took part of it).
+
+When any output id is in `risky`, `encode` returns None and the caller encodes with HF.
+(R), (P) and (O) hold for tokenizers HF's BpeTrainer made; vocabularies converted from tiktoken's
+own (Llama 3, o200k) break (P) and (O), and then HF keeps encoding: for those no proof is known here.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["GPT2_PATTERN", "TOTAL_PATTERNS", "FastBPE", "FastEncoderPlan", "plan_fast_encoder"]
+
+#: HF's ByteLevel(use_regex=True) pattern (GPT-2's).
+GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+_LLAMA3_PATTERN = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+_QWEN2_PATTERN = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+_O200K_PATTERN = "|".join((
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+    r"""\p{N}{1,3}""",
+    r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""",
+    r"""\s*[\r\n]+""",
+    r"""\s+(?!\S)""",
+    r"""\s+""",
+))  # fmt: skip
+#: Split patterns whose matches tile any text (see the module docstring), as tokenizer.json spells them.
+TOTAL_PATTERNS = frozenset({GPT2_PATTERN, _LLAMA3_PATTERN, _QWEN2_PATTERN, _O200K_PATTERN})
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte-to-character map, inverted: the character each byte is written as -> the byte."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars = printable[:]
+    extra = 0
+    for byte in range(256):
+        if byte not in printable:
+            printable.append(byte)
+            chars.append(256 + extra)
+            extra += 1
+    return {chr(c): b for b, c in zip(printable, chars, strict=True)}
+
+
+_CHAR_TO_BYTE = _byte_level_alphabet()
+
+
+class FastBPE:
+    """tiktoken for one tokenizer, for the texts the proof covers; `encode` is None for the rest."""
+
+    __slots__ = ("_encoding", "_risky", "_specials", "prefix_ids", "suffix_ids")
+
+    def __init__(
+        self,
+        encoding: Any,
+        *,
+        risky: frozenset[int] = frozenset(),
+        prefix_ids: Sequence[int] | None = None,
+        suffix_ids: Sequence[int] = (),
+    ) -> None:
+        self._encoding = encoding
+        self._specials = frozenset(encoding.special_tokens_set)
+        self._risky = risky
+        #: What the post-processor puts around the ids (None: not known to be plain; use HF).
+        self.prefix_ids = None if prefix_ids is None else list(prefix_ids)
+        self.suffix_ids = list(suffix_ids)
+
+    @property
+    def risky_ids(self) -> frozenset[int]:
+        return self._risky
+
+    def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int] | None:
+        """HF's ids for `text`, or None when this text is not covered (then encode it with HF).
+
+        Releases the GIL while it encodes (tiktoken's core does), as HF's batch call does.
+        """
+        if not text.isascii():
+            return None
+        prefix = self.prefix_ids
+        if add_special_tokens and prefix is None:
+            return None
+        ids: list[int] = self._encoding.encode(text, allowed_special=self._specials, disallowed_special=())
+        if self._risky and not self._risky.isdisjoint(ids):
+            return None
+        if add_special_tokens and (prefix or self.suffix_ids):
+            return [*prefix, *ids, *self.suffix_ids]  # type: ignore[misc]
+        return ids
+
+
+@dataclass(frozen=True, slots=True)
+class FastEncoderPlan:
+    """Which encoder serves a tokenizer and why: `fast` is None when HF does."""
+
+    fast: FastBPE | None
+    reason: str
+    seconds: float = 0.0
+
+    @property
+    def name(self) -> str:
+        return "tiktoken" if self.fast is not None else "huggingface"
+
+
+class _Refused(Exception):
+    pass
+
+
+def plan_fast_encoder(
+    tokenizer_json: Mapping[str, Any],
+    hf_model_tokenize: Callable[[list[str]], list[list[int]]] | None = None,
+) -> FastEncoderPlan:
+    """Decide from a parsed tokenizer.json whether tiktoken may encode for it, and build it if so.
+
+    `hf_model_tokenize` runs HF's BPE model alone (no normalizer, pre-tokenizer or added tokens) on
+    byte-level strings, for the whole-piece check (3. in the module docstring); it is needed only
+    when the tokenizer lacks `ignore_merges`, and without it such a tokenizer stays on HF.
+    """
+    started = time.perf_counter()
+    try:
+        fast, reason = _plan(tokenizer_json, hf_model_tokenize)
+    except _Refused as refusal:
+        fast, reason = None, str(refusal)
+    return FastEncoderPlan(fast, reason, time.perf_counter() - started)
+
+
+def _plan(
+    tj: Mapping[str, Any], hf_model_tokenize: Callable[[list[str]], list[list[int]]] | None
+) -> tuple[FastBPE, str]:
+    try:
+        import tiktoken
+    except ImportError:  # pragma: no cover - a declared dependency
+        raise _Refused("tiktoken is not installed")
+    model = tj.get("model") or {}
+    if model.get("type") != "BPE":
+        raise _Refused(f"model is {model.get('type')}, not BPE")
+    if model.get("dropout") is not None:
+        raise _Refused("BPE dropout")
+    if model.get("continuing_subword_prefix") or model.get("end_of_word_suffix"):
+        raise _Refused("subword prefix or suffix")
+    if model.get("byte_fallback"):
+        raise _Refused("byte fallback")
+    pattern = _pre_tokenizer_pattern(tj.get("pre_tokenizer"))
+    _check_normalizer(tj.get("normalizer"))
+    vocab: Mapping[str, int] = model.get("vocab") or {}
+    if any(char not in vocab for char in _CHAR_TO_BYTE):
+        raise _Refused("not every byte-level character is in the vocabulary")
+    if len(set(vocab.values())) != len(vocab):
+        raise _Refused("duplicate ids in the vocabulary")
+    ranks: dict[bytes, int] = {}
+    for token, token_id in vocab.items():
+        try:
+            ranks[bytes([_CHAR_TO_BYTE[c] for c in token])] = token_id
+        except KeyError:
+            continue  # not byte-level text: no merge can reach it from bytes (nor in HF)
+    byte_level = {t: i for t, i in vocab.items() if all(c in _CHAR_TO_BYTE for c in t)}
+    merges = _merges(model.get("merges") or ())
+    phantom_results = _check_merges(byte_level, merges)
+    specials, prefix_ids, suffix_ids = _added_tokens(tj.get("added_tokens") or (), tj.get("post_processor"))
+
+    risky: set[int] = set()
+    if phantom_results:
+        risky |= _phantom_users(byte_level, set(merges), phantom_results)
+    ignore_merges = bool(model.get("ignore_merges"))
+    if not ignore_merges:
+        if hf_model_tokenize is None:
+            raise _Refused("no way to check whole-piece merges (ignore_merges is false)")
+        tokens = [t for t in byte_level if len(t) > 1]
+        for token, ids in zip(tokens, hf_model_tokenize(tokens), strict=True):
+            # A token spelling an added token is never a piece: that text is cut out first.
+            if ids != [byte_level[token]] and _text(token) not in specials:
+                risky.add(byte_level[token])
+    encoding = tiktoken.Encoding(
+        "trio-direct-fast-bpe", pat_str=pattern, mergeable_ranks=ranks, special_tokens=specials
+    )
+    fast = FastBPE(encoding, risky=frozenset(risky), prefix_ids=prefix_ids, suffix_ids=suffix_ids)
+    reason = (
+        f"byte-level BPE with an exact tiktoken equivalent ({len(ranks)} tokens, "
+        f"{len(phantom_results)} phantom merges, {len(risky)} tokens checked per text; ASCII texts)"
+    )
+    return fast, reason
+
+
+def _text(token: str) -> str | None:
+    try:
+        return bytes(_CHAR_TO_BYTE[c] for c in token).decode()
+    except UnicodeDecodeError:
+        return None
+
+
+def _pre_tokenizer_pattern(state: Mapping[str, Any] | None) -> str:
+    if not state:
+        raise _Refused("no pre-tokenizer")
+    kind = state.get("type")
+    if kind == "ByteLevel":
+        if state.get("add_prefix_space") or not state.get("use_regex", True):
+            raise _Refused("ByteLevel pre-tokenizer with a prefix space or without its regex")
+        return GPT2_PATTERN
+    if kind == "Sequence":
+        parts = state.get("pretokenizers") or ()
+        if len(parts) == 2 and parts[0].get("type") == "Split" and parts[1].get("type") == "ByteLevel":
+            split, byte_level = parts
+            pattern = (split.get("pattern") or {}).get("Regex")
+            if split.get("behavior") != "Isolated" or split.get("invert") or pattern not in TOTAL_PATTERNS:
+                raise _Refused("Split pre-tokenizer with an unknown pattern or behaviour")
+            if byte_level.get("add_prefix_space") or byte_level.get("use_regex", True):
+                raise _Refused("ByteLevel after Split with a prefix space or its own regex")
+            return pattern  # type: ignore[no-any-return]
+    raise _Refused(f"pre-tokenizer {kind} is not one tiktoken reproduces")
+
+
+def _check_normalizer(state: Mapping[str, Any] | None) -> None:
+    """Accept normalizers that are the identity on ASCII text."""
+    if state is None:
+        return
+    kind = state.get("type")
+    if kind == "NFC":
+        return
+    if kind == "Sequence":
+        for inner in state.get("normalizers") or ():
+            _check_normalizer(inner)
+        return
+    raise _Refused(f"normalizer {kind}")
+
+
+def _merges(raw: Iterable[Any]) -> list[tuple[str, str]]:
+    out = []
+    for merge in raw:
+        if isinstance(merge, str):
+            parts = merge.split(" ")
+            if len(parts) != 2:
+                raise _Refused("malformed merge")
+            out.append((parts[0], parts[1]))
+        else:
+            out.append((merge[0], merge[1]))
+    return out
+
+
+def _check_merges(vocab: Mapping[str, int], merges: list[tuple[str, str]]) -> set[str]:
+    """Check (R), (P) and (O) over the byte-level merges; return the results of phantom pairs."""
+    if len(set(merges)) != len(merges):
+        raise _Refused("duplicate merges")
+    rank: dict[tuple[str, str], int] = {}
+    last = -1
+    for index, (x, y) in enumerate(merges):
+        merged = x + y
+        merged_id = vocab.get(merged)
+        if merged_id is None or x not in vocab or y not in vocab:
+            continue  # not byte-level: unreachable from bytes
+        if merged_id < last:
+            raise _Refused(f"merge order disagrees with token ids at {x!r} + {y!r} (R)")
+        last = merged_id
+        if merged_id <= vocab[x] or merged_id <= vocab[y]:
+            raise _Refused(f"merge {x!r} + {y!r} yields a token older than its parts (P)")
+        rank[(x, y)] = index
+    for (x, y), index in rank.items():
+        merged = x + y
+        if x != y and merged.startswith(y):
+            other = rank.get((y, merged[len(y) :]))
+            if other is not None and other < index:
+                raise _Refused(f"overlapping merges {y!r} + {merged[len(y) :]!r} before {x!r} + {y!r} (O)")
+    phantom: set[str] = set()
+    for token in vocab:
+        for cut in range(1, len(token)):
+            left, right = token[:cut], token[cut:]
+            if left in vocab and right in vocab and (left, right) not in rank:
+                phantom.add(token)
+                break
+    return phantom
+
+
+def _phantom_users(vocab: Mapping[str, int], real: set[tuple[str, str]], phantom_results: set[str]) -> set[int]:
+    """Ids of the tokens whose own tiktoken merge loop merges a phantom pair (2. in the docstring)."""
+    longest = max(map(len, phantom_results))
+    out: set[int] = set()
+    for token, token_id in vocab.items():
+        if len(token) < 2 or not any(
+            token[i:j] in phantom_results
+            for i in range(len(token) - 1)
+            for j in range(i + 2, min(len(token), i + longest) + 1)
+        ):
+            continue
+        if _merge_loop_uses_phantom(token, vocab, real):
+            out.add(token_id)
+    return out
+
+
+def _merge_loop_uses_phantom(word: str, vocab: Mapping[str, int], real: set[tuple[str, str]]) -> bool:
+    """tiktoken's merge loop on `word` (no whole-piece shortcut): does it merge a non-listed pair?"""
+    parts = list(word)
+    while len(parts) > 1:
+        best = -1
+        best_id = 0
+        for i in range(len(parts) - 1):
+            merged_id = vocab.get(parts[i] + parts[i + 1])
+            if merged_id is not None and (best < 0 or merged_id < best_id):
+                best, best_id = i, merged_id
+        if best < 0:
+            return False
+        if (parts[best], parts[best + 1]) not in real:
+            return True
+        parts[best : best + 2] = [parts[best] + parts[best + 1]]
+    return False
+
+
+def _added_tokens(
+    added: Iterable[Mapping[str, Any]], post_processor: Mapping[str, Any] | None
+) -> tuple[dict[str, int], list[int] | None, list[int]]:
+    specials: dict[str, int] = {}
+    kinds: dict[str, bool] = {}
+    for token in added:
+        content = token.get("content")
+        if not isinstance(content, str) or not content:
+            raise _Refused("an empty added token")
+        if token.get("lstrip") or token.get("rstrip") or token.get("single_word"):
+            raise _Refused(f"added token {content!r} strips whitespace or matches single words")
+        specials[content] = int(token["id"])
+        kinds[content] = bool(token.get("normalized"))
+    ordered = sorted(specials)
+    for a, b in zip(ordered, ordered[1:], strict=False):
+        if b.startswith(a):  # a prefix sorts right before its extensions
+            raise _Refused(f"added token {a!r} is a prefix of {b!r}")
+    normalized = [t for t, n in kinds.items() if n]
+    plain = [t for t, n in kinds.items() if not n]
+    if normalized and plain:
+        for a in normalized:
+            for b in plain:
+                if _overlap(a, b):
+                    raise _Refused(f"added tokens {a!r} and {b!r} overlap (matched in separate passes)")
+    prefix, suffix = _post_processor_ids(post_processor)
+    return specials, prefix, suffix
+
+
+def _overlap(a: str, b: str) -> bool:
+    if a in b or b in a:
+        return True
+    return any(b.startswith(a[i:]) for i in range(1, len(a))) or any(a.startswith(b[i:]) for i in range(1, len(b)))
+
+
+def _post_processor_ids(state: Mapping[str, Any] | None) -> tuple[list[int] | None, list[int]]:
+    """The ids a post-processor puts before and after a single sequence; (None, []) if not plain."""
+    if state is None:
+        return [], []
+    kind = state.get("type")
+    if kind == "ByteLevel":
+        return [], []  # offsets only
+    if kind == "Sequence":
+        prefix: list[int] = []
+        suffix: list[int] = []
+        for inner in state.get("processors") or ():
+            p, s = _post_processor_ids(inner)
+            if p is None:
+                return None, []
+            prefix, suffix = [*p, *prefix], [*suffix, *s]
+        return prefix, suffix
+    if kind == "TemplateProcessing":
+        tokens = state.get("special_tokens") or {}
+        prefix, suffix = [], []
+        seen_sequence = False
+        for piece in state.get("single") or ():
+            if "Sequence" in piece:
+                if seen_sequence or piece["Sequence"].get("id") != "A":
+                    return None, []
+                seen_sequence = True
+            elif "SpecialToken" in piece:
+                entry = tokens.get(piece["SpecialToken"].get("id"))
+                if entry is None:
+                    return None, []
+                (suffix if seen_sequence else prefix).extend(int(i) for i in entry.get("ids") or ())
+            else:
+                return None, []
+        return (prefix, suffix) if seen_sequence else (None, [])
+    return None, []
