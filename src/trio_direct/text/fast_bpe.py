@@ -76,6 +76,7 @@ own (Llama 3, o200k) break (P) and (O), and then HF keeps encoding: for those no
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -266,15 +267,15 @@ def _pre_tokenizer_pattern(state: Mapping[str, Any] | None) -> str:
             raise _Refused("ByteLevel pre-tokenizer with a prefix space or without its regex")
         return GPT2_PATTERN
     if kind == "Sequence":
-        parts = state.get("pretokenizers") or ()
+        parts: list[Any] = list(state.get("pretokenizers") or ())
         if len(parts) == 2 and parts[0].get("type") == "Split" and parts[1].get("type") == "ByteLevel":
             split, byte_level = parts
-            pattern = (split.get("pattern") or {}).get("Regex")
+            pattern = str((split.get("pattern") or {}).get("Regex"))
             if split.get("behavior") != "Isolated" or split.get("invert") or pattern not in TOTAL_PATTERNS:
                 raise _Refused("Split pre-tokenizer with an unknown pattern or behaviour")
             if byte_level.get("add_prefix_space") or byte_level.get("use_regex", True):
                 raise _Refused("ByteLevel after Split with a prefix space or its own regex")
-            return pattern  # type: ignore[no-any-return]
+            return pattern
     raise _Refused(f"pre-tokenizer {kind} is not one tiktoken reproduces")
 
 
@@ -386,7 +387,7 @@ def _added_tokens(
         specials[content] = int(token["id"])
         kinds[content] = bool(token.get("normalized"))
     ordered = sorted(specials)
-    for a, b in zip(ordered, ordered[1:], strict=False):
+    for a, b in itertools.pairwise(ordered):
         if b.startswith(a):  # a prefix sorts right before its extensions
             raise _Refused(f"added token {a!r} is a prefix of {b!r}")
     normalized = [t for t, n in kinds.items() if n]

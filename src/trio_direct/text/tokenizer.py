@@ -91,7 +91,9 @@ class ModelTokenizer:
         tokenizer.no_padding()
         plan = _plan_encoder(tokenizer, tokenizer_file)
         fast = plan.fast
-        logger.info("tokenizer %s: %s encodes (%s; checked in %.0f ms)", directory, plan.name, plan.reason, plan.seconds * 1e3)
+        logger.info(
+            "tokenizer %s: %s encodes (%s; checked in %.0f ms)", directory, plan.name, plan.reason, plan.seconds * 1e3
+        )
 
         config = _read_json(directory / "tokenizer_config.json")
         generation = _read_json(directory / "generation_config.json")
