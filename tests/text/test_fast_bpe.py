@@ -92,6 +92,7 @@ def _variants() -> dict[str, dict[str, Any]]:
 
 
 VARIANTS = _variants()
+_PLANNED = {name: _plan(state) for name, state in VARIANTS.items()}
 
 
 def test_the_tiny_model_is_served_by_tiktoken(tiny_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -163,9 +164,6 @@ def test_llama3_shaped_with_nfc_matches_hf(text: str) -> None:
     assert plan.fast is not None
     ids = plan.fast.encode(text)
     assert ids is None or ids == hf.encode(text, add_special_tokens=False).ids
-
-
-_PLANNED = {name: _plan(state) for name, state in VARIANTS.items()}
 
 
 def _with(state: dict[str, Any], change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
@@ -272,7 +270,7 @@ def test_an_o200k_derived_tokenizer_stays_on_hf() -> None:
     merges.sort(key=lambda m: (m[2], len(m[0]), len(m[1])))
     split = {"type": "Split", "pattern": {"Regex": _O200K_PATTERN}, "behavior": "Isolated", "invert": False}
     byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}
-    state = {
+    state: dict[str, Any] = {
         "normalizer": None,
         "pre_tokenizer": {"type": "Sequence", "pretokenizers": [split, byte_level]},
         "added_tokens": [],

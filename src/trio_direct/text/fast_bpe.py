@@ -246,7 +246,7 @@ def _plan(
     fast = FastBPE(encoding, risky=frozenset(risky), prefix_ids=prefix_ids, suffix_ids=suffix_ids)
     reason = (
         f"byte-level BPE with an exact tiktoken equivalent ({len(ranks)} tokens, "
-        f"{len(phantom_results)} phantom merges, {len(risky)} tokens checked per text; ASCII texts)"
+        f"{len(phantom_results)} with unlisted splits, {len(risky)} checked per text; ASCII texts)"
     )
     return fast, reason
 
