@@ -21,13 +21,16 @@ so tiktoken serves a tokenizer only when the conditions below hold, each checked
      digit or none of these, and each case has an alternative matching at least that character
      wherever it stands, so the matches tile the text. HF keeps unmatched stretches as pieces and
      tiktoken drops them; with a total pattern there are none. Any other pattern: HF;
-   - normalizer none, NFC, or an empty Sequence: all the identity on ASCII text;
-   - text that `isascii()` (O(1) in CPython). On ASCII the two regex engines (Oniguruma for HF,
-     fancy-regex for tiktoken) agree: both are leftmost-first backtracking semantics over the same
-     pattern, and `\\s`, `\\p{L}`, `\\p{N}` and the other classes in these patterns name the same
-     ASCII characters in both (Unicode White_Space, letters A-Z a-z, digits 0-9; the tests run all
-     128 code points through both). Non-ASCII text goes to HF: the engines' Unicode tables need
-     not be the same version;
+   - normalizer none, NFC, or Sequences of those; with NFC, only text already in NFC (then every
+     piece between added tokens is too: composition and reordering are local, so a substring of a
+     normalized text has nothing left to compose or reorder);
+   - text whose characters are all in `COVERED` (ASCII, Latin-1, Latin Extended-A/B, General
+     Punctuation: `text.isascii()` is O(1), the rest one regex scan). The two regex engines
+     (Oniguruma for HF, fancy-regex for tiktoken) both use leftmost-first backtracking semantics
+     over the same pattern, so they split alike wherever every class in it (`\\s`, `\\p{L}`,
+     `\\p{N}`, `\\p{Lu}`, case-insensitive `'s`, ...) holds the same characters in both. Their
+     Unicode tables are separate copies; for the pinned versions the tests put every covered
+     character, in contexts that expose each class, through both. Other text goes to HF;
    - added tokens without `lstrip`, `rstrip` or `single_word`, none a prefix of another (HF matches
      leftmost-longest, tiktoken leftmost-first; with no prefixes at most one token matches at a
      position, so both take the same), and, when some are `normalized` and some not (HF then
@@ -77,12 +80,19 @@ own (Llama 3, o200k) break (P) and (O), and then HF keeps encoding: for those no
 from __future__ import annotations
 
 import itertools
+import re
 import time
+import unicodedata
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["GPT2_PATTERN", "TOTAL_PATTERNS", "FastBPE", "FastEncoderPlan", "plan_fast_encoder"]
+__all__ = ["COVERED", "GPT2_PATTERN", "TOTAL_PATTERNS", "FastBPE", "FastEncoderPlan", "plan_fast_encoder"]
+
+#: The characters whose regex classes the tests check in both engines (ASCII, Latin-1, Latin
+#: Extended-A and -B, General Punctuation: curly quotes, dashes, ellipsis, the typographic spaces).
+COVERED = "\x00-\u024f\u2000-\u206f"
+_UNCOVERED = re.compile(f"[^{COVERED}]")
 
 #: HF's ByteLevel(use_regex=True) pattern (GPT-2's).
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
@@ -120,7 +130,7 @@ _CHAR_TO_BYTE = _byte_level_alphabet()
 class FastBPE:
     """tiktoken for one tokenizer, for the texts the proof covers; `encode` is None for the rest."""
 
-    __slots__ = ("_encoding", "_risky", "_specials", "prefix_ids", "suffix_ids")
+    __slots__ = ("_encoding", "_nfc", "_risky", "_specials", "prefix_ids", "suffix_ids")
 
     def __init__(
         self,
@@ -129,8 +139,10 @@ class FastBPE:
         risky: frozenset[int] = frozenset(),
         prefix_ids: Sequence[int] | None = None,
         suffix_ids: Sequence[int] = (),
+        nfc: bool = False,
     ) -> None:
         self._encoding = encoding
+        self._nfc = nfc
         self._specials = frozenset(encoding.special_tokens_set)
         self._risky = risky
         #: What the post-processor puts around the ids (None: not known to be plain; use HF).
@@ -146,7 +158,9 @@ class FastBPE:
 
         Releases the GIL while it encodes (tiktoken's core does), as HF's batch call does.
         """
-        if not text.isascii():
+        if not text.isascii() and (
+            _UNCOVERED.search(text) is not None or (self._nfc and not unicodedata.is_normalized("NFC", text))
+        ):
             return None
         prefix = self.prefix_ids
         if add_special_tokens and prefix is None:
@@ -211,7 +225,7 @@ def _plan(
     if model.get("byte_fallback"):
         raise _Refused("byte fallback")
     pattern = _pre_tokenizer_pattern(tj.get("pre_tokenizer"))
-    _check_normalizer(tj.get("normalizer"))
+    nfc = _check_normalizer(tj.get("normalizer"))
     vocab: Mapping[str, int] = model.get("vocab") or {}
     if any(char not in vocab for char in _CHAR_TO_BYTE):
         raise _Refused("not every byte-level character is in the vocabulary")
@@ -243,10 +257,10 @@ def _plan(
     encoding = tiktoken.Encoding(
         "trio-direct-fast-bpe", pat_str=pattern, mergeable_ranks=ranks, special_tokens=specials
     )
-    fast = FastBPE(encoding, risky=frozenset(risky), prefix_ids=prefix_ids, suffix_ids=suffix_ids)
+    fast = FastBPE(encoding, risky=frozenset(risky), prefix_ids=prefix_ids, suffix_ids=suffix_ids, nfc=nfc)
     reason = (
         f"byte-level BPE with an exact tiktoken equivalent ({len(ranks)} tokens, "
-        f"{len(phantom_results)} with unlisted splits, {len(risky)} checked per text; ASCII texts)"
+        f"{len(phantom_results)} with unlisted splits, {len(risky)} checked per text; texts in Latin scripts)"
     )
     return fast, reason
 
@@ -279,17 +293,15 @@ def _pre_tokenizer_pattern(state: Mapping[str, Any] | None) -> str:
     raise _Refused(f"pre-tokenizer {kind} is not one tiktoken reproduces")
 
 
-def _check_normalizer(state: Mapping[str, Any] | None) -> None:
-    """Accept normalizers that are the identity on ASCII text."""
+def _check_normalizer(state: Mapping[str, Any] | None) -> bool:
+    """Accept normalizers that are the identity on NFC text; True when texts must be NFC."""
     if state is None:
-        return
+        return False
     kind = state.get("type")
     if kind == "NFC":
-        return
+        return True
     if kind == "Sequence":
-        for inner in state.get("normalizers") or ():
-            _check_normalizer(inner)
-        return
+        return any([_check_normalizer(inner) for inner in state.get("normalizers") or ()])
     raise _Refused(f"normalizer {kind}")
 
 
