@@ -232,12 +232,14 @@ def _plan(
     if len(set(vocab.values())) != len(vocab):
         raise _Refused("duplicate ids in the vocabulary")
     ranks: dict[bytes, int] = {}
+    byte_level: dict[str, int] = {}
+    to_byte = _CHAR_TO_BYTE
     for token, token_id in vocab.items():
         try:
-            ranks[bytes([_CHAR_TO_BYTE[c] for c in token])] = token_id
+            ranks[bytes([to_byte[c] for c in token])] = token_id
         except KeyError:
             continue  # not byte-level text: no merge can reach it from bytes (nor in HF)
-    byte_level = {t: i for t, i in vocab.items() if all(c in _CHAR_TO_BYTE for c in t)}
+        byte_level[token] = token_id
     merges = _merges(model.get("merges") or ())
     phantom_results = _check_merges(byte_level, merges)
     specials, prefix_ids, suffix_ids = _added_tokens(tj.get("added_tokens") or (), tj.get("post_processor"))
