@@ -36,32 +36,36 @@ so tiktoken serves a tokenizer only when the conditions below hold, each checked
      position, so both take the same), and, when some are `normalized` and some not (HF then
      matches in two passes), no token of one kind overlapping or containing one of the other.
 
-2. Merges. Both merge loops repeatedly merge one adjacent pair of a piece's current symbols. HF
-   merges the pair with the lowest rank in its merge list (leftmost among equal ranks); tiktoken
-   the pair whose concatenation has the lowest id (leftmost among equal ids), considering every
-   pair whose concatenation is in the vocabulary. Required, over the merge list:
+2. Merges. Both merge loops repeatedly merge one adjacent pair of a piece's current symbols: HF
+   (H) the pair with the lowest rank in its merge list, leftmost among equal ranks; tiktoken (T)
+   the pair whose concatenation has the lowest id, leftmost among equal ids, considering every pair
+   whose concatenation is a token. Required: (R) the merge list is sorted by the id of the merged
+   token (no duplicates). Not required: that every split of a token is a listed merge (HF's trainer
+   lists only the merges it made: " the" from " t"+"he", not " "+"the"), nor that a token is newer
+   than its parts (false for vocabularies converted from tiktoken's).
 
-   - (R) ranks ordered by result: merge list sorted by the id of the merged token, no duplicates;
-   - (P) a merge's result has a larger id than both its parts;
-   - (O) for two merges (x, y) and (y, z) with the same result (they can overlap: x y z adjacent),
-     HF ranks (x, y) first.
+   Locality. If a loop, run on a piece, forms a token u, the merges it made inside u's span are
+   exactly that loop's run on u's bytes alone: symbols never shrink, so every symbol lies inside
+   the span or outside it, outer merges leave the inside alone, and each step took the least
+   candidate overall, hence the least inside. In particular u is always formed by the same last
+   merge, the one that run on u alone ends with.
 
-   Call a pair *real* if it is in the merge list and *phantom* if only its concatenation is in
-   the vocabulary (HF's trainer lists only the merges it made: " the" from " t"+"he", but not
-   " "+"the"). Consider tiktoken restricted to real pairs. By (R) both loops always merge a pair
-   with the least result id t among the real candidates; by (P) a merge creates only candidates
-   with larger results, so both proceed in *phases* of increasing t, and a phase merges only pairs
-   that were candidates when it began. Within phase t, candidates that share no symbol are
-   independent (merging one neither removes nor re-ranks another), so the order does not matter;
-   candidates that share a symbol are, by (O) for distinct pairs and trivially for equal ones,
-   taken leftmost first by both. So both end phase t in the same state, and by induction end the
-   same. tiktoken unrestricted differs from this only if it ever merges a phantom pair; that
-   creates the phantom's result, which then lies inside one final token s; and the merges inside
-   the final token s are exactly tiktoken's merge loop on s's bytes alone (an outer merge never
-   changes the symbols inside s, and every step was the least candidate overall, so the least
-   inside s). So a phantom merge happened only if the output holds a token of `risky`: the tokens
-   whose own merge loop uses a phantom pair (computed at load, for the tokens that contain a
-   phantom's result).
+   Let D be the tokens on whose bytes alone T and H differ at some step (computed at load by
+   running both, only for tokens where they can: a candidate that is not a listed merge needs a
+   token with an unlisted split inside, two different candidates with one result need a bigram
+   seen twice), and `risky` the tokens whose T loop alone forms a token of D. Claim: if no token
+   T outputs for a piece is in `risky`, H's output is the same. Take the first step where the
+   runs differ, T merging c (into v) and H merging h or stopping; c lies inside a final T token s.
+   Before this step both runs made the same merges, each the least candidate overall, so both
+   loops run on s alone reach the same state as inside s here, where T picks c. If H on s alone
+   picks otherwise, s is in D and T forms s: s is risky. Else c is H's least candidate inside s
+   but not overall, so h exists; h is a listed merge, so a T candidate too. If h's result u is not
+   v, T's choice gives id(v) < id(u) and H's rank(h) < rank(c), against (R). If u = v, by locality
+   c and h are the last merges of T on u alone and of H on u alone; were u not in D they would be
+   the same pair, and T took the leftmost candidate of that pair, which H takes too. So u is in D,
+   T forms it inside s, and s is risky. Finally, if H stops while T does not, then c is no listed
+   merge, so H on s alone differs at that point: s is risky; T cannot stop first, as H's
+   candidates are T's.
 
 3. Whole pieces. tiktoken encodes a piece that is itself in the vocabulary as that token without
    merging; HF does the same only with `ignore_merges`. Otherwise the two agree exactly when the
@@ -72,9 +76,9 @@ so tiktoken serves a tokenizer only when the conditions below hold, each checked
    added token a prefix of another, the leftmost scan matches each occurrence unless an overlapping
    match took part of it).
 
-When any output id is in `risky`, `encode` returns None and the caller encodes with HF.
-(R), (P) and (O) hold for tokenizers HF's BpeTrainer made; vocabularies converted from tiktoken's
-own (Llama 3, o200k) break (P) and (O), and then HF keeps encoding: for those no proof is known here.
+When any output id is in `risky`, `encode` returns None and the caller encodes with HF. For the
+tiny model, the tokenizers HF's BpeTrainer made in the tests and o200k's vocabulary converted as
+transformers converts tiktoken vocabularies (Llama 3's, gpt-oss's), D is empty: no per-text check.
 """
 
 from __future__ import annotations
@@ -241,12 +245,9 @@ def _plan(
             continue  # not byte-level text: no merge can reach it from bytes (nor in HF)
         byte_level[token] = token_id
     merges = _merges(model.get("merges") or ())
-    phantom_results = _check_merges(byte_level, merges)
+    rank = _merge_ranks(byte_level, merges)
     specials, prefix_ids, suffix_ids = _added_tokens(tj.get("added_tokens") or (), tj.get("post_processor"))
-
-    risky: set[int] = set()
-    if phantom_results:
-        risky |= _phantom_users(byte_level, set(merges), phantom_results)
+    risky, unlisted, differ = _risky(byte_level, rank)
     ignore_merges = bool(model.get("ignore_merges"))
     if not ignore_merges:
         if hf_model_tokenize is None:
@@ -261,8 +262,8 @@ def _plan(
     )
     fast = FastBPE(encoding, risky=frozenset(risky), prefix_ids=prefix_ids, suffix_ids=suffix_ids, nfc=nfc)
     reason = (
-        f"byte-level BPE with an exact tiktoken equivalent ({len(ranks)} tokens, "
-        f"{len(phantom_results)} with unlisted splits, {len(risky)} checked per text; texts in Latin scripts)"
+        f"byte-level BPE with an exact tiktoken equivalent ({len(ranks)} tokens, {unlisted} with unlisted "
+        f"splits, {differ} whose merge loops differ, {len(risky)} checked per text; texts in Latin scripts)"
     )
     return fast, reason
 
@@ -320,57 +321,91 @@ def _merges(raw: Iterable[Any]) -> list[tuple[str, str]]:
     return out
 
 
-def _check_merges(vocab: Mapping[str, int], merges: list[tuple[str, str]]) -> set[str]:
-    """Check (R), (P) and (O) over the byte-level merges; return the results of phantom pairs."""
+def _merge_ranks(vocab: Mapping[str, int], merges: list[tuple[str, str]]) -> dict[tuple[str, str], int]:
+    """HF's rank of each byte-level merge, after checking (R)."""
     if len(set(merges)) != len(merges):
         raise _Refused("duplicate merges")
     rank: dict[tuple[str, str], int] = {}
     last = -1
     for index, (x, y) in enumerate(merges):
-        merged = x + y
-        merged_id = vocab.get(merged)
+        merged_id = vocab.get(x + y)
         if merged_id is None or x not in vocab or y not in vocab:
             continue  # not byte-level: unreachable from bytes
         if merged_id < last:
             raise _Refused(f"merge order disagrees with token ids at {x!r} + {y!r} (R)")
         last = merged_id
-        if merged_id <= vocab[x] or merged_id <= vocab[y]:
-            raise _Refused(f"merge {x!r} + {y!r} yields a token older than its parts (P)")
         rank[(x, y)] = index
-    for (x, y), index in rank.items():
-        merged = x + y
-        if x != y and merged.startswith(y):
-            other = rank.get((y, merged[len(y) :]))
-            if other is not None and other < index:
-                raise _Refused(f"overlapping merges {y!r} + {merged[len(y) :]!r} before {x!r} + {y!r} (O)")
-    phantom: set[str] = set()
+    return rank
+
+
+def _unlisted(vocab: Mapping[str, int], rank: Mapping[tuple[str, str], int]) -> set[str]:
+    """The tokens with a split into two tokens that is not a listed merge."""
+    out: set[str] = set()
     for token in vocab:
         for cut in range(1, len(token)):
             left, right = token[:cut], token[cut:]
             if left in vocab and right in vocab and (left, right) not in rank:
-                phantom.add(token)
+                out.add(token)
                 break
-    return phantom
-
-
-def _phantom_users(vocab: Mapping[str, int], real: set[tuple[str, str]], phantom_results: set[str]) -> set[int]:
-    """Ids of the tokens whose own tiktoken merge loop merges a phantom pair (2. in the docstring)."""
-    longest = max(map(len, phantom_results))
-    out: set[int] = set()
-    for token, token_id in vocab.items():
-        if len(token) < 2 or not any(
-            token[i:j] in phantom_results
-            for i in range(len(token) - 1)
-            for j in range(i + 2, min(len(token), i + longest) + 1)
-        ):
-            continue
-        if _merge_loop_uses_phantom(token, vocab, real):
-            out.add(token_id)
     return out
 
 
-def _merge_loop_uses_phantom(word: str, vocab: Mapping[str, int], real: set[tuple[str, str]]) -> bool:
-    """tiktoken's merge loop on `word` (no whole-piece shortcut): does it merge a non-listed pair?"""
+def _contains_any(token: str, targets: set[str], longest: int) -> bool:
+    return any(
+        token[i:j] in targets for i in range(len(token) - 1) for j in range(i + 2, min(len(token), i + longest) + 1)
+    )
+
+
+def _risky(vocab: Mapping[str, int], rank: Mapping[tuple[str, str], int]) -> tuple[set[int], int, int]:
+    """`risky` of 2. in the module docstring (ids), the number of tokens with unlisted splits, and of D."""
+    unlisted = _unlisted(vocab, rank)
+    longest = max(map(len, unlisted), default=0)
+    differ: set[str] = set()
+    for token in vocab:
+        if len(token) < 2:
+            continue
+        # The loops can differ only at a candidate that is not a listed merge (its result, an unlisted
+        # token, is inside `token`) or at two candidates with one result (a bigram seen twice).
+        repeated = len(set(itertools.pairwise(token))) < len(token) - 1
+        if (repeated or (unlisted and _contains_any(token, unlisted, longest))) and not _loops_agree(
+            token, vocab, rank
+        ):
+            differ.add(token)
+    if not differ:
+        return set(), len(unlisted), 0
+    longest = max(map(len, differ))
+    risky = {
+        token_id
+        for token, token_id in vocab.items()
+        if _contains_any(token, differ, longest) and _tiktoken_loop_forms(token, vocab, differ)
+    }
+    return risky, len(unlisted), len(differ)
+
+
+def _loops_agree(word: str, vocab: Mapping[str, int], rank: Mapping[tuple[str, str], int]) -> bool:
+    """Whether tiktoken's and HF's merge loops on `word` alone make the same choice at every step."""
+    parts = list(word)
+    while len(parts) > 1:
+        best_t = best_h = -1
+        best_id = best_rank = 0
+        for i in range(len(parts) - 1):
+            left, right = parts[i], parts[i + 1]
+            merged_id = vocab.get(left + right)
+            if merged_id is not None and (best_t < 0 or merged_id < best_id):
+                best_t, best_id = i, merged_id
+            merge_rank = rank.get((left, right))
+            if merge_rank is not None and (best_h < 0 or merge_rank < best_rank):
+                best_h, best_rank = i, merge_rank
+        if best_t != best_h:
+            return False
+        if best_t < 0:
+            return True
+        parts[best_t : best_t + 2] = [parts[best_t] + parts[best_t + 1]]
+    return True
+
+
+def _tiktoken_loop_forms(word: str, vocab: Mapping[str, int], targets: set[str]) -> bool:
+    """Whether tiktoken's merge loop on `word` alone (no whole-piece lookup) forms a token of `targets`."""
     parts = list(word)
     while len(parts) > 1:
         best = -1
@@ -381,9 +416,10 @@ def _merge_loop_uses_phantom(word: str, vocab: Mapping[str, int], real: set[tupl
                 best, best_id = i, merged_id
         if best < 0:
             return False
-        if (parts[best], parts[best + 1]) not in real:
+        merged = parts[best] + parts[best + 1]
+        if merged in targets:
             return True
-        parts[best : best + 2] = [parts[best] + parts[best + 1]]
+        parts[best : best + 2] = [merged]
     return False
 
 
