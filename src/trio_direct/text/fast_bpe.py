@@ -52,8 +52,8 @@ so tiktoken serves a tokenizer only when the conditions below hold, each checked
 
    Let D be the tokens on whose bytes alone T and H differ at some step (computed at load by
    running both, only for tokens where they can: a candidate that is not a listed merge needs a
-   token with an unlisted split inside, two different candidates with one result need a bigram
-   seen twice), and `risky` the tokens whose T loop alone forms a token of D. Claim: if no token
+   token with an unlisted split inside, two candidates of different pairs with one result need a
+   token with several listed splits inside twice; by (R) nothing else separates the choices), and `risky` the tokens whose T loop alone forms a token of D. Claim: if no token
    T outputs for a piece is in `risky`, H's output is the same. Take the first step where the
    runs differ, T merging c (into v) and H merging h or stopping; c lies inside a final T token s.
    Before this step both runs made the same merges, each the least candidate overall, so both
@@ -340,13 +340,17 @@ def _merge_ranks(vocab: Mapping[str, int], merges: list[tuple[str, str]]) -> dic
 
 def _unlisted(vocab: Mapping[str, int], rank: Mapping[tuple[str, str], int]) -> set[str]:
     """The tokens with a split into two tokens that is not a listed merge."""
+    listed: dict[str, int] = {}
+    for x, y in rank:
+        listed[x + y] = listed.get(x + y, 0) + 1
     out: set[str] = set()
     for token in vocab:
-        for cut in range(1, len(token)):
-            left, right = token[:cut], token[cut:]
-            if left in vocab and right in vocab and (left, right) not in rank:
-                out.add(token)
-                break
+        if listed.get(token, 0) == len(token) - 1:
+            continue  # every cut is a listed merge
+        if sum(1 for cut in range(1, len(token)) if token[:cut] in vocab and token[cut:] in vocab) > listed.get(
+            token, 0
+        ):
+            out.add(token)
     return out
 
 
@@ -360,16 +364,22 @@ def _risky(vocab: Mapping[str, int], rank: Mapping[tuple[str, str], int]) -> tup
     """`risky` of 2. in the module docstring (ids), the number of tokens with unlisted splits, and of D."""
     unlisted = _unlisted(vocab, rank)
     longest = max(map(len, unlisted), default=0)
+    splits: dict[str, int] = {}
+    for x, y in rank:
+        splits[x + y] = splits.get(x + y, 0) + 1
+    several = {token for token, count in splits.items() if count > 1}
+    longest_several = max(map(len, several), default=0)
     differ: set[str] = set()
     for token in vocab:
         if len(token) < 2:
             continue
-        # The loops can differ only at a candidate that is not a listed merge (its result, an unlisted
-        # token, is inside `token`) or at two candidates with one result (a bigram seen twice).
-        repeated = len(set(itertools.pairwise(token))) < len(token) - 1
-        if (repeated or (unlisted and _contains_any(token, unlisted, longest))) and not _loops_agree(
-            token, vocab, rank
-        ):
+        # The loops can differ only at a candidate that is not a listed merge (its result, a token
+        # with an unlisted split, is inside `token`) or at two candidates of different pairs with one
+        # result (a token with several listed splits, seen twice inside `token`).
+        suspect = (unlisted and _contains_any(token, unlisted, longest)) or (
+            len(set(itertools.pairwise(token))) < len(token) - 1 and _contains_twice(token, several, longest_several)
+        )
+        if suspect and not _loops_agree(token, vocab, rank):
             differ.add(token)
     if not differ:
         return set(), len(unlisted), 0
@@ -382,25 +392,44 @@ def _risky(vocab: Mapping[str, int], rank: Mapping[tuple[str, str], int]) -> tup
     return risky, len(unlisted), len(differ)
 
 
+def _contains_twice(token: str, targets: set[str], longest: int) -> bool:
+    """Whether some string of `targets` occurs at two places in `token` (both start with a bigram seen twice)."""
+    starts: dict[str, list[int]] = {}
+    for i in range(len(token) - 1):
+        starts.setdefault(token[i : i + 2], []).append(i)
+    seen: set[str] = set()
+    for positions in starts.values():
+        if len(positions) < 2:
+            continue
+        for i in positions:
+            for j in range(i + 2, min(len(token), i + longest) + 1):
+                part = token[i:j]
+                if part in targets:
+                    if part in seen:
+                        return True
+                    seen.add(part)
+    return False
+
+
 def _loops_agree(word: str, vocab: Mapping[str, int], rank: Mapping[tuple[str, str], int]) -> bool:
     """Whether tiktoken's and HF's merge loops on `word` alone make the same choice at every step."""
+    never = 1 << 62
     parts = list(word)
-    while len(parts) > 1:
-        best_t = best_h = -1
-        best_id = best_rank = 0
-        for i in range(len(parts) - 1):
-            left, right = parts[i], parts[i + 1]
-            merged_id = vocab.get(left + right)
-            if merged_id is not None and (best_t < 0 or merged_id < best_id):
-                best_t, best_id = i, merged_id
-            merge_rank = rank.get((left, right))
-            if merge_rank is not None and (best_h < 0 or merge_rank < best_rank):
-                best_h, best_rank = i, merge_rank
-        if best_t != best_h:
+    by_id = [vocab.get(parts[i] + parts[i + 1], never) for i in range(len(parts) - 1)]
+    by_rank = [rank.get((parts[i], parts[i + 1]), never) for i in range(len(parts) - 1)]
+    while by_id:
+        least_id, least_rank = min(by_id), min(by_rank)
+        if least_id == never or least_rank == never:
+            return least_id == least_rank  # both stop, or one merges where the other stops
+        i = by_id.index(least_id)  # leftmost, as both loops break ties
+        if i != by_rank.index(least_rank):
             return False
-        if best_t < 0:
-            return True
-        parts[best_t : best_t + 2] = [parts[best_t] + parts[best_t + 1]]
+        parts[i : i + 2] = [parts[i] + parts[i + 1]]
+        del by_id[i], by_rank[i]  # the merged pair; its neighbours change
+        for j in (i - 1, i):
+            if 0 <= j < len(by_id):
+                by_id[j] = vocab.get(parts[j] + parts[j + 1], never)
+                by_rank[j] = rank.get((parts[j], parts[j + 1]), never)
     return True
 
 
