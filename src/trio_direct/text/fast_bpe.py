@@ -53,8 +53,9 @@ so tiktoken serves a tokenizer only when the conditions below hold, each checked
    Let D be the tokens on whose bytes alone T and H differ at some step (computed at load by
    running both, only for tokens where they can: a candidate that is not a listed merge needs a
    token with an unlisted split inside, two candidates of different pairs with one result need a
-   token with several listed splits inside twice; by (R) nothing else separates the choices), and `risky` the tokens whose T loop alone forms a token of D. Claim: if no token
-   T outputs for a piece is in `risky`, H's output is the same. Take the first step where the
+   token with several listed splits inside twice; by (R) nothing else separates the choices), and
+   `risky` the tokens whose T loop alone forms a token of D (the last step included). Claim: if no
+   token T's merge loop outputs for a piece is in `risky`, H's output is the same. Take the first step where the
    runs differ, T merging c (into v) and H merging h or stopping; c lies inside a final T token s.
    Before this step both runs made the same merges, each the least candidate overall, so both
    loops run on s alone reach the same state as inside s here, where T picks c. If H on s alone
