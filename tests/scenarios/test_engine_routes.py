@@ -41,6 +41,7 @@ async def test_version_model_and_server_info(two_apis):
         info = (await client.get("/get_model_info")).json()
         assert info["model_path"] == native.info.model_path and info["is_generation"] is True
         assert info["max_model_len"] == native.info.max_req_input_len
+        assert info["tokenizer_encoder"].startswith("tiktoken: ")  # the tiny model's proof holds
         server = (await client.get("/get_server_info")).json()
         assert "api_key" not in server["server_args"] and "client-secret" not in str(server)
         assert [e["id"] for e in server["engines"]] == ["e0", "e1"]

@@ -3,7 +3,8 @@
 - ``GET /version``: ``{"version": ...}`` (both servers answer it; clients check it to learn they
   talk to a live server).
 - ``GET /get_model_info``: SGLang's: the model's path, tokenizer path, whether it generates, its
-  type and architectures, context length and parsers (``?model=NAME`` when several are served).
+  type and architectures, context length and parsers (``?model=NAME`` when several are served),
+  plus which encoder tokenizes its prompts (`tokenizer_encoder`).
 - ``GET /get_server_info``: SGLang's: the frontend's settings (secrets left out), its version, and
   every engine as ``GET /admin/engines`` lists it.
 - ``GET /health_generate``: SGLang's deep health check: one real token generated through the router
@@ -81,6 +82,8 @@ def model_info(pool: PoolView) -> dict[str, Any]:
         "has_image_understanding": pool.supports_images,
         "tool_call_parser": pool.tool_call_parser,
         "reasoning_parser": pool.reasoning_parser,
+        # Which encoder tokenizes prompts, and why (text.fast_bpe).
+        "tokenizer_encoder": pool.tokenizer.encoder_info,
     }
 
 

@@ -9,6 +9,7 @@ share between requests and worker threads.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -18,9 +19,12 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
+from trio_direct.text.fast_bpe import FastBPE, FastEncoderPlan, plan_fast_encoder
 from trio_direct.text.prefix_cache import DEFAULT_MAX_BYTES, PromptPrefixCache
 
 __all__ = ["ModelTokenizer", "TokenizerLoadError"]
+
+logger = logging.getLogger(__name__)
 
 # HF writes this sentinel (int(1e30)) for "no limit" into `model_max_length`.
 _UNLIMITED_MAX_LENGTH = 10**18
@@ -59,6 +63,10 @@ class ModelTokenizer:
     prompt_cache: PromptPrefixCache | None = None
     #: The longest text one token can stand for, in characters (an upper bound: `longest_token`).
     max_token_chars: int = 0
+    #: tiktoken, for the texts where it provably gives HF's ids (`text.fast_bpe`); None: HF only.
+    fast_encoder: FastBPE | None = None
+    #: Which encoder serves this tokenizer and why (logged once at load; in /get_server_info).
+    encoder_info: str = "huggingface"
 
     @classmethod
     def from_directory(cls, path: str | Path, *, prompt_cache_bytes: int = DEFAULT_MAX_BYTES) -> ModelTokenizer:
@@ -81,6 +89,11 @@ class ModelTokenizer:
         # transformers never truncates or pads unless asked; a tokenizer.json may carry either.
         tokenizer.no_truncation()
         tokenizer.no_padding()
+        plan = _plan_encoder(tokenizer, tokenizer_file)
+        fast = plan.fast
+        logger.info(
+            "tokenizer %s: %s encodes (%s; checked in %.0f ms)", directory, plan.name, plan.reason, plan.seconds * 1e3
+        )
 
         config = _read_json(directory / "tokenizer_config.json")
         generation = _read_json(directory / "generation_config.json")
@@ -129,7 +142,7 @@ class ModelTokenizer:
             }
             prompt_cache = PromptPrefixCache.for_tokenizer(
                 tokenizer,
-                partial(_encode_ids, tokenizer, add_special_tokens=False),
+                partial(_encode_ids, tokenizer, add_special_tokens=False, fast=fast),
                 candidates=candidates,
                 max_bytes=prompt_cache_bytes,
             )
@@ -148,6 +161,8 @@ class ModelTokenizer:
             model_max_length=max_length,
             prompt_cache=prompt_cache,
             max_token_chars=longest_token(tokenizer),
+            fast_encoder=fast,
+            encoder_info=f"{plan.name}: {plan.reason}",
         )
 
     @property
@@ -216,7 +231,7 @@ class ModelTokenizer:
         does for Llama-style tokenizers. Rendered chat prompts use `add_special_tokens=False`:
         the template already wrote BOS.
         """
-        ids = _encode_ids(self.tokenizer, text, add_special_tokens=add_special_tokens)
+        ids = _encode_ids(self.tokenizer, text, add_special_tokens=add_special_tokens, fast=self.fast_encoder)
         if add_special_tokens and self.add_bos_token:
             bos = self.bos_token_id
             if bos is not None and (not ids or ids[0] != bos):
@@ -297,7 +312,26 @@ def longest_token(tokenizer: Tokenizer) -> int:
     return 2 * max((len(token) for token in vocab), default=1)
 
 
-def _encode_ids(tokenizer: Tokenizer, text: str, *, add_special_tokens: bool) -> list[int]:
+def _plan_encoder(tokenizer: Tokenizer, tokenizer_file: Path) -> FastEncoderPlan:
+    """Whether tiktoken may encode for `tokenizer` (`text.fast_bpe`), checked against its own file."""
+    try:
+        state = json.loads(tokenizer_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        return FastEncoderPlan(None, f"cannot re-read {tokenizer_file.name}: {exc}")
+    bare = Tokenizer(tokenizer.model)  # the same BPE model, without normalizer, pre-tokenizer or added tokens
+
+    def model_tokenize(words: list[str]) -> list[list[int]]:
+        return [encoding.ids for encoding in bare.encode_batch_fast(words, add_special_tokens=False)]
+
+    return plan_fast_encoder(state, model_tokenize)
+
+
+def _encode_ids(tokenizer: Tokenizer, text: str, *, add_special_tokens: bool, fast: FastBPE | None = None) -> list[int]:
+    if fast is not None:
+        # tiktoken releases the GIL while it encodes, as HF's batch call below does.
+        ids = fast.encode(text, add_special_tokens=add_special_tokens)
+        if ids is not None:
+            return ids
     if len(text) < _GIL_RELEASE_CHARS:
         return tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
     # `Tokenizer.encode` holds the GIL for its whole run (~10 ms for 8k tokens), which would stall

@@ -1,0 +1,523 @@
+"""An exact, faster encoder for byte-level BPE tokenizers: tiktoken's, where it provably equals HF's.
+
+Encoding a long rendered prompt is most of the frontend's CPU per request, and most of that is the
+Hugging Face `tokenizers` binding (its Oniguruma regex, the offsets and token strings it allocates
+per token). `tiktoken` runs the same kind of pipeline (a pre-tokenizing regex, then byte-pair merges
+per piece) about 5x faster. A single differing token id would silently change what the model reads,
+so tiktoken serves a tokenizer only when the conditions below hold, each checked from
+`tokenizer.json` at load (`plan_fast_encoder`), and only for texts where the argument covers it
+(`FastBPE.encode` returns None otherwise and the caller uses HF). Why the two then agree:
+
+1. Pipeline. HF encodes a text by (a) cutting out added tokens, (b) normalizing each remaining piece,
+   (c) pre-tokenizing it with a regex, (d) running BPE on each regex match's bytes, (e) mapping added
+   tokens to their ids. tiktoken does (a) with `allowed_special="all"`, (c), (d), (e). Required:
+
+   - model BPE without dropout, `continuing_subword_prefix`, `end_of_word_suffix` or byte fallback,
+     and all 256 byte-level characters in the vocabulary (then every piece starts as its bytes, as in
+     tiktoken, whose ranks are the vocabulary's ids on the byte strings the characters stand for);
+   - pre-tokenizer `ByteLevel(add_prefix_space=False, use_regex=True)` (GPT-2's regex), or
+     `Sequence[Split(pattern, Isolated), ByteLevel(add_prefix_space=False, use_regex=False)]` with a
+     pattern from `TOTAL_PATTERNS`. Those are *total*: every character is whitespace, a letter, a
+     digit or none of these, and each case has an alternative matching at least that character
+     wherever it stands, so the matches tile the text. HF keeps unmatched stretches as pieces and
+     tiktoken drops them; with a total pattern there are none. Any other pattern: HF;
+   - normalizer none, NFC, or Sequences of those; with NFC, only text already in NFC (then every
+     piece between added tokens is too: composition and reordering are local, so a substring of a
+     normalized text has nothing left to compose or reorder);
+   - text whose characters are all in `COVERED` (ASCII, Latin-1, Latin Extended-A/B, General
+     Punctuation: `text.isascii()` is O(1), the rest one regex scan). The two regex engines
+     (Oniguruma for HF, fancy-regex for tiktoken) both use leftmost-first backtracking semantics
+     over the same pattern, so they split alike wherever every class in it (`\\s`, `\\p{L}`,
+     `\\p{N}`, `\\p{Lu}`, case-insensitive `'s`, ...) holds the same characters in both. Their
+     Unicode tables are separate copies; for the pinned versions the tests put every covered
+     character, in contexts that expose each class, through both. Other text goes to HF;
+   - added tokens without `lstrip`, `rstrip` or `single_word`, none a prefix of another (HF matches
+     leftmost-longest, tiktoken leftmost-first; with no prefixes at most one token matches at a
+     position, so both take the same), and, when some are `normalized` and some not (HF then
+     matches in two passes), no token of one kind overlapping or containing one of the other.
+
+2. Merges. Both merge loops repeatedly merge one adjacent pair of a piece's current symbols: HF
+   (H) the pair with the lowest rank in its merge list, leftmost among equal ranks; tiktoken (T)
+   the pair whose concatenation has the lowest id, leftmost among equal ids, considering every pair
+   whose concatenation is a token. Required: (R) the merge list is sorted by the id of the merged
+   token (no duplicates). Not required: that every split of a token is a listed merge (HF's trainer
+   lists only the merges it made: " the" from " t"+"he", not " "+"the"), nor that a token is newer
+   than its parts (false for vocabularies converted from tiktoken's).
+
+   Locality. If a loop, run on a piece, forms a token u, the merges it made inside u's span are
+   exactly that loop's run on u's bytes alone: symbols never shrink, so every symbol lies inside
+   the span or outside it, outer merges leave the inside alone, and each step took the least
+   candidate overall, hence the least inside. In particular u is always formed by the same last
+   merge, the one that run on u alone ends with.
+
+   Let D be the tokens on whose bytes alone T and H differ at some step (computed at load by
+   running both, only for tokens where they can: a candidate that is not a listed merge needs a
+   token with an unlisted split inside, two candidates of different pairs with one result need a
+   token with several listed splits inside twice; by (R) nothing else separates the choices), and
+   `risky` the tokens whose T loop alone forms a token of D (the last step included). Claim: if no
+   token T's merge loop outputs for a piece is in `risky`, H's output is the same. Take the first step where the
+   runs differ, T merging c (into v) and H merging h or stopping; c lies inside a final T token s.
+   Before this step both runs made the same merges, each the least candidate overall, so both
+   loops run on s alone reach the same state as inside s here, where T picks c. If H on s alone
+   picks otherwise, s is in D and T forms s: s is risky. Else c is H's least candidate inside s
+   but not overall, so h exists; h is a listed merge, so a T candidate too. If h's result u is not
+   v, T's choice gives id(v) < id(u) and H's rank(h) < rank(c), against (R). If u = v, by locality
+   c and h are the last merges of T on u alone and of H on u alone; were u not in D they would be
+   the same pair, and T took the leftmost candidate of that pair, which H takes too. So u is in D,
+   T forms it inside s, and s is risky. Finally, if H stops while T does not, then c is no listed
+   merge, so H on s alone differs at that point: s is risky; T cannot stop first, as H's
+   candidates are T's.
+
+3. Whole pieces. tiktoken encodes a piece that is itself in the vocabulary as that token without
+   merging; HF does the same only with `ignore_merges`. Otherwise the two agree exactly when the
+   merge loop on that token's bytes yields the token, which HF's own model decides at load for
+   every token; the exceptions join `risky` (a token can come out of tiktoken only by this
+   shortcut or by its own merge loop, which, by 2, is HF's), except those spelling an added token:
+   a piece never equals an added token's text, since both cut every occurrence out first (with no
+   added token a prefix of another, the leftmost scan matches each occurrence unless an overlapping
+   match took part of it).
+
+When any output id is in `risky`, `encode` returns None and the caller encodes with HF. For the
+tiny model, the tokenizers HF's BpeTrainer made in the tests and o200k's vocabulary converted as
+transformers converts tiktoken vocabularies (Llama 3's, gpt-oss's), D is empty: no per-text check.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import time
+import unicodedata
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["COVERED", "GPT2_PATTERN", "TOTAL_PATTERNS", "FastBPE", "FastEncoderPlan", "plan_fast_encoder"]
+
+#: The characters whose regex classes the tests check in both engines (ASCII, Latin-1, Latin
+#: Extended-A and -B, General Punctuation: curly quotes, dashes, ellipsis, the typographic spaces).
+COVERED = "\x00-\u024f\u2000-\u206f"
+_UNCOVERED = re.compile(f"[^{COVERED}]")
+
+#: HF's ByteLevel(use_regex=True) pattern (GPT-2's).
+GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+_LLAMA3_PATTERN = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+_QWEN2_PATTERN = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+_O200K_PATTERN = "|".join((
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+    r"""\p{N}{1,3}""",
+    r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""",
+    r"""\s*[\r\n]+""",
+    r"""\s+(?!\S)""",
+    r"""\s+""",
+))  # fmt: skip
+#: Split patterns whose matches tile any text (see the module docstring), as tokenizer.json spells them.
+TOTAL_PATTERNS = frozenset({GPT2_PATTERN, _LLAMA3_PATTERN, _QWEN2_PATTERN, _O200K_PATTERN})
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte-to-character map, inverted: the character each byte is written as -> the byte."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars = printable[:]
+    extra = 0
+    for byte in range(256):
+        if byte not in printable:
+            printable.append(byte)
+            chars.append(256 + extra)
+            extra += 1
+    return {chr(c): b for b, c in zip(printable, chars, strict=True)}
+
+
+_CHAR_TO_BYTE = _byte_level_alphabet()
+
+
+class FastBPE:
+    """tiktoken for one tokenizer, for the texts the proof covers; `encode` is None for the rest."""
+
+    __slots__ = ("_encoding", "_nfc", "_risky", "_specials", "prefix_ids", "suffix_ids")
+
+    def __init__(
+        self,
+        encoding: Any,
+        *,
+        risky: frozenset[int] = frozenset(),
+        prefix_ids: Sequence[int] | None = None,
+        suffix_ids: Sequence[int] = (),
+        nfc: bool = False,
+    ) -> None:
+        self._encoding = encoding
+        self._nfc = nfc
+        self._specials = frozenset(encoding.special_tokens_set)
+        self._risky = risky
+        #: What the post-processor puts around the ids (None: not known to be plain; use HF).
+        self.prefix_ids = None if prefix_ids is None else list(prefix_ids)
+        self.suffix_ids = list(suffix_ids)
+
+    @property
+    def risky_ids(self) -> frozenset[int]:
+        return self._risky
+
+    def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int] | None:
+        """HF's ids for `text`, or None when this text is not covered (then encode it with HF).
+
+        Releases the GIL while it encodes (tiktoken's core does), as HF's batch call does.
+        """
+        if not text.isascii() and (
+            _UNCOVERED.search(text) is not None or (self._nfc and not unicodedata.is_normalized("NFC", text))
+        ):
+            return None
+        prefix = self.prefix_ids
+        if add_special_tokens and prefix is None:
+            return None
+        ids: list[int] = self._encoding.encode(text, allowed_special=self._specials, disallowed_special=())
+        if self._risky and not self._risky.isdisjoint(ids):
+            return None
+        if add_special_tokens and (prefix or self.suffix_ids):
+            return [*prefix, *ids, *self.suffix_ids]  # type: ignore[misc]
+        return ids
+
+
+@dataclass(frozen=True, slots=True)
+class FastEncoderPlan:
+    """Which encoder serves a tokenizer and why: `fast` is None when HF does."""
+
+    fast: FastBPE | None
+    reason: str
+    seconds: float = 0.0
+
+    @property
+    def name(self) -> str:
+        return "tiktoken" if self.fast is not None else "huggingface"
+
+
+class _Refused(Exception):
+    pass
+
+
+def plan_fast_encoder(
+    tokenizer_json: Mapping[str, Any],
+    hf_model_tokenize: Callable[[list[str]], list[list[int]]] | None = None,
+) -> FastEncoderPlan:
+    """Decide from a parsed tokenizer.json whether tiktoken may encode for it, and build it if so.
+
+    `hf_model_tokenize` runs HF's BPE model alone (no normalizer, pre-tokenizer or added tokens) on
+    byte-level strings, for the whole-piece check (3. in the module docstring); it is needed only
+    when the tokenizer lacks `ignore_merges`, and without it such a tokenizer stays on HF.
+    """
+    started = time.perf_counter()
+    try:
+        fast, reason = _plan(tokenizer_json, hf_model_tokenize)
+    except _Refused as refusal:
+        fast, reason = None, str(refusal)
+    return FastEncoderPlan(fast, reason, time.perf_counter() - started)
+
+
+def _plan(
+    tj: Mapping[str, Any], hf_model_tokenize: Callable[[list[str]], list[list[int]]] | None
+) -> tuple[FastBPE, str]:
+    try:
+        import tiktoken
+    except ImportError:  # pragma: no cover - a declared dependency
+        raise _Refused("tiktoken is not installed")
+    model = tj.get("model") or {}
+    if model.get("type") != "BPE":
+        raise _Refused(f"model is {model.get('type')}, not BPE")
+    if model.get("dropout") is not None:
+        raise _Refused("BPE dropout")
+    if model.get("continuing_subword_prefix") or model.get("end_of_word_suffix"):
+        raise _Refused("subword prefix or suffix")
+    if model.get("byte_fallback"):
+        raise _Refused("byte fallback")
+    pattern = _pre_tokenizer_pattern(tj.get("pre_tokenizer"))
+    nfc = _check_normalizer(tj.get("normalizer"))
+    vocab: Mapping[str, int] = model.get("vocab") or {}
+    if any(char not in vocab for char in _CHAR_TO_BYTE):
+        raise _Refused("not every byte-level character is in the vocabulary")
+    if len(set(vocab.values())) != len(vocab):
+        raise _Refused("duplicate ids in the vocabulary")
+    ranks: dict[bytes, int] = {}
+    byte_level: dict[str, int] = {}
+    to_byte = _CHAR_TO_BYTE
+    for token, token_id in vocab.items():
+        try:
+            ranks[bytes([to_byte[c] for c in token])] = token_id
+        except KeyError:
+            continue  # not byte-level text: no merge can reach it from bytes (nor in HF)
+        byte_level[token] = token_id
+    merges = _merges(model.get("merges") or ())
+    rank = _merge_ranks(byte_level, merges)
+    specials, prefix_ids, suffix_ids = _added_tokens(tj.get("added_tokens") or (), tj.get("post_processor"))
+    risky, unlisted, differ = _risky(byte_level, rank)
+    ignore_merges = bool(model.get("ignore_merges"))
+    if not ignore_merges:
+        if hf_model_tokenize is None:
+            raise _Refused("no way to check whole-piece merges (ignore_merges is false)")
+        tokens = [t for t in byte_level if len(t) > 1]
+        for token, ids in zip(tokens, hf_model_tokenize(tokens), strict=True):
+            # A token spelling an added token is never a piece: that text is cut out first.
+            if ids != [byte_level[token]] and _text(token) not in specials:
+                risky.add(byte_level[token])
+    encoding = tiktoken.Encoding(
+        "trio-direct-fast-bpe", pat_str=pattern, mergeable_ranks=ranks, special_tokens=specials
+    )
+    fast = FastBPE(encoding, risky=frozenset(risky), prefix_ids=prefix_ids, suffix_ids=suffix_ids, nfc=nfc)
+    reason = (
+        f"byte-level BPE with an exact tiktoken equivalent ({len(ranks)} tokens, {unlisted} with unlisted "
+        f"splits, {differ} whose merge loops differ, {len(risky)} checked per text; texts in Latin scripts)"
+    )
+    return fast, reason
+
+
+def _text(token: str) -> str | None:
+    try:
+        return bytes(_CHAR_TO_BYTE[c] for c in token).decode()
+    except UnicodeDecodeError:
+        return None
+
+
+def _pre_tokenizer_pattern(state: Mapping[str, Any] | None) -> str:
+    if not state:
+        raise _Refused("no pre-tokenizer")
+    kind = state.get("type")
+    if kind == "ByteLevel":
+        if state.get("add_prefix_space") or not state.get("use_regex", True):
+            raise _Refused("ByteLevel pre-tokenizer with a prefix space or without its regex")
+        return GPT2_PATTERN
+    if kind == "Sequence":
+        parts: list[Any] = list(state.get("pretokenizers") or ())
+        if len(parts) == 2 and parts[0].get("type") == "Split" and parts[1].get("type") == "ByteLevel":
+            split, byte_level = parts
+            pattern = str((split.get("pattern") or {}).get("Regex"))
+            if split.get("behavior") != "Isolated" or split.get("invert") or pattern not in TOTAL_PATTERNS:
+                raise _Refused("Split pre-tokenizer with an unknown pattern or behaviour")
+            if byte_level.get("add_prefix_space") or byte_level.get("use_regex", True):
+                raise _Refused("ByteLevel after Split with a prefix space or its own regex")
+            return pattern
+    raise _Refused(f"pre-tokenizer {kind} is not one tiktoken reproduces")
+
+
+def _check_normalizer(state: Mapping[str, Any] | None) -> bool:
+    """Accept normalizers that are the identity on NFC text; True when texts must be NFC."""
+    if state is None:
+        return False
+    kind = state.get("type")
+    if kind == "NFC":
+        return True
+    if kind == "Sequence":
+        return any([_check_normalizer(inner) for inner in state.get("normalizers") or ()])
+    raise _Refused(f"normalizer {kind}")
+
+
+def _merges(raw: Iterable[Any]) -> list[tuple[str, str]]:
+    out = []
+    for merge in raw:
+        if isinstance(merge, str):
+            parts = merge.split(" ")
+            if len(parts) != 2:
+                raise _Refused("malformed merge")
+            out.append((parts[0], parts[1]))
+        else:
+            out.append((merge[0], merge[1]))
+    return out
+
+
+def _merge_ranks(vocab: Mapping[str, int], merges: list[tuple[str, str]]) -> dict[tuple[str, str], int]:
+    """HF's rank of each byte-level merge, after checking (R)."""
+    if len(set(merges)) != len(merges):
+        raise _Refused("duplicate merges")
+    rank: dict[tuple[str, str], int] = {}
+    last = -1
+    for index, (x, y) in enumerate(merges):
+        merged_id = vocab.get(x + y)
+        if merged_id is None or x not in vocab or y not in vocab:
+            continue  # not byte-level: unreachable from bytes
+        if merged_id < last:
+            raise _Refused(f"merge order disagrees with token ids at {x!r} + {y!r} (R)")
+        last = merged_id
+        rank[(x, y)] = index
+    return rank
+
+
+def _unlisted(vocab: Mapping[str, int], rank: Mapping[tuple[str, str], int]) -> set[str]:
+    """The tokens with a split into two tokens that is not a listed merge."""
+    listed: dict[str, int] = {}
+    for x, y in rank:
+        listed[x + y] = listed.get(x + y, 0) + 1
+    out: set[str] = set()
+    for token in vocab:
+        if listed.get(token, 0) == len(token) - 1:
+            continue  # every cut is a listed merge
+        if sum(1 for cut in range(1, len(token)) if token[:cut] in vocab and token[cut:] in vocab) > listed.get(
+            token, 0
+        ):
+            out.add(token)
+    return out
+
+
+def _contains_any(token: str, targets: set[str], longest: int) -> bool:
+    return any(
+        token[i:j] in targets for i in range(len(token) - 1) for j in range(i + 2, min(len(token), i + longest) + 1)
+    )
+
+
+def _risky(vocab: Mapping[str, int], rank: Mapping[tuple[str, str], int]) -> tuple[set[int], int, int]:
+    """`risky` of 2. in the module docstring (ids), the number of tokens with unlisted splits, and of D."""
+    unlisted = _unlisted(vocab, rank)
+    longest = max(map(len, unlisted), default=0)
+    splits: dict[str, int] = {}
+    for x, y in rank:
+        splits[x + y] = splits.get(x + y, 0) + 1
+    several = {token for token, count in splits.items() if count > 1}
+    longest_several = max(map(len, several), default=0)
+    differ: set[str] = set()
+    for token in vocab:
+        if len(token) < 2:
+            continue
+        # The loops can differ only at a candidate that is not a listed merge (its result, a token
+        # with an unlisted split, is inside `token`) or at two candidates of different pairs with one
+        # result (a token with several listed splits, seen twice inside `token`).
+        suspect = (unlisted and _contains_any(token, unlisted, longest)) or (
+            len(set(itertools.pairwise(token))) < len(token) - 1 and _contains_twice(token, several, longest_several)
+        )
+        if suspect and not _loops_agree(token, vocab, rank):
+            differ.add(token)
+    if not differ:
+        return set(), len(unlisted), 0
+    longest = max(map(len, differ))
+    risky = {
+        token_id
+        for token, token_id in vocab.items()
+        if _contains_any(token, differ, longest) and _tiktoken_loop_forms(token, vocab, differ)
+    }
+    return risky, len(unlisted), len(differ)
+
+
+def _contains_twice(token: str, targets: set[str], longest: int) -> bool:
+    """Whether some string of `targets` occurs at two places in `token` (both start with a bigram seen twice)."""
+    starts: dict[str, list[int]] = {}
+    for i in range(len(token) - 1):
+        starts.setdefault(token[i : i + 2], []).append(i)
+    seen: set[str] = set()
+    for positions in starts.values():
+        if len(positions) < 2:
+            continue
+        for i in positions:
+            for j in range(i + 2, min(len(token), i + longest) + 1):
+                part = token[i:j]
+                if part in targets:
+                    if part in seen:
+                        return True
+                    seen.add(part)
+    return False
+
+
+def _loops_agree(word: str, vocab: Mapping[str, int], rank: Mapping[tuple[str, str], int]) -> bool:
+    """Whether tiktoken's and HF's merge loops on `word` alone make the same choice at every step."""
+    never = 1 << 62
+    parts = list(word)
+    by_id = [vocab.get(parts[i] + parts[i + 1], never) for i in range(len(parts) - 1)]
+    by_rank = [rank.get((parts[i], parts[i + 1]), never) for i in range(len(parts) - 1)]
+    while by_id:
+        least_id, least_rank = min(by_id), min(by_rank)
+        if least_id == never or least_rank == never:
+            return least_id == least_rank  # both stop, or one merges where the other stops
+        i = by_id.index(least_id)  # leftmost, as both loops break ties
+        if i != by_rank.index(least_rank):
+            return False
+        parts[i : i + 2] = [parts[i] + parts[i + 1]]
+        del by_id[i], by_rank[i]  # the merged pair; its neighbours change
+        for j in (i - 1, i):
+            if 0 <= j < len(by_id):
+                by_id[j] = vocab.get(parts[j] + parts[j + 1], never)
+                by_rank[j] = rank.get((parts[j], parts[j + 1]), never)
+    return True
+
+
+def _tiktoken_loop_forms(word: str, vocab: Mapping[str, int], targets: set[str]) -> bool:
+    """Whether tiktoken's merge loop on `word` alone (no whole-piece lookup) forms a token of `targets`."""
+    parts = list(word)
+    while len(parts) > 1:
+        best = -1
+        best_id = 0
+        for i in range(len(parts) - 1):
+            merged_id = vocab.get(parts[i] + parts[i + 1])
+            if merged_id is not None and (best < 0 or merged_id < best_id):
+                best, best_id = i, merged_id
+        if best < 0:
+            return False
+        merged = parts[best] + parts[best + 1]
+        if merged in targets:
+            return True
+        parts[best : best + 2] = [merged]
+    return False
+
+
+def _added_tokens(
+    added: Iterable[Mapping[str, Any]], post_processor: Mapping[str, Any] | None
+) -> tuple[dict[str, int], list[int] | None, list[int]]:
+    specials: dict[str, int] = {}
+    kinds: dict[str, bool] = {}
+    for token in added:
+        content = token.get("content")
+        if not isinstance(content, str) or not content:
+            raise _Refused("an empty added token")
+        if token.get("lstrip") or token.get("rstrip") or token.get("single_word"):
+            raise _Refused(f"added token {content!r} strips whitespace or matches single words")
+        specials[content] = int(token["id"])
+        kinds[content] = bool(token.get("normalized"))
+    ordered = sorted(specials)
+    for a, b in itertools.pairwise(ordered):
+        if b.startswith(a):  # a prefix sorts right before its extensions
+            raise _Refused(f"added token {a!r} is a prefix of {b!r}")
+    normalized = [t for t, n in kinds.items() if n]
+    plain = [t for t, n in kinds.items() if not n]
+    if normalized and plain:
+        for a in normalized:
+            for b in plain:
+                if _overlap(a, b):
+                    raise _Refused(f"added tokens {a!r} and {b!r} overlap (matched in separate passes)")
+    prefix, suffix = _post_processor_ids(post_processor)
+    return specials, prefix, suffix
+
+
+def _overlap(a: str, b: str) -> bool:
+    if a in b or b in a:
+        return True
+    return any(b.startswith(a[i:]) for i in range(1, len(a))) or any(a.startswith(b[i:]) for i in range(1, len(b)))
+
+
+def _post_processor_ids(state: Mapping[str, Any] | None) -> tuple[list[int] | None, list[int]]:
+    """The ids a post-processor puts before and after a single sequence; (None, []) if not plain."""
+    if state is None:
+        return [], []
+    kind = state.get("type")
+    if kind == "ByteLevel":
+        return [], []  # offsets only
+    if kind == "Sequence":
+        prefix: list[int] = []
+        suffix: list[int] = []
+        for inner in state.get("processors") or ():
+            p, s = _post_processor_ids(inner)
+            if p is None:
+                return None, []
+            prefix, suffix = [*p, *prefix], [*suffix, *s]
+        return prefix, suffix
+    if kind == "TemplateProcessing":
+        tokens = state.get("special_tokens") or {}
+        prefix, suffix = [], []
+        seen_sequence = False
+        for piece in state.get("single") or ():
+            if "Sequence" in piece:
+                if seen_sequence or piece["Sequence"].get("id") != "A":
+                    return None, []
+                seen_sequence = True
+            elif "SpecialToken" in piece:
+                entry = tokens.get(piece["SpecialToken"].get("id"))
+                if entry is None:
+                    return None, []
+                (suffix if seen_sequence else prefix).extend(int(i) for i in entry.get("ids") or ())
+            else:
+                return None, []
+        return (prefix, suffix) if seen_sequence else (None, [])
+    return None, []
