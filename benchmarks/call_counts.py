@@ -8,11 +8,12 @@ per request: Python function calls (coroutine resumptions count as calls), trio 
 `Context.run`), engine messages (protobuf parses); and calls per streamed token.
 
     python benchmarks/call_counts.py [--requests 256] [--concurrency 32] [--tokens 64] [--speedup inf]
-        [--baseline OTHER/src]
+        [--baseline OTHER/src] [--keep-profile DIR]
 
 `--baseline` also counts the trio_direct package under another `src/` directory (say, a checkout of
 main), on the same mocks, for before/after counts from one run. The engine messages per request vary
-between runs: the mock coalesces the deltas that queue while the frontend is busy.
+between runs: the mock coalesces the deltas that queue while the frontend is busy. `--keep-profile`
+keeps each profile (`DIR/this.prof`, `DIR/baseline.prof`) for `python -m pstats`.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import argparse
 import json
 import os
 import pstats
+import shutil
 import signal
 import subprocess
 import sys
@@ -81,6 +83,9 @@ def count(args: argparse.Namespace, engines: list[int], folder: Path, src: str |
         while not stats.exists() and time.monotonic() < deadline:
             time.sleep(0.2)
         time.sleep(0.5)  # the dump is written by now
+    if args.keep_profile:
+        Path(args.keep_profile).mkdir(parents=True, exist_ok=True)
+        shutil.copy(stats, Path(args.keep_profile) / stats.name)
     ok = [s for s in samples if s.ok]
     tokens = sum(s.completion_tokens for s in ok)
     table = pstats.Stats(str(stats)).stats  # type: ignore[attr-defined]
@@ -107,6 +112,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64, help="tokens per chat")
     parser.add_argument("--speedup", default="inf", help="the mocks' --speedup (1: real time)")
     parser.add_argument("--baseline", metavar="SRC", help="also count the trio_direct package under this src/")
+    parser.add_argument("--keep-profile", metavar="DIR", help="keep the cProfile dumps in this folder")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp, Children() as children:
         folder = Path(tmp)
