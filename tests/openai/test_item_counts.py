@@ -63,3 +63,21 @@ def test_a_million_messages_cost_about_what_the_cap_does():
     with pytest.raises(ApiError):
         check_item_counts(huge, 10_000)
     assert time.perf_counter() - started < 0.5  # stops past the cap: a few ms (a full decode: ~1 s)
+
+
+def test_the_shortest_body_over_the_cap_is_refused_and_shorter_ones_are_never_decoded(monkeypatch):
+    shortest = b'{"messages":[' + b",".join([b"0"] * 101) + b"]}"  # 101 one-byte items: 2 * 101 - 1 bytes of them
+    with pytest.raises(ApiError):
+        check_item_counts(shortest, 100)
+    parts = b'{"messages":[{"content":[' + b",".join([b"0"] * 101) + b"]}]}"
+    with pytest.raises(ApiError):
+        check_item_counts(parts, 100)
+
+    def no_decoding(cap: int) -> None:
+        raise AssertionError("a body too short to be over the cap was decoded")
+
+    monkeypatch.setattr("trio_direct.openai.item_counts._decoders", no_decoding)
+    within = b'{"messages":[' + b",".join([b"0"] * 90) + b"]}"
+    assert len(within) <= 2 * 100
+    check_item_counts(within, 100)
+    check_item_counts(body(messages=[{"role": "user", "content": "hi"}]), 100)

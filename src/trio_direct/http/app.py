@@ -55,7 +55,7 @@ from trio_direct.http.asgi_guard import ProtocolGuard
 from trio_direct.http.exchange import Exchange, Receive, Scope, Send
 from trio_direct.http.routing_table import ErrorFormat, HttpRoute, RouteTable, openai_error_body
 from trio_direct.logs import REQUEST_ID
-from trio_direct.openai.item_counts import check_item_counts
+from trio_direct.openai.item_counts import check_item_counts, prepare_item_counts
 from trio_direct.tenants import access as tenant_access
 from trio_direct.tenants.directory import ANONYMOUS, Tenant
 from trio_direct.tenants.limiter import Grant, RateLimited
@@ -112,7 +112,7 @@ def create_app(
     admission = Admission(config.max_concurrent_requests, config.max_queued_requests, config.queue_timeout)
     max_body = config.max_body_bytes
     max_items = config.max_messages
-    check_item_counts(b"{}", max_items)  # builds its decoders now, not in the first request
+    prepare_item_counts(max_items)  # builds its decoders now, not in the first long request
     metrics.watch_frontend(get_frontend)
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
