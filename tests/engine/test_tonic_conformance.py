@@ -156,9 +156,10 @@ async def test_a_request_far_past_the_servers_windows_and_many_concurrent_calls(
         replies.append(await channel.unary_work(PING, ping(), NodeUpdate, timeout=30))
 
     async with trio.open_nursery() as nursery:
-        for _ in range(300):  # more than hyper's default of 200 concurrent streams a connection
+        for _ in range(300):  # the mesh advertises no SETTINGS_MAX_CONCURRENT_STREAMS: one connection
             nursery.start_soon(one)
     assert len(replies) == 300 and all(reply.status == 1 for reply in replies)
+    assert channel.stream_connections == 1
     channel.close()
 
 
