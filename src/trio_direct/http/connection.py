@@ -16,7 +16,8 @@ and answers a stalled request 408. More changes, each against a hypercorn 0.18 b
   server's shutdown, and a request only moves that deadline (`_watch_idle`).
 - hypercorn hands a request's body and disconnect to the app through a memory channel whose send
   and receive each yield to the scheduler even when nothing waits; here they yield only when they
-  must wait (`AppTaskGroup`), still bounded by the same queue size.
+  must wait (`AppTaskGroup`), still bounded by the same queue size. A disconnect never waits for
+  room in the queue (`_put`): hypercorn's could wait forever, holding the connection.
 - When hypercorn closes a connection whose next request is already buffered (a pipelining client
   at shutdown), its read loop waits for that request's turn, which never comes, and holds the
   drain for the whole graceful timeout. Here closing the connection also ends the read loop.
@@ -41,9 +42,11 @@ and answers a stalled request 408. More changes, each against a hypercorn 0.18 b
   malformed request) meets a connection reset and is lost; here the connection lingers half-closed
   (`GuardedConnection._close`). Bytes after a connection's last request no longer cut its answer
   short (`LastRequestConnection`).
-- When an app answers before reading the request's body, hypercorn stops handling the connection's
-  events at the body's next piece and never readies it for the next request; here the rest of the
-  body is read past and the connection recycled (`HTTP11Protocol`).
+- When an app answers before reading the request's body, hypercorn closes the connection after an
+  answer that did not say so, or stops handling the connection's events at the body's next piece
+  and never readies it for the next request; here the rest of the body is read past and the
+  connection recycled, or the answer says ``Connection: close`` when the body is long
+  (`HTTP11Protocol`).
 
 No TLS is configured, so HTTP/2 could only arrive as an ``Upgrade: h2c`` or a prior-knowledge
 preface; this server speaks HTTP/1.1 alone (the deadlines above are HTTP/1.1's), so the h2c upgrade
