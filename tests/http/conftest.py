@@ -18,7 +18,9 @@ LONG = 60.0
 
 class App:
     """`/live`: 200 "ok"; `/echo`: reads the body, answers its length; `/stream`: 10 chunks 0.1 s apart;
-    `/flood`: 64 KiB chunks as fast as they are taken, until the client is gone."""
+    `/flood`: 64 KiB chunks as fast as they are taken, until the client is gone; `/guarded`: 401
+    without ``Authorization: Bearer s3cret``, before reading the body (as the API routes answer a
+    missing key), else as `/echo`; `/guarded-slow`: the same after a 0.3 s key check (a shared store)."""
 
     def __init__(self) -> None:
         self.paths: list[str] = []
@@ -32,7 +34,16 @@ class App:
             return
         self.paths.append(scope["path"])
         body = b""
-        if scope["path"] == "/echo":
+        if scope["path"] in ("/guarded", "/guarded-slow"):
+            if scope["path"] == "/guarded-slow":
+                await trio.sleep(0.3)
+            if (b"authorization", b"Bearer s3cret") not in scope["headers"]:
+                refusal = b'{"error": {"type": "authentication_error"}}'
+                headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(refusal))]
+                await send({"type": "http.response.start", "status": 401, "headers": headers})
+                await send({"type": "http.response.body", "body": refusal})
+                return
+        if scope["path"] in ("/echo", "/guarded", "/guarded-slow"):
             while True:
                 message = await receive()
                 if message["type"] == "http.disconnect":

@@ -399,3 +399,84 @@ async def test_an_early_answer_does_not_read_a_large_unread_body_forever(start_s
                     await stream.send_all(chunk)
             except trio.BrokenResourceError:
                 pass
+
+
+# --- a request refused before its body was read (a missing API key), on a kept-alive connection ------
+
+BODY = b'{"model": "x", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}'
+
+
+def post(path: bytes, length: int, *headers: bytes) -> bytes:
+    return b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%s\r\n" % (
+        path,
+        length,
+        b"".join(header + b"\r\n" for header in headers),
+    )
+
+
+def header_of(response: bytes, name: bytes) -> bytes | None:
+    for line in response.split(b"\r\n\r\n", 1)[0].lower().split(b"\r\n")[1:]:
+        key, _, value = line.partition(b":")
+        if key == name:
+            return value.strip()
+    return None
+
+
+async def test_a_request_refused_for_its_key_before_its_body_was_read_leaves_the_connection_usable(start_server):
+    """The head and the body go in two writes, as HTTP client libraries send them: the server may
+    answer 401 before the body's bytes were taken from the connection (an app answered without a
+    task switch), and the next request on the connection must still be answered."""
+    port = await start_server(header_read_timeout=LONG, body_read_timeout=LONG)
+    async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
+        for _ in range(20):
+            await stream.send_all(post(b"/guarded", len(BODY)))
+            await stream.send_all(BODY)
+            refused = await read_response(stream)
+            assert status_of(refused) == 401 and header_of(refused, b"connection") is None
+            await stream.send_all(post(b"/guarded", len(BODY), b"Authorization: Bearer s3cret") + BODY)
+            served = await read_response(stream)
+            assert status_of(served) == 200 and served.endswith(b"\r\n\r\n%d" % len(BODY))
+
+
+async def test_a_body_still_arriving_after_the_refusal_is_read_past_and_the_next_request_served(start_server):
+    port = await start_server(header_read_timeout=LONG, body_read_timeout=LONG)
+    for path in (b"/guarded", b"/guarded-slow"):  # refused at once, or after a key lookup
+        async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
+            await stream.send_all(post(path, len(BODY)) + BODY[:10])
+            assert status_of(await read_response(stream)) == 401
+            await trio.sleep(0.2)  # the refusal was written; the rest of the body comes later
+            await stream.send_all(BODY[10:])
+            await stream.send_all(HEAD)
+            assert status_of(await read_response(stream)) == 200
+            chunked = b"POST %s HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" % path
+            await stream.send_all(chunked + b"a\r\n" + BODY[:10] + b"\r\n")
+            assert status_of(await read_response(stream)) == 401
+            await trio.sleep(0.2)
+            rest = BODY[10:]
+            await stream.send_all(b"%x\r\n%s\r\n0\r\n\r\n" % (len(rest), rest) + HEAD)
+            assert status_of(await read_response(stream)) == 200
+
+
+async def test_a_refused_request_with_a_huge_body_is_closed_in_bounded_time(start_server, monkeypatch):
+    """A body far larger than is worth reading past: the refusal says ``Connection: close`` when the
+    body's declared length shows it, and the connection closes soon, whether the refusal came at
+    once or after the body had filled the app's queue."""
+    monkeypatch.setattr(connection, "LINGER_TIME", 0.5)  # how long a closed connection's answer lingers
+    port = await start_server(max_body_bytes=1 << 30, header_read_timeout=LONG, body_read_timeout=LONG)
+    for path in (b"/guarded", b"/guarded-slow"):
+        async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
+            await stream.send_all(post(path, 64 << 20))
+            received = bytearray()
+
+            async def upload() -> None:
+                with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                    for _ in range(1024):  # 64 MiB
+                        await stream.send_all(b"x" * 65536)
+
+            with trio.fail_after(10):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(upload)
+                    received += await read_to_eof(stream)
+                    nursery.cancel_scope.cancel()
+            assert status_of(bytes(received)) == 401
+            assert header_of(bytes(received), b"connection") == b"close"

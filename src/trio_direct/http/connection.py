@@ -16,7 +16,8 @@ and answers a stalled request 408. More changes, each against a hypercorn 0.18 b
   server's shutdown, and a request only moves that deadline (`_watch_idle`).
 - hypercorn hands a request's body and disconnect to the app through a memory channel whose send
   and receive each yield to the scheduler even when nothing waits; here they yield only when they
-  must wait (`AppTaskGroup`), still bounded by the same queue size.
+  must wait (`AppTaskGroup`), still bounded by the same queue size. A disconnect never waits for
+  room in the queue (`_put`): hypercorn's could wait forever, holding the connection.
 - When hypercorn closes a connection whose next request is already buffered (a pipelining client
   at shutdown), its read loop waits for that request's turn, which never comes, and holds the
   drain for the whole graceful timeout. Here closing the connection also ends the read loop.
@@ -41,9 +42,11 @@ and answers a stalled request 408. More changes, each against a hypercorn 0.18 b
   malformed request) meets a connection reset and is lost; here the connection lingers half-closed
   (`GuardedConnection._close`). Bytes after a connection's last request no longer cut its answer
   short (`LastRequestConnection`).
-- When an app answers before reading the request's body, hypercorn stops handling the connection's
-  events at the body's next piece and never readies it for the next request; here the rest of the
-  body is read past and the connection recycled (`HTTP11Protocol`).
+- When an app answers before reading the request's body, hypercorn closes the connection after an
+  answer that did not say so, or stops handling the connection's events at the body's next piece
+  and never readies it for the next request; here the rest of the body is read past and the
+  connection recycled, or the answer says ``Connection: close`` when the body is long
+  (`HTTP11Protocol`).
 
 No TLS is configured, so HTTP/2 could only arrive as an ``Upgrade: h2c`` or a prior-knowledge
 preface; this server speaks HTTP/1.1 alone (the deadlines above are HTTP/1.1's), so the h2c upgrade
@@ -68,6 +71,8 @@ import trio
 from hypercorn.config import Config
 from hypercorn.events import Closed, Event, RawData, Updated
 from hypercorn.protocol import ProtocolWrapper
+from hypercorn.protocol.events import Body, EndBody, Response
+from hypercorn.protocol.events import Event as StreamEvent
 from hypercorn.protocol.h11 import H2ProtocolAssumedError, H11Protocol
 from hypercorn.trio.task_group import TaskGroup, _handle
 from hypercorn.trio.tcp_server import MAX_RECV, TCPServer
@@ -192,27 +197,50 @@ def direct_body_writer() -> DirectBody | None:
     return DirectBody(connection)
 
 
+#: What the app receives once its queue was closed (`_put`): the client is gone, or its request over.
+_DISCONNECT = {"type": "http.disconnect"}
+
+
 async def _put(channel: trio.MemorySendChannel[Any], message: Any) -> None:
-    """`channel.send` that yields only when the queue is full (a checkpoint for cancellation)."""
+    """`channel.send` that yields only when the queue is full (a checkpoint for cancellation).
+
+    A disconnect never waits: on a full queue it closes the channel instead, which the app sees as
+    the disconnect once it has taken what is queued (`_take`). Waiting there can last forever:
+    hypercorn queues the disconnect when the response has ended, from the app's own task when the
+    app ends its answer, and an app that answered without reading a body that filled its queue (a
+    401 after a key lookup, while the upload went on) would wait for itself, with the connection's
+    read loop waiting behind it to queue the next piece of the body. Any message after the close is
+    dropped.
+    """
     await trio.lowlevel.checkpoint_if_cancelled()
     try:
-        channel.send_nowait(message)
-    except trio.WouldBlock:
-        await channel.send(message)
+        try:
+            channel.send_nowait(message)
+        except trio.WouldBlock:
+            if message["type"] == "http.disconnect":
+                channel.close()
+            else:
+                await channel.send(message)
+    except (trio.ClosedResourceError, trio.BrokenResourceError):
+        pass  # the disconnect closed the queue, or the app is gone
 
 
 async def _take(channel: trio.MemoryReceiveChannel[Any]) -> Any:
     """`channel.receive` that yields only when nothing is queued (a checkpoint for cancellation)."""
     await trio.lowlevel.checkpoint_if_cancelled()
     try:
-        return channel.receive_nowait()
-    except trio.WouldBlock:
-        return await channel.receive()
+        try:
+            return channel.receive_nowait()
+        except trio.WouldBlock:
+            return await channel.receive()
+    except trio.EndOfChannel:
+        return dict(_DISCONNECT)
 
 
 class AppTaskGroup(TaskGroup):
     """hypercorn's task group, with the app's receive channel read and written by `_take` and
-    `_put`: a request's body and its disconnect reach the app without a task switch apiece."""
+    `_put`: a request's body and its disconnect reach the app without a task switch apiece, and
+    a disconnect never waits for room in the queue."""
 
     async def spawn_app(
         self, app: AppWrapper, config: Config, scope: Any, send: Callable[[Any], Awaitable[None]]
@@ -252,26 +280,67 @@ class LastRequestConnection(h11.Connection):
 EARLY_ANSWER_DISCARD_LIMIT = 1 << 20
 
 
+class _UnreadBody:
+    """The stream of a request whose answer has ended before its body was read: it takes the rest
+    of the body from hypercorn's event loop and drops it, and at the body's end readies the
+    connection for its next request; past `EARLY_ANSWER_DISCARD_LIMIT` it closes the connection.
+
+    It stands where hypercorn would leave no stream, so that no piece of the body, its end
+    included, is taken from h11 and lost: hypercorn's loop stops at such a piece, and an end lost
+    there would leave the connection waiting for nothing.
+    """
+
+    __slots__ = ("_budget", "_protocol")
+
+    def __init__(self, protocol: HTTP11Protocol) -> None:
+        self._protocol = protocol
+        self._budget = EARLY_ANSWER_DISCARD_LIMIT
+
+    async def handle(self, event: Any) -> None:
+        if self._budget < 0:
+            return  # given up: the connection is closing
+        if isinstance(event, Body):
+            self._budget -= len(event.data)
+            if self._budget < 0:
+                await self._protocol.send(Closed())
+        elif isinstance(event, EndBody):
+            self._budget = -1
+            await self._protocol._recycle()
+
+
 class HTTP11Protocol(H11Protocol):
     """hypercorn's HTTP/1.1 protocol, without its switch to HTTP/2 on ``Upgrade: h2c``, and with the
     rest of a request's body read past after an answer that did not wait for it.
 
     An app may answer before reading the body (401 for a missing key, 404, a refusal). hypercorn
-    then drops the request's stream and stops handling events at the body's next piece, so the
-    connection is never made ready for its next request: a keep-alive client's next request waits
-    until the connection times out. That happens whenever the answer ends before the body's events
-    were taken from h11, which is always the case when the body arrives after the answer, and often
-    otherwise, since the app here runs without a task switch (`AppTaskGroup`). Here the rest of the
-    body is read and discarded, and the connection recycled at its end, under the body read
-    deadlines; a body over `EARLY_ANSWER_DISCARD_LIMIT` closes the connection.
+    then drops the request's stream and closes the connection, or, when the body's events come
+    after the answer's end, stops handling events at the body's next piece and never readies the
+    connection for its next request. Both surprise a keep-alive client, whose next request on the
+    connection fails (or waits until the connection times out), and the answer said nothing of a
+    close. The answer ends before the body's events were taken from h11 whenever the body arrives
+    after the answer, and often otherwise, since the app here runs without a task switch
+    (`AppTaskGroup`). Here the rest of the body is read and discarded (`_UnreadBody`), under the
+    body read deadlines, and the connection recycled at its end. A body that declares more than
+    `EARLY_ANSWER_DISCARD_LIMIT` still to come gets ``Connection: close`` on the answer and is not
+    read; a chunked one that runs past the limit closes the connection.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         limit = self.config.h11_max_incomplete_size
         self.connection = LastRequestConnection(h11.SERVER, max_incomplete_event_size=limit)
-        #: Body bytes still allowed to be discarded; None when no answered request's body is pending.
-        self._discard_budget: int | None = None
+
+    async def stream_send(self, event: StreamEvent) -> None:
+        if (
+            type(event) is Response
+            and event.status_code >= 200
+            and self.connection.their_state is h11.SEND_BODY
+            and getattr(self.connection._reader, "_remaining", 0) > EARLY_ANSWER_DISCARD_LIMIT
+        ):
+            # An answer before a long declared body: the client is told not to reuse the connection.
+            headers = [*event.headers, (b"connection", b"close")]
+            event = Response(stream_id=event.stream_id, headers=headers, status_code=event.status_code)
+        await super().stream_send(event)
 
     async def _maybe_recycle(self) -> None:
         connection = self.connection
@@ -281,39 +350,16 @@ class HTTP11Protocol(H11Protocol):
             and not self.context.terminated.is_set()
         ):
             await self._close_stream()
-            self._discard_budget = EARLY_ANSWER_DISCARD_LIMIT
-            await self._discard_body()
+            # The body's rest, already buffered or still to come, reaches it from the read loop's
+            # next `_handle_events`, or from the one under way (waiting to hand the app a piece).
+            self.stream = _UnreadBody(self)  # type: ignore[assignment]
             return
         await super()._maybe_recycle()
 
-    async def _handle_events(self) -> None:
-        if self._discard_budget is not None:
-            await self._discard_body()
-            if self._discard_budget is not None:
-                return  # more of the discarded body is to come
-        await super()._handle_events()
-
-    async def _discard_body(self) -> None:
-        """Take the answered request's body events from h11 and drop them; at its end, recycle the
-        connection for the next request (which `_handle_events` then reads)."""
-        while (budget := self._discard_budget) is not None:
-            try:
-                event = self.connection.next_event()
-            except h11.RemoteProtocolError:
-                event = h11.ConnectionClosed()
-            if isinstance(event, h11.Data):
-                self._discard_budget = budget - len(event.data)
-                if self._discard_budget < 0:
-                    self._discard_budget = None
-                    await self.send(Closed())
-            elif isinstance(event, h11.EndOfMessage):
-                self._discard_budget = None
-                await super()._maybe_recycle()  # both sides are done now: ready for the next request
-            elif event is h11.NEED_DATA:
-                return
-            else:  # the client closed mid-body, or broke the framing
-                self._discard_budget = None
-                await self.send(Closed())
+    async def _recycle(self) -> None:
+        """The discarded body has ended: both sides are done, ready for the next request."""
+        self.stream = None
+        await super()._maybe_recycle()
 
     async def _check_protocol(self, event: h11.Request) -> None:
         if event.method == b"PRI" and event.target == b"*" and event.http_version == b"2.0":
