@@ -80,6 +80,15 @@ class MockEngineProcess:
         return f"grpc://{self.host}:{self.port}"
 
 
+class EngineExited(RuntimeError):
+    """A mock engine process ended before it was ready (`returncode` 2: a usage error, such as a
+    port in use)."""
+
+    def __init__(self, command: list[str], returncode: int | None) -> None:
+        super().__init__(f"mock engine exited before it was ready (status {returncode}): {command}")
+        self.returncode = returncode
+
+
 async def start_mock_engine(nursery: trio.Nursery, *args: str) -> MockEngineProcess:
     """Start `python -m trio_direct mock-engine --port 0 ARGS` and wait for its ready line."""
     command = [sys.executable, "-m", "trio_direct", "mock-engine", "--port", "0", *args]
@@ -89,7 +98,7 @@ async def start_mock_engine(nursery: trio.Nursery, *args: str) -> MockEngineProc
         while b"\n" not in buffer:
             data = await process.stdout.receive_some()
             if not data:
-                raise RuntimeError(f"mock engine exited before it was ready: {command}")
+                raise EngineExited(command, await process.wait())
             buffer += data
     ready = json.loads(buffer.split(b"\n", 1)[0])
     return MockEngineProcess(process, ready["host"], ready["port"], ready)

@@ -20,6 +20,7 @@ import openai
 import pytest
 import trio
 from support import (
+    EngineExited,
     LoopbackDns,
     MockEngineProcess,
     engine_accounting,
@@ -45,10 +46,26 @@ QUICK = (
 
 
 async def engines_on(nursery, *hosts: str) -> list[MockEngineProcess]:
-    """One mock engine per loopback address, all on the same port (as pods behind a Service)."""
-    first = await start_mock_engine(nursery, "--host", hosts[0], *ENGINE)
-    rest = [await start_mock_engine(nursery, "--host", host, "--port", str(first.port), *ENGINE) for host in hosts[1:]]
-    return [first, *rest]
+    """One mock engine per loopback address, all on the same port (as pods behind a Service).
+
+    The first engine's ephemeral port may be taken on the other addresses: a socket bound to the
+    wildcard address holds it on every one (the ZMQ publishers of other tests' engines bind
+    `tcp://*:0`). An engine that cannot bind exits with status 2; then all start again on another
+    port."""
+    for _ in range(5):
+        first = await start_mock_engine(nursery, "--host", hosts[0], *ENGINE)
+        started = [first]
+        try:
+            for host in hosts[1:]:
+                started.append(await start_mock_engine(nursery, "--host", host, "--port", str(first.port), *ENGINE))
+            return started
+        except EngineExited as exited:
+            if exited.returncode != 2:
+                raise
+            for engine in started:
+                engine.process.kill()
+                await engine.process.wait()
+    raise AssertionError(f"no port free on all of {hosts} in five tries")
 
 
 @dataclass
