@@ -38,7 +38,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _wait_port(port: int, process: subprocess.Popen, timeout: float = 30.0) -> None:
+def wait_port(port: int, process: subprocess.Popen, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -83,7 +83,7 @@ class RedisServer:
             "--appendonly", "yes", "--appendfsync", "always", "--save", "", "--daemonize", "no",
         ]  # fmt: skip
         self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        _wait_port(self.port, self.process)
+        wait_port(self.port, self.process)
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -127,7 +127,7 @@ class PostgresServer:
             "-k", self.directory, "-c", "fsync=off", "-c", "max_connections=100",
         ]  # fmt: skip
         self.process = subprocess.Popen(command, user=self.user, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        _wait_port(self.port, self.process)
+        wait_port(self.port, self.process)
         deadline = time.monotonic() + 30
         while True:  # listening is not yet accepting: wait until a query answers
             probe = subprocess.run(

@@ -22,9 +22,7 @@ from __future__ import annotations
 import os
 import select
 import signal
-import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -33,7 +31,7 @@ import pytest
 import trio
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from grpclib.health.v1 import health_pb2
-from state_servers import missing_server
+from state_servers import free_port, missing_server, wait_port
 
 from trio_direct._proto.smg import sglang_scheduler_pb2 as sglang
 from trio_direct.engine import errors
@@ -85,24 +83,6 @@ class RawMessage:
         return self.data
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def wait_listening(port: int, process: subprocess.Popen, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"smg exited with {process.returncode} before its mesh listened")
-        with socket.socket() as probe:
-            if probe.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.05)
-    raise TimeoutError(f"smg's mesh did not listen on {port} within {timeout} s")
-
-
 @pytest.fixture
 def tonic_server(smg_executable: str) -> Iterator[tuple[subprocess.Popen, int]]:
     """`smg launch` with its mesh on loopback (no workers: only the mesh is under test)."""
@@ -115,7 +95,7 @@ def tonic_server(smg_executable: str) -> Iterator[tuple[subprocess.Popen, int]]:
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "HF_HUB_OFFLINE": "1"},
     )  # fmt: skip
     try:
-        wait_listening(mesh, process)
+        wait_port(mesh, process)
         yield process, mesh
     finally:
         if process.poll() is None:
