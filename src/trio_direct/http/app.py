@@ -52,6 +52,7 @@ from trio_direct.core.errors import ApiError
 from trio_direct.core.request_context import CURRENT, RequestContext
 from trio_direct.http.access_log import AccessRecord, log_access
 from trio_direct.http.asgi_guard import ProtocolGuard
+from trio_direct.http.connection import cancel_on_disconnect
 from trio_direct.http.exchange import Exchange, Receive, Scope, Send
 from trio_direct.http.routing_table import ErrorFormat, HttpRoute, RouteTable, openai_error_body
 from trio_direct.logs import REQUEST_ID
@@ -300,7 +301,7 @@ def _log_access(scope: Scope, seen: _Seen) -> None:
 async def _run(route: HttpRoute, exchange: Exchange, receive: Receive, max_body: int, max_items: int = 0) -> None:
     """Read the body, watch for the client leaving, run the handler; errors in the route's envelope."""
     try:
-        async with trio.open_nursery() as nursery:
+        with trio.CancelScope() as scope:  # cancelled when the client leaves
             body = await _read_body(receive, max_body)
             if body is None:
                 return  # the client left before sending its request
@@ -312,9 +313,16 @@ async def _run(route: HttpRoute, exchange: Exchange, receive: Receive, max_body:
             context = CURRENT.get()
             if context is not None and context.trace is not None:
                 context.trace.body_read_at = time.time_ns()
-            nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope)
-            await route.handler(exchange)
-            nursery.cancel_scope.cancel()
+            if cancel_on_disconnect(receive, scope):  # under `serve`: the connection cancels it
+                try:
+                    await route.handler(exchange)
+                finally:
+                    cancel_on_disconnect(receive, None)
+            else:  # plain hypercorn: a task waits for the disconnect
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(_cancel_on_disconnect, receive, scope)
+                    await route.handler(exchange)
+                    nursery.cancel_scope.cancel()
     except* ApiError as group:
         await _answer_error(exchange, route, group.exceptions[0])  # type: ignore[arg-type]
     except* Exception as group:
