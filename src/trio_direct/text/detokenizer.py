@@ -131,14 +131,14 @@ def _agrees(tokenizer: Tokenizer, pieces: ByteLevelPieces) -> bool:
     skipped: a guard against a `tokenizers` whose decoding differs from the definition above."""
     rng = random.Random(0)
     size = tokenizer.get_vocab_size(with_added_tokens=True)
+    lone_bytes = [tokenizer.token_to_id(char) for char, byte in _CHAR_BYTES.items() if byte >= 0x80]
     pool = [
-        *(tokenizer.token_to_id(char) for char, byte in _CHAR_BYTES.items() if byte >= 0x80),
+        *(token_id for token_id in lone_bytes if token_id is not None),
         *tokenizer.get_added_tokens_decoder(),
         *rng.sample(range(size), min(size, 256)),
         size,
         size + 7,
     ]
-    pool = [token_id for token_id in pool if token_id is not None]
     probes = [[token_id] for token_id in pool] + [rng.choices(pool, k=rng.randint(2, 8)) for _ in range(_PROBES)]
     for skip in (False, True):
         texts = tokenizer.decode_batch(probes, skip_special_tokens=skip)
