@@ -115,6 +115,10 @@ def create_app(
     max_items = config.max_messages
     prepare_item_counts(max_items)  # builds its decoders now, not in the first long request
     metrics.watch_frontend(get_frontend)
+    requests = metrics.Children(metrics.REQUESTS)  # model, endpoint, stream, status
+    durations = metrics.Children(metrics.DURATION)  # model, endpoint
+    tenant_requests = metrics.Children(metrics.TENANT_REQUESTS)  # tenant
+    tenant_tokens = metrics.Children(metrics.TENANT_TOKENS)  # tenant, kind
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -235,7 +239,7 @@ def create_app(
             return
         ticket.label = label
         exchange.admission, exchange.ticket, exchange.grant = admission, ticket, grant
-        metrics.TENANT_REQUESTS.labels(label).inc()
+        tenant_requests(label).inc()
         context.trace = tracing.start_request(exchange.scope, context.request_id) if tracing.ENABLED else None
         if context.trace is not None:
             context.trace.span.set_attribute("trio_direct.tenant", tenant.name)
@@ -248,14 +252,12 @@ def create_app(
             await _settle(grant, exchange)
             usage = exchange.usage()
             if usage is not None:
-                metrics.TENANT_TOKENS.labels(label, "input").inc(usage[0])
-                metrics.TENANT_TOKENS.labels(label, "output").inc(usage[1])
+                tenant_tokens(label, "input").inc(usage[0])
+                tenant_tokens(label, "output").inc(usage[1])
             status = exchange.status if exchange.ended else 499  # 499: the client went away
             stream = "true" if exchange.stream else "false"
-            metrics.REQUESTS.labels(
-                model=exchange.model, endpoint=route.endpoint, stream=stream, status=str(status)
-            ).inc()
-            metrics.DURATION.labels(exchange.model, route.endpoint).observe(time.perf_counter() - exchange.started)
+            requests(exchange.model, route.endpoint, stream, str(status)).inc()
+            durations(exchange.model, route.endpoint).observe(time.perf_counter() - exchange.started)
             if context.trace is not None:
                 context.trace.end(status, exchange.model)
 
