@@ -8,11 +8,13 @@ upgrade made unnecessary.
 from __future__ import annotations
 
 import inspect
+import time
 from importlib.metadata import version
 
 import h11
 import hypercorn
 import hypercorn.trio
+import pytest
 import trio
 from hypercorn.protocol import ProtocolWrapper
 from hypercorn.protocol.h11 import H11Protocol
@@ -20,6 +22,7 @@ from hypercorn.trio.tcp_server import TCPServer
 from support import exchange, read_response, sockets_in_close_wait
 
 from trio_direct.http.connection import LastRequestConnection
+from trio_direct.http.server import hypercorn_config
 
 
 def test_the_versions_the_overrides_were_written_for():
@@ -81,6 +84,48 @@ def test_h11_calls_bytes_after_a_connections_last_request_an_error_and_ours_leav
     ours.receive_data(last + HIDDEN)
     assert isinstance(ours.next_event(), h11.Request) and isinstance(ours.next_event(), h11.EndOfMessage)
     assert ours.next_event() is h11.NEED_DATA and ours.their_state is h11.MUST_CLOSE
+
+
+STREAM_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"), (b"date", b"x")]
+
+
+@pytest.mark.parametrize(
+    ("request_head", "status", "headers"),
+    [
+        (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", 200, STREAM_HEADERS),  # a stream: the short way
+        (b"POST /v1 HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n", 200, STREAM_HEADERS),
+        (b"HEAD / HTTP/1.1\r\nHost: x\r\n\r\n", 200, STREAM_HEADERS),
+        (b"GET / HTTP/1.0\r\n\r\n", 200, STREAM_HEADERS),
+        (b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 200, STREAM_HEADERS),
+        (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", 200, [*STREAM_HEADERS, (b"Connection", b"close")]),
+        (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", 200, [*STREAM_HEADERS, (b"content-length", b"5")]),
+        (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", 200, [*STREAM_HEADERS, (b"transfer-encoding", b"Chunked")]),
+        (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", 204, STREAM_HEADERS),
+        (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", 304, STREAM_HEADERS),
+    ],
+)
+def test_our_response_heads_are_h11s_byte_for_byte(request_head: bytes, status: int, headers: list) -> None:
+    # `LastRequestConnection` skips h11's re-validation of a streamed response's headers.
+    heads = []
+    for connection in (h11.Connection(h11.SERVER), LastRequestConnection(h11.SERVER)):
+        connection.receive_data(request_head)
+        assert isinstance(connection.next_event(), h11.Request)
+        head = connection.send(h11.Response(status_code=status, headers=headers))
+        heads.append((head, connection.our_state, connection._cstate.keep_alive, type(connection._writer)))
+    assert heads[0] == heads[1]
+
+
+def test_our_date_header_is_hypercorns():
+    ours, theirs = hypercorn_config("127.0.0.1", 0), hypercorn.Config()
+    for include_date, include_server in [(True, True), (True, False), (False, True)]:
+        ours.include_date_header = theirs.include_date_header = include_date
+        ours.include_server_header = theirs.include_server_header = include_server
+        while True:  # both read within one second
+            second = int(time.time())
+            mine, hypercorns = ours.response_headers("h11"), theirs.response_headers("h11")
+            if int(time.time()) == second:
+                break
+        assert mine == hypercorns
 
 
 async def plain_hypercorn(nursery: trio.Nursery, app, keep_alive_timeout: float) -> int:

@@ -8,12 +8,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trio_direct.text.detokenizer import IncrementalDetokenizer
+from trio_direct.text.detokenizer import _CHAR_BYTES, IncrementalDetokenizer, byte_level_pieces
 from trio_direct.text.tokenizer import ModelTokenizer
 
 MULTILINGUAL = "你好世界，这是一个测试。😀🎉👍🏽 naïve café — ok"
 DEEPSEEK_RANGE = 129280 + 8  # a few ids past the vocabulary, as a buggy engine might send
 FUZZ = settings(max_examples=150, deadline=None, database=None)
+DEEPSEEK_EOS = "<｜end▁of▁sentence｜>"
 
 
 def token_id(tokenizer: ModelTokenizer, token: str) -> int:
@@ -188,3 +189,68 @@ def test_sentencepiece_rewritten_prefix_does_not_break_the_stream(
     assert pieces[0] == "S"
     assert pieces[2].endswith(" he he")
     assert detok.flush() == ""
+
+
+# ---- the byte-level path: what DecodeStream returns, push by push ----------------------------------
+
+
+def _byte_tokens(tokenizer: ModelTokenizer) -> list[int]:
+    """The ids of the 128 single-byte tokens of bytes 0x80-0xFF: lead and continuation bytes."""
+    alphabet = {byte: char for char, byte in _CHAR_BYTES.items()}
+    return [token_id(tokenizer, alphabet[byte]) for byte in range(0x80, 0x100)]
+
+
+@st.composite
+def _pushes(draw: st.DrawFn, tokenizer: ModelTokenizer, vocab: int, texts: Sequence[list[int]]) -> tuple:
+    """Ids (any, past the vocabulary, lone bytes, whole texts, added tokens) and a split into pushes."""
+    bytes_ = _byte_tokens(tokenizer)
+    added = list(tokenizer.tokenizer.get_added_tokens_decoder())
+    part = st.one_of(
+        st.lists(st.integers(0, vocab - 1), max_size=4),
+        st.lists(st.sampled_from(bytes_), max_size=6),
+        st.lists(st.sampled_from(added), max_size=2),
+        *(st.just(t) for t in texts),
+    )
+    ids = [i for p in draw(st.lists(part, max_size=8)) for i in p]
+    prompt = draw(st.one_of(st.none(), st.lists(st.sampled_from(bytes_ + added + ids[:4] or [0]), max_size=6)))
+    return prompt, ids, _split(ids, draw(st.lists(st.integers(0, 1000), max_size=10)))
+
+
+def _same_pushes(tokenizer: ModelTokenizer, prompt: list[int] | None, chunks: list[list[int]], skip: bool) -> None:
+    fast = IncrementalDetokenizer(tokenizer, skip_special_tokens=skip, prompt_ids=prompt)
+    reference = IncrementalDetokenizer(tokenizer, skip_special_tokens=skip, prompt_ids=prompt, byte_level=False)
+    assert _stream(fast, chunks) == _stream(reference, chunks)
+
+
+@FUZZ
+@given(data=st.data(), skip=st.booleans())
+def test_the_byte_level_path_streams_what_decode_stream_does_deepseek(
+    data: st.DataObject, deepseek: ModelTokenizer, skip: bool
+) -> None:
+    assert byte_level_pieces(deepseek.tokenizer) is not None
+    texts = [deepseek.encode(t, add_special_tokens=False) for t in (MULTILINGUAL, "a\ufffdb", DEEPSEEK_EOS)]
+    prompt, _, chunks = data.draw(_pushes(deepseek, DEEPSEEK_RANGE, texts))
+    _same_pushes(deepseek, prompt, chunks, skip)
+
+
+@FUZZ
+@given(data=st.data(), skip=st.booleans())
+def test_the_byte_level_path_streams_what_decode_stream_does_tiny(
+    data: st.DataObject, tiny: ModelTokenizer, skip: bool
+) -> None:
+    assert byte_level_pieces(tiny.tokenizer) is not None
+    texts = [tiny.encode(t, add_special_tokens=False) for t in ("Hello there", "é😀中", "<|im_end|>")]
+    prompt, _, chunks = data.draw(_pushes(tiny, tiny.vocab_size + 3, texts))
+    _same_pushes(tiny, prompt, chunks, skip)
+
+
+def test_token_by_token_the_byte_level_path_holds_what_decode_stream_holds(deepseek: ModelTokenizer) -> None:
+    lone = _byte_tokens(deepseek)
+    ids = [*deepseek.encode("你好😀", add_special_tokens=False), lone[0x64], lone[0x38], lone[0x2D], lone[0]]
+    ids += [token_id(deepseek, DEEPSEEK_EOS), lone[0x38], *deepseek.encode(" ok", add_special_tokens=False)]
+    for skip in (False, True):
+        _same_pushes(deepseek, None, [[i] for i in ids], skip)
+
+
+def test_other_decoders_keep_decode_stream(sentencepiece: ModelTokenizer) -> None:
+    assert byte_level_pieces(sentencepiece.tokenizer) is None

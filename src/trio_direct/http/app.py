@@ -52,6 +52,7 @@ from trio_direct.core.errors import ApiError
 from trio_direct.core.request_context import CURRENT, RequestContext
 from trio_direct.http.access_log import AccessRecord, log_access
 from trio_direct.http.asgi_guard import ProtocolGuard
+from trio_direct.http.connection import cancel_on_disconnect
 from trio_direct.http.exchange import Exchange, Receive, Scope, Send
 from trio_direct.http.routing_table import ErrorFormat, HttpRoute, RouteTable, openai_error_body
 from trio_direct.logs import REQUEST_ID
@@ -114,6 +115,10 @@ def create_app(
     max_items = config.max_messages
     prepare_item_counts(max_items)  # builds its decoders now, not in the first long request
     metrics.watch_frontend(get_frontend)
+    requests = metrics.Children(metrics.REQUESTS)  # model, endpoint, stream, status
+    durations = metrics.Children(metrics.DURATION)  # model, endpoint
+    tenant_requests = metrics.Children(metrics.TENANT_REQUESTS)  # tenant
+    tenant_tokens = metrics.Children(metrics.TENANT_TOKENS)  # tenant, kind
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -234,7 +239,7 @@ def create_app(
             return
         ticket.label = label
         exchange.admission, exchange.ticket, exchange.grant = admission, ticket, grant
-        metrics.TENANT_REQUESTS.labels(label).inc()
+        tenant_requests(label).inc()
         context.trace = tracing.start_request(exchange.scope, context.request_id) if tracing.ENABLED else None
         if context.trace is not None:
             context.trace.span.set_attribute("trio_direct.tenant", tenant.name)
@@ -247,14 +252,12 @@ def create_app(
             await _settle(grant, exchange)
             usage = exchange.usage()
             if usage is not None:
-                metrics.TENANT_TOKENS.labels(label, "input").inc(usage[0])
-                metrics.TENANT_TOKENS.labels(label, "output").inc(usage[1])
+                tenant_tokens(label, "input").inc(usage[0])
+                tenant_tokens(label, "output").inc(usage[1])
             status = exchange.status if exchange.ended else 499  # 499: the client went away
             stream = "true" if exchange.stream else "false"
-            metrics.REQUESTS.labels(
-                model=exchange.model, endpoint=route.endpoint, stream=stream, status=str(status)
-            ).inc()
-            metrics.DURATION.labels(exchange.model, route.endpoint).observe(time.perf_counter() - exchange.started)
+            requests(exchange.model, route.endpoint, stream, str(status)).inc()
+            durations(exchange.model, route.endpoint).observe(time.perf_counter() - exchange.started)
             if context.trace is not None:
                 context.trace.end(status, exchange.model)
 
@@ -300,7 +303,7 @@ def _log_access(scope: Scope, seen: _Seen) -> None:
 async def _run(route: HttpRoute, exchange: Exchange, receive: Receive, max_body: int, max_items: int = 0) -> None:
     """Read the body, watch for the client leaving, run the handler; errors in the route's envelope."""
     try:
-        async with trio.open_nursery() as nursery:
+        with trio.CancelScope() as scope:  # cancelled when the client leaves
             body = await _read_body(receive, max_body)
             if body is None:
                 return  # the client left before sending its request
@@ -312,9 +315,16 @@ async def _run(route: HttpRoute, exchange: Exchange, receive: Receive, max_body:
             context = CURRENT.get()
             if context is not None and context.trace is not None:
                 context.trace.body_read_at = time.time_ns()
-            nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope)
-            await route.handler(exchange)
-            nursery.cancel_scope.cancel()
+            if cancel_on_disconnect(receive, scope):  # under `serve`: the connection cancels it
+                try:
+                    await route.handler(exchange)
+                finally:
+                    cancel_on_disconnect(receive, None)
+            else:  # plain hypercorn: a task waits for the disconnect
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(_cancel_on_disconnect, receive, scope)
+                    await route.handler(exchange)
+                    nursery.cancel_scope.cancel()
     except* ApiError as group:
         await _answer_error(exchange, route, group.exceptions[0])  # type: ignore[arg-type]
     except* Exception as group:
