@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trio_direct.text.detokenizer import _CHAR_BYTES, IncrementalDetokenizer, byte_level_pieces
+from trio_direct.text.byte_level import CHAR_BYTES, byte_level_pieces
+from trio_direct.text.detokenizer import IncrementalDetokenizer
 from trio_direct.text.tokenizer import ModelTokenizer
 
 MULTILINGUAL = "你好世界，这是一个测试。😀🎉👍🏽 naïve café — ok"
@@ -196,7 +197,7 @@ def test_sentencepiece_rewritten_prefix_does_not_break_the_stream(
 
 def _byte_tokens(tokenizer: ModelTokenizer) -> list[int]:
     """The ids of the 128 single-byte tokens of bytes 0x80-0xFF: lead and continuation bytes."""
-    alphabet = {byte: char for char, byte in _CHAR_BYTES.items()}
+    alphabet = {byte: char for char, byte in CHAR_BYTES.items()}
     return [token_id(tokenizer, alphabet[byte]) for byte in range(0x80, 0x100)]
 
 

@@ -33,7 +33,6 @@ from trio_direct.routing.load_aware import LoadAwareRouting
 from trio_direct.routing.policies import routing_policy
 from trio_direct.routing.policy import RoutingPolicy
 from trio_direct.text.chat_template import ChatTemplateError, render_chat
-from trio_direct.text.detokenizer import byte_level_pieces
 from trio_direct.text.harmony import harmony_encoding, is_harmony_model
 from trio_direct.text.tokenizer import TokenizerLoadError
 
@@ -86,11 +85,9 @@ def _warm_up_request_path(frontend: ModelPool) -> None:
 
     Jinja compiles a model's template in ~10 ms, msgspec builds its validators for the request
     types in ~1 ms, and openai-harmony loads gpt-oss's encoding in ~0.35 s; done here, these are
-    also among what start-up keeps out of the cyclic GC. The streams' byte-level detokenizing is
-    checked against the tokenizer here too (`byte_level_pieces`, a few ms).
+    also among what start-up keeps out of the cyclic GC.
     """
     warm_up_request_decoding()
-    byte_level_pieces(frontend.tokenizer.tokenizer)
     if frontend.harmony:
         harmony_encoding()
     text = "Hello"

@@ -19,6 +19,7 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
+from trio_direct.text.byte_level import byte_level_pieces
 from trio_direct.text.fast_bpe import FastBPE, FastEncoderPlan, plan_fast_encoder
 from trio_direct.text.prefix_cache import DEFAULT_MAX_BYTES, PromptPrefixCache
 
@@ -94,6 +95,8 @@ class ModelTokenizer:
         logger.info(
             "tokenizer %s: %s encodes (%s; checked in %.0f ms)", directory, plan.name, plan.reason, plan.seconds * 1e3
         )
+        # Built and checked now (a few ms), not by the first stream (`text.byte_level`).
+        byte_level_pieces(tokenizer)
 
         config = _read_json(directory / "tokenizer_config.json")
         generation = _read_json(directory / "generation_config.json")
