@@ -199,6 +199,44 @@ def test_a_prompt_whose_encoding_misplaces_a_cut_token_is_encoded_but_not_cached
     assert cache.stats.unverified == 1 and cache.stats.nodes == 0
 
 
+def test_a_cut_tokens_id_spelled_across_two_ids_is_no_occurrence(tiny):
+    """The check reads the ids as packed integers: bytes of two neighbouring ids that happen to
+    spell a cut token's id are not one more occurrence of it (which would refuse the prompt)."""
+    im_end = tiny.tokenizer.token_to_id("<|im_end|>")
+    spelled = im_end.to_bytes(4, "little")
+    straddling = [
+        int.from_bytes(b"\0\0" + spelled[:2], "little", signed=True),
+        int.from_bytes(spelled[2:] + b"\0\0", "little", signed=True),
+    ]
+
+    def with_a_straddling_pair(text: str) -> list[int]:  # the pair after everything the cache keeps
+        return [*tiny.encode(text, add_special_tokens=False), *straddling]
+
+    cache = PromptPrefixCache(with_a_straddling_pair, cut_tokens(tiny.tokenizer), min_segment_chars=1)
+    prompts = conversation(tiny, random.Random(4), 3)
+    for prompt in prompts:
+        assert cache.encode(prompt) == with_a_straddling_pair(prompt)
+    assert cache.stats.unverified == 0 and cache.stats.nodes > 0 and cache.stats.hits == 2
+
+
+def test_a_prompt_whose_ids_hold_its_cut_tokens_out_of_order_is_not_cached(tiny):
+    im_end, im_start = (tiny.tokenizer.token_to_id(t) for t in ("<|im_end|>", "<|im_start|>"))
+
+    def reordered(
+        text: str,
+    ) -> list[int]:  # every count right, the first "<|im_end|>" and the next "<|im_start|>" swapped
+        ids = tiny.encode(text, add_special_tokens=False)
+        at = ids.index(im_end)
+        after = ids.index(im_start, at)
+        ids[at], ids[after] = im_start, im_end
+        return ids
+
+    cache = PromptPrefixCache(reordered, cut_tokens(tiny.tokenizer), min_segment_chars=1)
+    prompt = conversation(tiny, random.Random(5), 3)[-1]
+    assert cache.encode(prompt) == reordered(prompt)
+    assert cache.stats.unverified == 1 and cache.stats.nodes == 0
+
+
 def test_threads_encoding_the_same_conversations_all_get_full_encode_ids(tiny):
     prompts = [p for seed in range(8) for p in conversation(tiny, random.Random(seed), 5)]
     expected = {p: tiny.encode(p, add_special_tokens=False) for p in prompts}

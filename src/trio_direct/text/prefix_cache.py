@@ -291,23 +291,49 @@ class PromptPrefixCache:
         text: str, ids: list[int], occurrences: list[tuple[int, int]], cuts: list[int]
     ) -> list[tuple[str, array]] | None:
         """`text` split at `cuts` with the ids of each piece before the last cut; None when `ids` do
-        not hold each cut token's id where its text is (`occurrences`, offsets in `text`)."""
+        not hold each cut token's id where its text is (`occurrences`, offsets in `text`).
+
+        The check: each cut token's id occurs in `ids` exactly as often as its text in `text`, and
+        the n-th occurrence of any cut token's text maps to a later position than the one before
+        it. The ids are searched as packed machine integers (`bytes.find`, at C speed: a 19k-token
+        prompt's ids are 76 kB), where comparing Python ints (`list.count`) cost ~1 ms.
+        """
         if not cuts:
             return []
-        expected: dict[int, int] = {}
+        packed = array("i", ids)
+        data = packed.tobytes()
+        width = packed.itemsize
+        positions: dict[int, list[int]] = {}
         for _, token_id in occurrences:
-            expected[token_id] = expected.get(token_id, 0) + 1
-        if any(ids.count(token_id) != count for token_id, count in expected.items()):
+            if token_id in positions:
+                continue
+            found: list[int] = []
+            needle = array("i", (token_id,)).tobytes()
+            at = data.find(needle)
+            while at >= 0:
+                if at % width == 0:  # a match across two ids is none
+                    found.append(at // width)
+                at = data.find(needle, at + 1)
+            positions[token_id] = found
+        seen: dict[int, int] = {}
+        for _, token_id in occurrences:
+            seen[token_id] = seen.get(token_id, 0) + 1
+        if any(len(positions[token_id]) != count for token_id, count in seen.items()):
             return None  # some occurrence was not encoded as the added token: its cut is not exact
         segments = []
         wanted = iter(cuts)
         target: int | None = next(wanted)
-        position = -1
+        taken = dict.fromkeys(positions, 0)
+        previous = -1
         text_start = ids_start = 0
         for end, token_id in occurrences:
-            position = ids.index(token_id, position + 1)
+            position = positions[token_id][taken[token_id]]
+            taken[token_id] += 1
+            if position <= previous:
+                return None  # the ids hold the cut tokens in another order than the text
+            previous = position
             if end == target:
-                segments.append((text[text_start:end], array("i", ids[ids_start : position + 1])))
+                segments.append((text[text_start:end], packed[ids_start : position + 1]))
                 text_start, ids_start = end, position + 1
                 target = next(wanted, None)
                 if target is None:
