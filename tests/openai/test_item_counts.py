@@ -35,6 +35,31 @@ def test_over_the_cap_is_a_400_naming_what_was_counted(fields, code):
 
 
 @pytest.mark.parametrize(
+    "spelling",
+    [b'"content":[', b'"content" :\n\t[ ', b'"\\u0063ontent":[', b'"cont\\u0065nt"\r\n:['],
+)
+def test_content_parts_are_counted_however_the_key_is_written(spelling):
+    # msgspec reads the key as JSON does: escapes and whitespace are the same key, and the same parts.
+    parts = b",".join([b'{"type":"text","text":"x"}'] * 101)
+    raw = b'{"model":"m","messages":[{"role":"user",' + spelling + parts + b"]}]}"
+    assert json.loads(raw)["messages"][0]["content"][100] == TEXT
+    with pytest.raises(ApiError) as raised:
+        check_item_counts(raw, 100)
+    assert raised.value.code == "too_many_content_parts"
+
+
+def test_an_input_over_the_cap_is_named_wherever_the_messages_are():
+    items = [{"role": "user", "content": "a"}] * 101
+    for fields in (
+        {"input": items, "messages": [{"role": "user", "content": "hi"}]},
+        {"messages": "x", "input": items},
+    ):
+        with pytest.raises(ApiError) as raised:
+            check_item_counts(body(**fields), 100)
+        assert raised.value.param == "input"
+
+
+@pytest.mark.parametrize(
     "fields",
     [
         {"messages": [{"role": "user", "content": "hi"}] * 100},
