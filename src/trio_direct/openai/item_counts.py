@@ -7,10 +7,10 @@ seconds of the event loop and hundreds of megabytes before any rule could refuse
 struct with `cap` optional slots whose values stay raw JSON (slices of the body, never decoded):
 msgspec stops at the first element past the last slot, so an array of a million elements costs the
 same as one of `cap` + 1. A struct of `cap` slots costs its size to make, so arrays are read with
-64 slots first and with `cap` only when longer. Each item's ``content``, when it is an array, is read the same way and
-the parts are counted over the whole request. Bodies that are not shaped like that (not an object,
-no such array, an item that is not an object, an ``input`` of strings or token ids as embeddings
-take it) are left for the full decoder and the route's own limits.
+64 slots first and with `cap` only when longer. Each item's ``content``, when it is an array, is
+read the same way and the parts are counted over the whole request. Bodies that are not shaped
+like that (not an object, no such array, an item that is not an object, an ``input`` of strings or
+token ids as embeddings take it) are left for the full decoder and the route's own limits.
 """
 
 from __future__ import annotations

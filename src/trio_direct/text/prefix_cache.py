@@ -313,7 +313,7 @@ class PromptPrefixCache:
             if token_id in positions:
                 continue
             found: list[int] = []
-            needle = array("i", (token_id,)).tobytes()
+            needle = struct.pack("i", token_id)
             at = data.find(needle)
             while at >= 0:
                 if at % width == 0:  # a match across two ids is none
