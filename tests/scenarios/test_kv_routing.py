@@ -196,6 +196,7 @@ async def test_an_engine_restart_resets_its_index(aio_loop, nursery, api):
         return process
 
     process = await start_fixed()
+    first_started = trio.current_time()
     base = await start_frontend(nursery, "--router-mode", "kv", "--engine-url", f"grpc://127.0.0.1:{port}")
     async with httpx.AsyncClient(base_url=base, timeout=30) as client:
         model = await model_of(client)
@@ -205,6 +206,9 @@ async def test_an_engine_restart_resets_its_index(aio_loop, nursery, api):
                 await trio.sleep(0.02)
         process.kill()
         await process.wait()
+        # The gRPC subscriber tells a restarted engine by its start time (now - uptime), to within
+        # a second: a real engine takes longer than that to load, a mock can be back sooner.
+        await trio.sleep_until(first_started + 1.5)
         await start_fixed()
         await trio.sleep(0.5)  # the new publisher's subscription settles
         reply = await client.post("/v1/chat/completions", json=chat_body(model, SYSTEM_PROMPTS[1], "after"))

@@ -13,6 +13,8 @@ from support import TRACE_SAMPLE
 from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizers
 
 from trio_direct.bench.trace import BLOCK_SIZE, conversation_turns, load_trace
+from trio_direct.engine.packed_ids import pack_ids
+from trio_direct.text import prefix_cache
 from trio_direct.text.chat_template import render_chat
 from trio_direct.text.prefix_cache import PromptPrefixCache, cut_tokens
 from trio_direct.text.tokenizer import ModelTokenizer
@@ -55,8 +57,13 @@ def conversation(tokenizer: ModelTokenizer, rng: random.Random, turns: int) -> l
 
 
 def assert_same_as_full_encode(tokenizer: ModelTokenizer, prompts: list[str]) -> None:
+    """Each prompt's ids are those of a full encode, and so are the ids packed for the wire."""
     for prompt in prompts:
-        assert tokenizer.encode_prompt(prompt) == tokenizer.encode(prompt, add_special_tokens=False)
+        full = tokenizer.encode(prompt, add_special_tokens=False)
+        assert tokenizer.encode_prompt(prompt) == full
+        packed = tokenizer.encode_prompt_packed(prompt)
+        assert packed.ids == full
+        assert packed.payload == pack_ids(full)
 
 
 # --- equality with a full encode --------------------------------------------------------------------
@@ -147,7 +154,9 @@ def test_any_text_gets_the_ids_of_a_full_encode(tiny, pieces, edits):
         changed[index % len(pieces)] += "<|im_end|>x"
         prompts.append("".join(changed))
     for prompt in prompts + prompts[::-1]:
-        assert cache.encode(prompt) == tiny.encode(prompt, add_special_tokens=False)
+        full = tiny.encode(prompt, add_special_tokens=False)
+        assert cache.encode(prompt) == full
+        assert cache.encode_packed(prompt) == (full, pack_ids(full))
         assert cache.stats.bytes <= 4000
 
 
@@ -161,6 +170,33 @@ def test_a_naive_cut_would_be_wrong_which_is_why_cuts_follow_added_tokens(tiny):
     for cut in wrong:
         prompt = text[:cut] + "<|im_end|>" + text[cut:]
         assert cache.encode(prompt) == tiny.encode(prompt, add_special_tokens=False)
+
+
+def test_a_follow_up_turn_packs_only_its_new_ids_for_the_wire(tiny, monkeypatch):
+    """The history's ids come packed from the cache: a turn packs the ids it had to tokenize (what
+    follows the cached history), not its whole prompt."""
+    tokenized: list[int] = []
+    packed: list[int] = []
+
+    def encode(text):
+        ids = tiny.encode(text, add_special_tokens=False)
+        tokenized.append(len(ids))
+        return ids
+
+    def counting_pack_ids(ids):
+        packed.append(len(ids))
+        return pack_ids(ids)
+
+    cache = PromptPrefixCache(encode, cut_tokens(tiny.tokenizer))
+    monkeypatch.setattr(prefix_cache, "pack_ids", counting_pack_ids)
+    for turn, prompt in enumerate(conversation(tiny, random.Random(3), 6)):
+        tokenized.clear()
+        packed.clear()
+        ids, payload = cache.encode_packed(prompt)
+        assert payload == pack_ids(ids)
+        assert sum(packed) == sum(tokenized)
+        if turn:
+            assert sum(packed) < len(ids) / 2, "the history came packed from the cache"
 
 
 # --- the bound, the LRU order, the safety net ----------------------------------------------------------

@@ -18,6 +18,7 @@ from trio_direct.core import errors
 from trio_direct.core.output import ChoiceOutput, ReasoningSplitter
 from trio_direct.core.pool import ServingPool
 from trio_direct.core.request_context import CURRENT, engine_rid, new_request_key
+from trio_direct.engine.packed_ids import PackedIds
 from trio_direct.engine.types import GenerateInput, SamplingOptions
 from trio_direct.logs import REQUEST_ID
 from trio_direct.parsers.selection import skip_special_tokens
@@ -50,6 +51,8 @@ class Prompt:
     #: `<|return|>` and `<|call|>`).
     stop_token_ids: tuple[int, ...] = ()
     image_data: list[str] = field(default_factory=list)
+    #: `token_ids` packed for the wire where they were tokenized (chat prompts); None: packed per request.
+    packed: PackedIds | None = None
 
 
 @dataclass(slots=True)
@@ -209,6 +212,7 @@ def plan_request(
                 logprob_start_len=0 if return_logprob and prompt_logprobs else -1,
                 original_text=prompt.text,
                 image_data=prompt.image_data,
+                packed_input_ids=prompt.packed,
             )
             reasoning = output.reasoning_parser(prompt) if output.reasoning_parser is not None else None
             tools = output.tool_parser() if output.tool_parser is not None else None

@@ -18,6 +18,7 @@ from typing import Any
 
 from trio_direct._proto.native import sglang_pb2 as pb
 from trio_direct.engine.chunk_stream import ChunkStream
+from trio_direct.engine.packed_ids import packed_request
 from trio_direct.engine.transport import EngineChannel
 from trio_direct.engine.types import (
     EmbedInput,
@@ -67,9 +68,14 @@ def sampling_params(options: SamplingOptions) -> pb.SamplingParams:
     return params
 
 
-def generate_request(request: GenerateInput) -> pb.GenerateRequest:
+#: Where `GenerateRequest` holds the prompt's ids: its own field.
+_IDS_PATH = (pb.GenerateRequest.DESCRIPTOR.fields_by_name["input_ids"].number,)
+
+
+def generate_request(request: GenerateInput, *, ids: bool = True) -> pb.GenerateRequest:
+    """The wire request (`ids` false: without the prompt's ids, which `packed_request` adds)."""
     message = pb.GenerateRequest(
-        input_ids=request.input_ids,
+        input_ids=request.input_ids if ids else (),
         sampling_params=sampling_params(request.sampling),
         stream=request.stream,
         rid=request.rid,
@@ -251,7 +257,7 @@ class NativeEngineClient:
                 "engine %s streams cumulative output_ids; run it with --incremental-streaming-output",
                 self.name,
             )
-        message = generate_request(request)
+        message = packed_request(request, generate_request, _IDS_PATH)
         async with self.channel.open_stream(GENERATE, message, pb.GenerateResponse, timeout=None) as stream:
             yield ChunkStream(stream, _ChunkDecoder(cumulative), self.name)
 

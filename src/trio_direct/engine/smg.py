@@ -22,6 +22,7 @@ from trio_direct._proto.smg import sglang_scheduler_pb2 as pb
 from trio_direct.engine.chunk_stream import ChunkStream
 from trio_direct.engine.errors import EngineInternal, EngineInvalidArgument
 from trio_direct.engine.logprob_rows import output_rows, prompt_rows
+from trio_direct.engine.packed_ids import packed_request
 from trio_direct.engine.transport import EngineChannel
 from trio_direct.engine.types import (
     EmbedInput,
@@ -84,7 +85,15 @@ def sampling_params(options: SamplingOptions) -> pb.SamplingParams:
     return params
 
 
-def generate_request(request: GenerateInput) -> pb.GenerateRequest:
+#: Where `GenerateRequest` holds the prompt's ids: `tokenized.input_ids`.
+_IDS_PATH = (
+    pb.GenerateRequest.DESCRIPTOR.fields_by_name["tokenized"].number,
+    pb.TokenizedInput.DESCRIPTOR.fields_by_name["input_ids"].number,
+)
+
+
+def generate_request(request: GenerateInput, *, ids: bool = True) -> pb.GenerateRequest:
+    """The wire request (`ids` false: without the prompt's ids, which `packed_request` adds)."""
     if request.image_data:
         # The SMG servicers read images only as pixel values a gateway's image processor made
         # (`MultimodalInputs.pixel_values`); `image_urls` is read only by an encoder-disaggregated
@@ -92,7 +101,7 @@ def generate_request(request: GenerateInput) -> pb.GenerateRequest:
         raise EngineInvalidArgument("the SMG API takes no image URLs: serve image input from the native API")
     message = pb.GenerateRequest(
         request_id=request.rid,
-        tokenized=pb.TokenizedInput(original_text=request.original_text, input_ids=request.input_ids),
+        tokenized=pb.TokenizedInput(original_text=request.original_text, input_ids=request.input_ids if ids else ()),
         sampling_params=sampling_params(request.sampling),
         return_logprob=request.return_logprob,
         logprob_start_len=request.logprob_start_len,
@@ -211,7 +220,7 @@ class SmgEngineClient:
 
     @asynccontextmanager
     async def generate(self, request: GenerateInput) -> AsyncIterator[ChunkStream]:
-        message = generate_request(request)
+        message = packed_request(request, generate_request, _IDS_PATH)
         async with self.channel.open_stream(GENERATE, message, pb.GenerateResponse, timeout=None) as stream:
             yield ChunkStream(stream, _ChunkDecoder(self.name), self.name)
 

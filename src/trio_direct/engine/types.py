@@ -10,7 +10,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+if TYPE_CHECKING:
+    from trio_direct.engine.packed_ids import PackedIds
 
 FinishReason = Literal["stop", "length", "abort"]
 #: An engine API's name (its adapter's ``api``; the registry of APIs is `trio_direct.fleet.engine_apis`).
@@ -75,6 +78,9 @@ class GenerateInput:
     #: vLLM's KV-connector parameters for this leg, a JSON object as text (vLLM API only): the
     #: prefill leg's "remote decode" request, or what the prefill's completion returned, for decode.
     kv_transfer_params: str | None = None
+    #: `input_ids` already packed for the wire where the prompt was tokenized; the adapters use it
+    #: only while `input_ids` is the very list it was made from (`PackedIds.payload_for`).
+    packed_input_ids: PackedIds | None = None
 
 
 @dataclass(slots=True)

@@ -20,6 +20,7 @@ import math
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from google.protobuf import json_format
@@ -29,6 +30,7 @@ from trio_direct._proto.vllm import vllm_engine_pb2 as pb
 from trio_direct.engine.chunk_stream import ChunkStream
 from trio_direct.engine.errors import EngineInvalidArgument
 from trio_direct.engine.logprob_rows import output_rows, prompt_rows
+from trio_direct.engine.packed_ids import packed_request
 from trio_direct.engine.transport import EngineChannel, MessageStream
 from trio_direct.engine.types import (
     EmbedInput,
@@ -140,8 +142,18 @@ def _with_defaults(options: SamplingOptions, defaults: dict[str, float]) -> Samp
     )
 
 
-def generate_request(request: GenerateInput, defaults: dict[str, float] | None = None) -> pb.GenerateRequest:
-    """The wire request; ``defaults`` (`sampling_defaults`) fill the sampling fields left unset."""
+#: Where `GenerateRequest` holds the prompt's ids: `tokenized.input_ids`.
+_IDS_PATH = (
+    pb.GenerateRequest.DESCRIPTOR.fields_by_name["tokenized"].number,
+    pb.TokenizedInput.DESCRIPTOR.fields_by_name["input_ids"].number,
+)
+
+
+def generate_request(
+    request: GenerateInput, defaults: dict[str, float] | None = None, *, ids: bool = True
+) -> pb.GenerateRequest:
+    """The wire request; ``defaults`` (`sampling_defaults`) fill the sampling fields left unset
+    (`ids` false: without the prompt's ids, which `packed_request` adds)."""
     if request.image_data:
         # The servicer takes images as pixel values a gateway's processor made, or as media
         # references only where the worker runs its own processor (`mm_processor`): not served here.
@@ -152,7 +164,7 @@ def generate_request(request: GenerateInput, defaults: dict[str, float] | None =
     wants_prompt_rows = request.return_logprob and request.logprob_start_len >= 0
     message = pb.GenerateRequest(
         request_id=request.rid,
-        tokenized=pb.TokenizedInput(original_text=request.original_text, input_ids=request.input_ids),
+        tokenized=pb.TokenizedInput(original_text=request.original_text, input_ids=request.input_ids if ids else ()),
         sampling_params=sampling_params(
             options, top_logprobs=logprobs, prompt_logprobs=logprobs if wants_prompt_rows else None
         ),
@@ -263,7 +275,7 @@ class VllmEngineClient:
 
     @asynccontextmanager
     async def generate(self, request: GenerateInput) -> AsyncIterator[ChunkStream]:
-        message = generate_request(request, self.defaults)
+        message = packed_request(request, partial(generate_request, defaults=self.defaults), _IDS_PATH)
         async with self.channel.open_stream(GENERATE, message, pb.GenerateResponse, timeout=None) as stream:
             decoder = _ChunkDecoder(request.stream, request.logprob_start_len)
             yield ChunkStream(stream, decoder, self.name)

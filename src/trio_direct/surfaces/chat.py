@@ -245,7 +245,8 @@ def _render_and_tokenize(
         raise errors.invalid_request(f"Chat template error: {error}", param="messages") from None
     # The template writes the special tokens itself; do not add a second BOS.
     refuse_if_counted_over(pool, text, param=param)
-    return Prompt(pool.tokenizer.encode_prompt(text), text)
+    packed = pool.tokenizer.encode_prompt_packed(text)
+    return Prompt(packed.ids, text, packed=packed)
 
 
 def chat_output(

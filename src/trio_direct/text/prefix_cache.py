@@ -27,6 +27,10 @@ the same way. A segment's ids are stored only after checking, in the encoding th
 each cut token's id sits where its text is (otherwise that prompt is simply not cached). The cache
 is bounded by bytes (strings, ids and per-node overhead) and evicts the least recently used leaf
 first. It is locked: prompts are encoded on worker threads as well as on the event loop's.
+
+Each segment also keeps its ids packed as the engines' gRPC requests carry them (`encode_packed`,
+`engine.packed_ids`): a follow-up turn's request reuses the history's packed ids too, and packs
+only what it tokenized.
 """
 
 from __future__ import annotations
@@ -45,9 +49,12 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
+from trio_direct.engine.packed_ids import pack_ids
+
 __all__ = ["DEFAULT_MAX_BYTES", "PrefixCacheStats", "PromptPrefixCache", "cut_tokens"]
 
-#: Default bound of one cache: ~700 distinct 8k-token conversation prefixes of ASCII text.
+#: Default bound of one cache: ~550 distinct 8k-token conversation prefixes of ASCII text (the text,
+#: its ids, and the ids packed for the wire).
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
 
 #: Shortest segment worth a trie node: chat templates put two added tokens around every message
@@ -154,15 +161,28 @@ class PrefixCacheStats:
     evicted: int = 0
 
 
-class _Node:
-    __slots__ = ("alive", "children", "ids", "key", "parent", "size")
+def _joined(payloads: list[bytes | None]) -> bytes | None:
+    """The payloads back to back (a packed field's payloads concatenate), or None if one is missing."""
+    parts: list[bytes] = []
+    for payload in payloads:
+        if payload is None:
+            return None
+        parts.append(payload)
+    return b"".join(parts)
 
-    def __init__(self, key: str, ids: array, parent: _Node | None) -> None:
+
+class _Node:
+    """A segment: its text (`key`), its ids, and those ids packed for the wire (`payload`)."""
+
+    __slots__ = ("alive", "children", "ids", "key", "parent", "payload", "size")
+
+    def __init__(self, key: str, ids: array, parent: _Node | None, payload: bytes | None = None) -> None:
         self.children: dict[str, _Node] | None = None  # most nodes are leaves: no dict for them
         self.key = key
         self.ids = ids
+        self.payload = payload
         self.parent = parent
-        self.size = sys.getsizeof(key) + ids.itemsize * len(ids) + _NODE_OVERHEAD
+        self.size = sys.getsizeof(key) + ids.itemsize * len(ids) + len(payload or b"") + _NODE_OVERHEAD
         self.alive = True
 
 
@@ -217,14 +237,22 @@ class PromptPrefixCache:
 
     def encode(self, text: str) -> list[int]:
         """Token ids of `text` (no special tokens added), reusing and then extending the cache."""
+        return self.encode_packed(text, pack=False)[0]
+
+    def encode_packed(self, text: str, *, pack: bool = True) -> tuple[list[int], bytes | None]:
+        """`encode(text)`, and the ids packed for the wire (`engine.packed_ids.pack_ids`; None when
+        they cannot be, or `pack` is false): the cached prefix's payloads are reused, only the rest
+        is packed. Every new segment keeps its payload for the prompts that will share it."""
         occurrences, cuts = self._scan(text)
         stats = self.stats
         if not cuts:
             with self._lock:
                 stats.prompts += 1
                 stats.encoded_chars += len(text)
-            return self._encode(text)
+            whole = self._encode(text)
+            return whole, pack_ids(whole) if pack else None
         ids: list[int] = []
+        payloads: list[bytes | None] = []
         path: list[_Node] = []
         start = 0
         with self._lock:
@@ -235,6 +263,7 @@ class PromptPrefixCache:
                 if child is None:
                     break
                 ids.extend(child.ids)
+                payloads.append(child.payload)
                 path.append(child)
                 node, start = child, end
             self._touch(path)
@@ -255,10 +284,18 @@ class PromptPrefixCache:
                 stats.unverified += 1
             elif segments and node.alive:
                 self._insert(node, path, segments)
+        payload = None
+        if pack:
+            if segments is None:
+                payloads.append(pack_ids(rest_ids))
+            else:  # the new segments were packed as they were cut: only the tail after them is left
+                payloads.extend(segment[2] for segment in segments)
+                payloads.append(pack_ids(rest_ids[sum(len(segment[1]) for segment in segments) :]))
+            payload = _joined(payloads)
         if not ids:
-            return rest_ids
+            return rest_ids, payload
         ids.extend(rest_ids)
-        return ids
+        return ids, payload
 
     def clear(self) -> None:
         with self._lock:
@@ -290,9 +327,10 @@ class PromptPrefixCache:
     @staticmethod
     def _segments(
         text: str, ids: list[int], occurrences: list[tuple[int, int]], cuts: list[int]
-    ) -> list[tuple[str, array]] | None:
-        """`text` split at `cuts` with the ids of each piece before the last cut; None when `ids` do
-        not hold each cut token's id where its text is (`occurrences`, offsets in `text`).
+    ) -> list[tuple[str, array, bytes | None]] | None:
+        """`text` split at `cuts` with the ids of each piece before the last cut (and those ids
+        packed for the wire); None when `ids` do not hold each cut token's id where its text is
+        (`occurrences`, offsets in `text`).
 
         The check: each cut token's id occurs in `ids` exactly as often as its text in `text`, and
         the n-th occurrence of any cut token's text maps to a later position than the one before
@@ -338,7 +376,8 @@ class PromptPrefixCache:
                 return None  # the ids hold the cut tokens in another order than the text
             previous = position
             if end == target:
-                segments.append((text[text_start:end], packed[ids_start : position + 1]))
+                piece = ids[ids_start : position + 1]
+                segments.append((text[text_start:end], packed[ids_start : position + 1], pack_ids(piece)))
                 text_start, ids_start = end, position + 1
                 target = next(wanted, None)
                 if target is None:
@@ -352,17 +391,17 @@ class PromptPrefixCache:
         for node in reversed(path):
             move(node)
 
-    def _insert(self, node: _Node, path: list[_Node], segments: list[tuple[str, array]]) -> None:
+    def _insert(self, node: _Node, path: list[_Node], segments: list[tuple[str, array, bytes | None]]) -> None:
         """Add `segments` below `node` (reached through `path`), then evict to the bound. Lock held."""
         stats = self.stats
         added: list[_Node] = []
-        for key, ids in segments:
+        for key, ids, payload in segments:
             children = node.children
             if children is None:
                 children = node.children = {}
             child = children.get(key)
             if child is None:  # another thread may have added it meanwhile
-                child = children[key] = _Node(key, ids, node)
+                child = children[key] = _Node(key, ids, node, payload)
                 self._lru[child] = None
                 stats.nodes += 1
                 stats.bytes += child.size

@@ -19,6 +19,7 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
+from trio_direct.engine.packed_ids import PackedIds, pack_ids
 from trio_direct.text.byte_level import byte_level_pieces
 from trio_direct.text.fast_bpe import FastBPE, FastEncoderPlan, plan_fast_encoder
 from trio_direct.text.prefix_cache import DEFAULT_MAX_BYTES, PromptPrefixCache
@@ -249,6 +250,17 @@ class ModelTokenizer:
         if cache is None:
             return self.encode(text, add_special_tokens=False)
         return cache.encode(text)
+
+    def encode_prompt_packed(self, text: str) -> PackedIds:
+        """`encode_prompt(text)` with the ids packed for the wire (`engine.packed_ids`), made here,
+        where the prompt is tokenized (on a worker thread when it is long), rather than on the event
+        loop per request; the prefix cache supplies a conversation's history already packed."""
+        cache = self.prompt_cache
+        if cache is None:
+            ids = self.encode(text, add_special_tokens=False)
+            return PackedIds.of(ids, pack_ids(ids))
+        ids, payload = cache.encode_packed(text)
+        return PackedIds.of(ids, payload)
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         """Text for `ids`. Ids outside the vocabulary decode to nothing, as in `tokenizers`."""
