@@ -12,8 +12,9 @@ segment's ids, so a follow-up turn packs only what is new.
 A request is then its message serialized without the ids, followed by the ids' field
 (`with_ids`). Where the ids sit in a submessage (the SMG and vLLM APIs' ``tokenized``), a second
 occurrence of that submessage holds just them: protobuf parsers merge a submessage that occurs
-twice and concatenate a packed field's occurrences (upb, C++, Go, Java and prost alike), so the
-engine parses the very message it would have got with the ids set in place (tested per API).
+twice and concatenate a packed field's occurrences, as protobuf's encoding spec requires of every
+parser, so the engine parses the very message it would have got with the ids set in place (each
+API's bytes are parsed back in the tests, and the mock engines parse every request of the suite).
 """
 
 from __future__ import annotations
@@ -33,7 +34,19 @@ __all__ = ["PackedIds", "Serialized", "field_bytes", "pack_ids", "packed_request
 #: its field header off gives the payload, at the protobuf runtime's speed. ``uint32`` refuses a
 #: negative id, which no API takes.
 _CARRIER = _smg_pb.TokenizedInput
-_CARRIER_FIELD = _CARRIER.DESCRIPTOR.fields_by_name["input_ids"].number
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+#: The carrier's ids field's tag (field number, wire type 2), which a packed field starts with.
+_CARRIER_TAG = _varint(_CARRIER.DESCRIPTOR.fields_by_name["input_ids"].number << 3 | 2)
 
 
 def pack_ids(ids: Sequence[int]) -> bytes | None:
@@ -45,19 +58,10 @@ def pack_ids(ids: Sequence[int]) -> bytes | None:
         return None
     if not data:
         return b""
-    start = 1  # the field's one-byte tag, then its length as a varint
+    start = len(_CARRIER_TAG)  # after the tag, the payload's length as a varint
     while data[start] & 0x80:
         start += 1
     return data[start + 1 :]
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 def field_bytes(number: int, body: bytes) -> bytes:
