@@ -8,23 +8,33 @@ from typing import Any
 import pytest
 import trio
 
+from trio_direct.http import connection
 from trio_direct.http.asgi_guard import ProtocolGuard
 from trio_direct.http.limits import ConnectionLimits
 from trio_direct.http.server import hypercorn_config, serve_http
 
 #: The keep-alive timeout of tests about other deadlines: far beyond the test's own duration.
 LONG = 60.0
+#: What `/chunks` and `/direct-chunks` stream before their last "done".
+CHUNKS = (b"data: one\n\n", b"data: two\n\n", b"data: three\n\n")
 
 
 class App:
     """`/live`: 200 "ok"; `/echo`: reads the body, answers its length; `/stream`: 10 chunks 0.1 s apart;
     `/flood`: 64 KiB chunks as fast as they are taken, until the client is gone; `/guarded`: 401
     without ``Authorization: Bearer s3cret``, before reading the body (as the API routes answer a
-    missing key), else as `/echo`; `/guarded-slow`: the same after a 0.3 s key check (a shared store)."""
+    missing key), else as `/echo`; `/guarded-slow`: the same after a 0.3 s key check (a shared store).
+    `/chunks` and `/direct-chunks`: the same three chunks and "done", through ASGI and as
+    `Exchange` writes a stream under `serve` (`start_direct_response`, `DirectBody`, ASGI where
+    that returns None; `direct` records which); the query string names headers to add
+    (`bad`: a value with a line break, `length`: a Content-Length), `slow` waits 0.3 s before
+    the end and `linger` (direct only) 2 s after it."""
 
     def __init__(self) -> None:
         self.paths: list[str] = []
         self.disconnects = 0
+        #: For each `/direct-chunks` request: whether its head went straight to the connection.
+        self.direct: list[bool] = []
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "lifespan":
@@ -33,6 +43,9 @@ class App:
             await send({"type": "lifespan.shutdown.complete"})
             return
         self.paths.append(scope["path"])
+        if scope["path"] in ("/chunks", "/direct-chunks"):
+            await self._chunks(scope, receive, send)
+            return
         body = b""
         if scope["path"] in ("/guarded", "/guarded-slow"):
             if scope["path"] == "/guarded-slow":
@@ -73,6 +86,40 @@ class App:
         headers.append((b"content-length", str(len(body)).encode()))
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": body})
+
+    async def _chunks(self, scope, receive, send) -> None:
+        while (await receive()).get("more_body"):
+            pass
+        query = scope["query_string"].split(b"&")
+        headers = [(b"content-type", b"text/event-stream"), (b"x-padded", b"  kept  ")]
+        if b"bad" in query:
+            headers.append((b"x-bad", b"a\r\nb"))
+        if b"length" in query:
+            headers.append((b"content-length", b"%d" % len(b"".join(CHUNKS) + b"done\n")))
+        end = {"type": "http.response.body", "body": b"done\n", "more_body": False}
+        direct = None
+        if scope["path"] == "/direct-chunks":
+            direct = await connection.start_direct_response(scope, 200, headers)
+            self.direct.append(direct is not None)
+        if direct is None:
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            for chunk in CHUNKS:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            if b"slow" in query:
+                await trio.sleep(0.3)
+            await send(end)
+            return
+        for chunk in CHUNKS:
+            await direct.write(chunk)
+        if b"slow" in query:
+            await trio.sleep(0.3)
+        with trio.CancelScope(shield=True):
+            if direct.can_finish():
+                await direct.finish(b"done\n")
+            else:
+                await direct.write_last(b"done\n", lambda: send(end))
+            if b"linger" in query:  # work after the answer's end (our app's access log, metrics)
+                await trio.sleep(2)
 
     async def _count_disconnect(self, receive, scope: trio.CancelScope) -> None:
         while (await receive())["type"] != "http.disconnect":

@@ -25,7 +25,7 @@ from trio_direct.core.pipeline import admit_turn, serve_planned
 from trio_direct.core.plan import RequestPlan
 from trio_direct.core.render import Renderer
 from trio_direct.core.request_context import session_key
-from trio_direct.http.connection import DirectBody, direct_body_writer
+from trio_direct.http.connection import DirectBody, direct_body_writer, start_direct_response
 from trio_direct.tenants.limiter import Grant
 
 if TYPE_CHECKING:
@@ -155,7 +155,15 @@ class Exchange:
     async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         self.headers_sent = True
         self.status = status
-        await self._send({"type": "http.response.start", "status": status, "headers": headers + self.extra_headers})
+        headers = headers + self.extra_headers
+        # Under `serve`, the common streamed response's head goes straight to the connection, and its
+        # body and end after it (`http.connection.start_direct_response`); any other through ASGI.
+        direct = await start_direct_response(self.scope, status, headers)
+        if direct is not None:
+            self._direct = direct
+            self._write_body = direct.write
+            return
+        await self._send({"type": "http.response.start", "status": status, "headers": headers})
 
     async def send(self, data: bytes) -> None:
         write = self._write_body
@@ -177,6 +185,9 @@ class Exchange:
         if direct is None:
             await self.send(data)
             await self.end()
+            return
+        if direct.can_finish():
+            await self.end(data)
             return
         await direct.write_last(data, self.end)
 
@@ -212,6 +223,14 @@ class Exchange:
 
     async def end(self, data: bytes = b"") -> None:
         self.ended = True
+        direct = self._direct
+        if direct is not None and direct.can_finish():
+            # Straight to the connection, as the body went (`DirectBody.finish`), shielded and
+            # bounded as `_shielded_last` has it.
+            with trio.CancelScope(shield=True) as scope:
+                scope.deadline = trio.current_time() + LAST_SEND_TIMEOUT
+                await direct.finish(data)
+            return
         await _shielded_last(self._send, {"type": "http.response.body", "body": data, "more_body": False})
 
     async def json(

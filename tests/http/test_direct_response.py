@@ -1,0 +1,140 @@
+"""A streamed response's head and end written straight to the connection under `serve`.
+
+`/direct-chunks` writes as `Exchange` does under `serve` (`start_direct_response`, `DirectBody`);
+`/chunks` sends the same through ASGI, as hypercorn alone would. A client must not be able to tell
+them apart: same bytes, same keep-alive, same handling of what only ASGI handles.
+"""
+
+from __future__ import annotations
+
+import re
+
+import hypercorn.config
+import pytest
+import trio
+from support import exchange, read_to_eof
+
+from trio_direct.http import connection
+
+_DATE = re.compile(rb"\r\ndate: [^\r]*\r\n")
+
+
+def _comparable(response: bytes) -> bytes:
+    """The response without its Date header's value (it may change between two requests)."""
+    return _DATE.sub(b"\r\ndate: -\r\n", response)
+
+
+def get(path: bytes, *headers: bytes, version: bytes = b"1.1", method: bytes = b"GET") -> bytes:
+    lines = [b"%s %s HTTP/%s" % (method, path, version), b"Host: x", *headers]
+    return b"\r\n".join(lines) + b"\r\n\r\n"
+
+
+async def read_chunked(stream: trio.SocketStream) -> bytes:
+    """One whole chunked response on a connection that stays open."""
+    received = b""
+    with trio.fail_after(10):
+        while not received.endswith(b"\r\n0\r\n\r\n"):
+            received += await stream.receive_some(65536)
+    return received
+
+
+async def test_a_direct_stream_is_byte_for_byte_what_hypercorn_writes(start_server, app):
+    port = await start_server()
+    async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
+        await stream.send_all(get(b"/chunks"))
+        through_asgi = await read_chunked(stream)
+        await stream.send_all(get(b"/direct-chunks"))
+        direct = await read_chunked(stream)
+    assert app.direct == [True]
+    assert direct.startswith(b"HTTP/1.1 200 \r\n") and direct.endswith(b"5\r\ndone\n\r\n0\r\n\r\n")
+    assert b"x-padded: kept\r\n" in direct  # stripped, as hypercorn strips header values
+    assert b"Transfer-Encoding: chunked\r\n" in direct
+    assert _comparable(direct) == _comparable(through_asgi)
+
+
+async def test_a_kept_alive_connection_serves_direct_streams_one_after_another(start_server, app):
+    port = await start_server(keep_alive_timeout=0.5)
+    async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
+        first = None
+        for path in (b"/direct-chunks", b"/chunks", b"/direct-chunks"):
+            await stream.send_all(get(path))
+            answer = _comparable(await read_chunked(stream))
+            first = first or answer
+            assert answer == first
+        assert app.direct == [True, True]
+        # Then idle: the keep-alive timeout runs from the last answer and closes the connection.
+        with trio.move_on_after(5) as waiting:
+            assert await read_to_eof(stream) == b""
+        assert not waiting.cancelled_caught
+
+
+async def test_the_next_request_is_served_as_soon_as_a_direct_stream_ends(start_server, app):
+    """As after an ASGI answer's end: the connection is readied for its next request at once, while
+    the app still works on after the answer."""
+    port = await start_server()
+    async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
+        await stream.send_all(get(b"/direct-chunks?linger"))
+        await read_chunked(stream)
+        with trio.fail_after(1):  # the first app lingers for 2 s
+            await stream.send_all(get(b"/direct-chunks"))
+            await read_chunked(stream)
+    assert app.direct == [True, True]
+
+
+@pytest.mark.parametrize(
+    ("request_", "reason"),
+    [
+        (get(b"/direct-chunks", version=b"1.0"), "an HTTP/1.0 client gets a body delimited by the close"),
+        (get(b"/direct-chunks", b"Connection: close"), "the client closes after this answer"),
+        (get(b"/direct-chunks", method=b"HEAD"), "a HEAD answer has no body"),
+        (get(b"/direct-chunks?length"), "a declared length is not chunked"),
+    ],
+)
+async def test_other_responses_go_through_asgi_unchanged(start_server, app, request_, reason):
+    port = await start_server(keep_alive_timeout=0.3)  # a kept-alive answer is read to the close
+    direct = await exchange(port, request_)
+    through_asgi = await exchange(port, request_.replace(b"/direct-chunks", b"/chunks"))
+    assert app.direct == [False], reason
+    assert _comparable(direct) == _comparable(through_asgi), reason
+    assert direct.startswith(b"HTTP/1.1 200 ")
+
+
+async def test_a_header_h11_refuses_is_refused_as_through_asgi(start_server, app):
+    port = await start_server()
+    direct = await exchange(port, get(b"/direct-chunks?bad", b"Connection: close"))
+    through_asgi = await exchange(port, get(b"/chunks?bad", b"Connection: close"))
+    assert app.direct == [False]
+    assert b"a\r\nb" not in direct  # no header splitting
+    assert _comparable(direct) == _comparable(through_asgi)
+
+
+async def test_the_last_request_hypercorn_keeps_alive_for_is_answered_with_a_close(start_server, app, monkeypatch):
+    monkeypatch.setattr(hypercorn.config.Config, "keep_alive_max_requests", 2)
+    port = await start_server()
+    async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
+        await stream.send_all(get(b"/direct-chunks"))
+        await read_chunked(stream)
+        await stream.send_all(get(b"/direct-chunks"))
+        last = await read_to_eof(stream)
+    assert app.direct == [True, False]
+    assert b"connection: close\r\n" in last and last.endswith(b"0\r\n\r\n")
+
+
+async def test_a_client_gone_before_the_end_is_seen_and_its_connection_released(start_server, app):
+    port = await start_server()
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    await stream.send_all(get(b"/direct-chunks?slow"))
+    with trio.fail_after(10):
+        while b"data: three" not in await stream.receive_some(65536):
+            pass
+    await stream.aclose()  # before the end, 0.3 s later
+    await trio.sleep(0.6)
+    assert app.direct == [True]
+    # The server is still serving, and the next client gets a whole answer.
+    async with await trio.open_tcp_stream("127.0.0.1", port) as again:
+        await again.send_all(get(b"/direct-chunks"))
+        assert (await read_chunked(again)).endswith(b"done\n\r\n0\r\n\r\n")
+
+
+async def test_outside_serve_no_response_is_direct():
+    assert await connection.start_direct_response({"type": "http"}, 200, []) is None
