@@ -179,10 +179,11 @@ async def test_tokens_stream_then_done_and_the_load_is_released():
     script = [GenerateChunk([3]), GenerateChunk([4], finish_reason="length", prompt_tokens=2, completion_tokens=2)]
     pool, plan, client, ledger = setup(script, include_usage=True)
     written, ending = await read_all(pool, plan)
-    body = events(written)
+    body = events(written + ending)[:-2]
     assert "".join(e["choices"][0]["text"] for e in body) == "34"
-    assert body[-1]["choices"][0]["finish_reason"] == "length"
-    usage, done = events(ending)
+    # The events that end the stream go out in one write with its end (usage, [DONE]).
+    *last, usage, done = events(ending)
+    assert last and last[-1]["choices"][0]["finish_reason"] == "length"
     assert usage["usage"]["completion_tokens"] == 2 and done == "[DONE]"
     assert client.aborted == [] and client.open_calls == 0 and not ledger.held
 

@@ -28,7 +28,7 @@ class App:
     `Exchange` writes a stream under `serve` (`start_direct_response`, `DirectBody`, ASGI where
     that returns None; `direct` records which); the query string names headers to add
     (`bad`: a value with a line break, `length`: a Content-Length), `slow` waits 0.3 s before
-    the end and `linger` (direct only) 2 s after it."""
+    the end, and (direct only) `quiet` 0.3 s before the first chunk and `linger` 2 s after the end."""
 
     def __init__(self) -> None:
         self.paths: list[str] = []
@@ -109,6 +109,8 @@ class App:
                 await trio.sleep(0.3)
             await send(end)
             return
+        if b"quiet" in query:  # before the first chunk
+            await trio.sleep(0.3)
         for chunk in CHUNKS:
             await direct.write(chunk)
         if b"slow" in query:

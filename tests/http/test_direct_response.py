@@ -7,12 +7,14 @@ them apart: same bytes, same keep-alive, same handling of what only ASGI handles
 
 from __future__ import annotations
 
+import json
 import re
 
+import httpx
 import hypercorn.config
 import pytest
 import trio
-from support import exchange, read_to_eof
+from support import exchange, read_to_eof, start_frontend, start_mock_engine
 
 from trio_direct.http import connection
 
@@ -50,6 +52,21 @@ async def test_a_direct_stream_is_byte_for_byte_what_hypercorn_writes(start_serv
     assert b"x-padded: kept\r\n" in direct  # stripped, as hypercorn strips header values
     assert b"Transfer-Encoding: chunked\r\n" in direct
     assert _comparable(direct) == _comparable(through_asgi)
+
+
+async def test_the_head_goes_out_with_the_first_chunk_not_before_it(start_server, app):
+    """One write, one wake-up of the client: a stream quiet for 0.3 s before its first chunk sends
+    nothing until then, and then its head and that chunk together."""
+    port = await start_server()
+    async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
+        await stream.send_all(get(b"/direct-chunks?quiet"))
+        started = trio.current_time()
+        with trio.fail_after(10):
+            first = await stream.receive_some(65536)
+        assert trio.current_time() - started >= 0.25
+        assert first.startswith(b"HTTP/1.1 200 ") and b"\r\n\r\nb\r\ndata: one\n\n\r\n" in first
+        rest = await read_chunked(stream) if not first.endswith(b"\r\n0\r\n\r\n") else b""
+    assert (first + rest).endswith(b"done\n\r\n0\r\n\r\n")
 
 
 async def test_a_kept_alive_connection_serves_direct_streams_one_after_another(start_server, app):
@@ -138,3 +155,39 @@ async def test_a_client_gone_before_the_end_is_seen_and_its_connection_released(
 
 async def test_outside_serve_no_response_is_direct():
     assert await connection.start_direct_response({"type": "http"}, 200, []) is None
+
+
+async def test_a_streamed_chat_writes_its_head_with_its_first_events_and_its_last_events_with_its_end(
+    nursery, monkeypatch
+):
+    """Under `serve`, a short streamed chat's response takes as few writes as the engine's output
+    allows: the head never alone, and the events that end the stream (finish reason, usage,
+    ``[DONE]``) in one write with the body's terminating chunk."""
+    writes: list[bytes] = []
+    write = connection.GuardedConnection._write
+
+    async def recording(self, data: bytes) -> None:
+        writes.append(self._held + data)
+        await write(self, data)
+
+    monkeypatch.setattr(connection.GuardedConnection, "_write", recording)
+    engine = await start_mock_engine(nursery, "--speedup", "inf")
+    base = await start_frontend(nursery, "--engine-url", engine.url)
+    host, port = base.removeprefix("http://").rsplit(":", 1)
+    async with httpx.AsyncClient(base_url=base) as client:
+        model = (await client.get("/v1/models")).json()["data"][0]["id"]
+    body = json.dumps({
+        "model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8,
+        "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
+    }).encode()  # fmt: skip
+    head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    async with await trio.open_tcp_stream(host, int(port)) as stream:
+        for _ in range(3):  # kept alive: every answer the same way
+            writes.clear()
+            await stream.send_all(head + b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+            answer = await read_chunked(stream)
+            assert answer.startswith(b"HTTP/1.1 200 ") and answer.count(b'"finish_reason":"length"') == 1
+            assert writes[0].startswith(b"HTTP/1.1 200 ") and b"data: {" in writes[0]
+            last = writes[-1]
+            assert b'"finish_reason":"length"' in last and b"[DONE]" in last and last.endswith(b"\r\n0\r\n\r\n")
+            assert b"".join(writes) == answer

@@ -184,6 +184,11 @@ class ChoiceReader:
         if self._call is not None:
             await self._call.wait_written()
 
+    @property
+    def ended(self) -> bool:
+        """The choice's last output was read: `next_event` returns None without waiting."""
+        return self._ended
+
     def wake(self) -> bool:
         """Interrupt a wait for the next output with `StreamWakeup` (False: no call to wake)."""
         call = self._call

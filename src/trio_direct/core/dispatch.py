@@ -428,6 +428,10 @@ class _OneChoiceEvents:
     def wake(self) -> bool:
         return self._reader.wake()
 
+    def ended(self) -> bool:
+        """True once the choice ended: the next read raises StopAsyncIteration without waiting."""
+        return self._reader.ended
+
     async def __anext__(self) -> list[ChoiceEvent]:
         event = await self._reader.next_event()
         if event is None:

@@ -144,6 +144,8 @@ async def stream_response(
     """
     failure: ApiError | None = None
     headers_sent = False
+    #: The stream's last events, written with its end.
+    held = b""
     # Looked up once the engine calls are dispatched, off the first token's path.
     ttft: Histogram | None = None
     gaps: Histogram | None = None
@@ -182,6 +184,10 @@ async def stream_response(
                 ttft, gaps = per_model.ttft, per_model.gaps
                 await writer.start(200, SSE_HEADERS)
                 headers_sent = True
+                # True once the engines ended the stream, so the next read returns its end at once:
+                # the last events then go out with the end, in one write (a system call and a
+                # wake-up of the client each).
+                ended: Callable[[], bool] | None = getattr(batches, "ended", None)
                 if watch is not None:
                     watched = watch.stream_opened(batches.wake)
                 opening = renderer.opening()
@@ -196,7 +202,10 @@ async def stream_response(
                             if opening:
                                 data, opening = opening + data, b""
                             if data:
-                                await write(data)
+                                if failure is not None or (ended is not None and ended()):
+                                    held += data
+                                else:
+                                    await write(data)
                             if failure is not None:
                                 break
                     except StreamWakeup:  # quiet for --sse-keepalive: a comment keeps proxies patient
@@ -223,7 +232,7 @@ async def stream_response(
         failure = failure or _shutdown_error(cutter)
     _count_tokens(plan)
     if failure is not None:
-        await write(renderer.failure(failure), end=True)
+        await write(held + renderer.failure(failure), end=True)
     else:
         closing = renderer.closing(plan.usage())
         if settle is not None:
@@ -231,7 +240,7 @@ async def stream_response(
                 await settle()
             except ApiError as error:
                 closing = renderer.failure(error)
-        await write(closing, end=True)
+        await write(held + closing, end=True)
 
 
 async def unary_response(pool: ServingPool, plan: RequestPlan, renderer: Renderer, *, cutter: StreamCutter) -> bytes:

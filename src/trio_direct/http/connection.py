@@ -219,7 +219,7 @@ class DirectBody:
         latest when `end` returns."""
         connection = self._connection
         if data:
-            connection._held = b"%x\r\n%b\r\n" % (len(data), data)
+            connection._held += b"%x\r\n%b\r\n" % (len(data), data)
         try:
             await end()
         finally:
@@ -232,15 +232,16 @@ class DirectBody:
 async def start_direct_response(
     scope: dict[str, Any], status: int, headers: list[tuple[bytes, bytes]]
 ) -> DirectBody | None:
-    """Write the head of the response to `scope`'s request straight to its connection, and return
-    the writer of its body; None, with nothing written, where the response is not the common
-    streamed one (`HTTP11Protocol.direct_head`) or the server is not `trio-direct serve`'s (plain
-    hypercorn), and it then goes through ASGI as usual.
+    """Begin the response to `scope`'s request straight on its connection, and return the writer
+    of its body; None, with nothing done, where the response is not the common streamed one
+    (`HTTP11Protocol.direct_head`) or the server is not `trio-direct serve`'s (plain hypercorn),
+    and it then goes through ASGI as usual.
 
     For a 2xx with no Content-Length to an HTTP/1.1 client on a kept-alive connection. The head is
     h11's, byte for byte (headers validated by h11's own patterns, hypercorn's Date and Server
     headers, ``Transfer-Encoding: chunked``), and h11's and hypercorn's states move as their own
-    sends move them.
+    sends move them. The head is held by the connection and goes out in one write with the body's
+    first bytes: a stream's first events, its first SSE keep-alive comment, or its end.
     """
     connection = _current_connection.get()
     if connection is None:
@@ -258,7 +259,10 @@ async def start_direct_response(
         return None
     stream.response = {"type": "http.response.start", "status": status, "headers": headers}
     stream.state = ASGIHTTPState.RESPONSE
-    await connection._write(head)
+    # The head goes out with the body's first bytes (a stream's first events, an SSE keep-alive
+    # comment, its end), in one write: a write is a system call and a wake-up of the client.
+    connection._held += head
+    await trio.lowlevel.checkpoint_if_cancelled()
     return DirectBody(connection)
 
 
@@ -626,7 +630,9 @@ class GuardedConnection(TCPServer):
         self._linger = False
         #: The read loop has ended: the client is gone (or was sent away), nothing is kept alive.
         self._read_ended = False
-        #: A body's last chunk frame, sent with the next bytes (`DirectBody.write_last`).
+        #: Bytes that go out with the next write, or before any other event hypercorn sends: a
+        #: direct response's head until its first body bytes (`start_direct_response`), a body's
+        #: last chunk until h11's end of it (`DirectBody.write_last`).
         self._held = b""
         #: The HTTP/1.1 protocol while the connection runs (`start_direct_response`, `DirectBody`).
         self._http11: HTTP11Protocol | None = None
@@ -701,16 +707,12 @@ class GuardedConnection(TCPServer):
     async def protocol_send(self, event: Event) -> None:
         """hypercorn's, with a deadline on writes without progress, and no keep-alive timer started
         once the read loop has ended (a client that reset while its answer's end was written)."""
-        held = self._held
-        if held:  # a body's last chunk goes out with what follows it
-            self._held = b""
-            if isinstance(event, RawData):
-                await self._write(held + event.data)
-                return
-            await self._write(held)
         if isinstance(event, RawData):
-            await self._write(event.data)
-        elif isinstance(event, Updated):
+            await self._write(event.data)  # after what is held (`_write`)
+            return
+        if self._held:  # held bytes go out before any other event (a close)
+            await self._write(b"")
+        if isinstance(event, Updated):
             if not (event.idle and self._read_ended):
                 self._set_idle(event.idle)
         else:
@@ -752,6 +754,13 @@ class GuardedConnection(TCPServer):
             await self._initiate_server_close()
 
     async def _write(self, data: bytes) -> None:
+        """`data` to the client, after the bytes held for the next write (`_held`)."""
+        held = self._held
+        if held:
+            self._held = b""
+            data = held + data
+        elif not data:
+            return
         lock = self.send_lock
         await trio.lowlevel.checkpoint_if_cancelled()  # what acquiring the lock checks first
         try:
