@@ -249,14 +249,20 @@ class Prompts:
 
 
 def conversation_chats(
-    requests: Sequence[TraceRequest], words: TextPrompts, *, max_prompt_words: int, min_turns: int = 2
+    requests: Sequence[TraceRequest],
+    words: TextPrompts,
+    *,
+    max_prompt_words: int,
+    min_turns: int = 2,
+    max_message_chars: int | None = None,
 ) -> list[list[list[dict[str, str]]]]:
     """Per conversation (in trace order), the message list of each turn (`conversation_turns`).
 
     Turn j resends turn j-1's messages plus an assistant answer (up to 64 words) and a user message
     of the blocks turn j adds; block 0 is the system prompt. Each block is 512 words that are one
     token each, drawn from its hash id, so equal blocks are equal text. Turns past
-    `max_prompt_words` are dropped.
+    `max_prompt_words` are dropped. `max_message_chars` cuts every message's content to that many
+    characters: short chats with the trace's turns, where the cost per request is not tokenizing.
     """
     chats = []
     for turns in conversation_turns(requests, min_turns=min_turns):
@@ -276,6 +282,9 @@ def conversation_chats(
             chat.append(messages)
         if len(chat) >= min_turns:
             chats.append(chat)
+    if max_message_chars is not None:
+        cut = max_message_chars
+        chats = [[[{**m, "content": m["content"][:cut]} for m in turn] for turn in chat] for chat in chats]
     return chats
 
 
@@ -452,7 +461,9 @@ def part_throughput(args, report: Report, smg: str, model_dir: Path, prompts: Pr
 
 def part_multiturn(args, report: Report, smg: str, model_dir: Path, words: TextPrompts) -> None:
     requests = load_trace(args.trace, limit=args.trace_limit)
-    chats = conversation_chats(requests, words, max_prompt_words=args.max_prompt_words)
+    chats = conversation_chats(
+        requests, words, max_prompt_words=args.max_prompt_words, max_message_chars=args.max_message_chars
+    )
     per_round = args.conversations
     needed = per_round * args.rounds
     if len(chats) < needed:
@@ -460,7 +471,9 @@ def part_multiturn(args, report: Report, smg: str, model_dir: Path, words: TextP
     turns = sum(len(c) for c in chats[:needed])
     print(
         f"\n== multi-turn chats from the trace: {per_round} conversations per round, {turns / args.rounds:.0f} "
-        f"requests, up to {args.max_prompt_words} prompt tokens, 8 tokens out, c=4 ==",
+        f"requests, up to {args.max_prompt_words} prompt tokens"
+        + (f", messages cut to {args.max_message_chars} characters" if args.max_message_chars is not None else "")
+        + ", 8 tokens out, c=4 ==",
         flush=True,
     )
     model = MODEL
@@ -615,6 +628,9 @@ def main() -> None:
     parser.add_argument("--conversations", type=int, default=20, help="trace conversations per multiturn round")
     parser.add_argument("--trace-limit", type=int, default=3000, help="trace lines read")
     parser.add_argument("--max-prompt-words", type=int, default=16384, help="longest multi-turn prompt")
+    parser.add_argument(
+        "--max-message-chars", type=int, help="multiturn: cut each message to this many characters (short chats)"
+    )
     parser.add_argument(
         "--long-requests", type=int, default=600, help="longprompt requests per frontend, over all rounds"
     )

@@ -115,7 +115,8 @@ class App:
             await direct.write(chunk)
         if b"slow" in query:
             await trio.sleep(0.3)
-        with trio.CancelScope(shield=True):
+        with trio.CancelScope(shield=True) as scope:  # as `Exchange.end` has it: shielded, bounded
+            scope.deadline = trio.current_time() + 10
             if direct.can_finish():
                 await direct.finish(b"done\n")
             else:

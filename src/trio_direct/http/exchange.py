@@ -224,12 +224,8 @@ class Exchange:
     async def end(self, data: bytes = b"") -> None:
         self.ended = True
         direct = self._direct
-        if direct is not None and direct.can_finish():
-            # Straight to the connection, as the body went (`DirectBody.finish`), shielded and
-            # bounded as `_shielded_last` has it.
-            with trio.CancelScope(shield=True) as scope:
-                scope.deadline = trio.current_time() + LAST_SEND_TIMEOUT
-                await direct.finish(data)
+        if direct is not None and direct.can_finish():  # straight to the connection, as the body went
+            await _shielded_last(direct.finish, data)
             return
         await _shielded_last(self._send, {"type": "http.response.body", "body": data, "more_body": False})
 
@@ -286,8 +282,9 @@ class Exchange:
         return values[0] if values else None
 
 
-async def _shielded_last(send: Send, message: dict[str, Any]) -> None:
-    """The last message of a response, shielded from cancellation (bounded).
+async def _shielded_last(send: Callable[[Any], Awaitable[None]], message: Any) -> None:
+    """The last message of a response (an ASGI message, or the last bytes for `DirectBody.finish`),
+    shielded from cancellation (bounded).
 
     Completing a response makes hypercorn report the client gone, and the request's reaction
     (cancel its scope) lands while hypercorn is still inside that last `send`, recycling the
