@@ -106,3 +106,31 @@ def test_the_shortest_body_over_the_cap_is_refused_and_shorter_ones_are_never_de
     assert len(within) <= 2 * 100
     check_item_counts(within, 100)
     check_item_counts(body(messages=[{"role": "user", "content": "hi"}]), 100)
+
+
+def test_a_long_body_with_fewer_commas_than_the_cap_is_never_decoded_and_one_more_item_is_refused(monkeypatch):
+    # n items, or n parts over all the arrays, take n - 1 commas: a body with fewer commas than the
+    # cap is within it however long its prose is, and a body at the bound is read and refused.
+    prose = "word " * 2000
+    long = body(messages=[{"role": "user", "content": prose}, {"role": "assistant", "content": prose}])
+    over = b'{"messages":[' + b",".join([b"0"] * 102) + b"]}"  # 102 items, 101 commas
+    assert over.count(b",") == 101 and len(over) > 2 * 101
+    with pytest.raises(ApiError) as raised:
+        check_item_counts(over, 101)  # as many commas as the cap: read, and over it
+    assert raised.value.code == "too_many_messages"
+    # Parts over two arrays: 51 + 50 parts, 100 commas between them and around the arrays.
+    parts = b'{"messages":[{"content":[' + b",".join([b"0"] * 51) + b']}],"input":[{"content":['
+    parts += b",".join([b"0"] * 50) + b"]}]}"
+    assert parts.count(b",") == 100 and len(parts) > 2 * 100
+    with pytest.raises(ApiError) as raised:
+        check_item_counts(parts, 100)
+    assert raised.value.code == "too_many_content_parts"
+
+    def no_decoding(cap: int) -> None:
+        raise AssertionError("a body with fewer commas than the cap was decoded")
+
+    monkeypatch.setattr("trio_direct.openai.item_counts._decoders", no_decoding)
+    assert len(long) > 2 * 100 and long.count(b",") < 100
+    check_item_counts(long, 100)
+    check_item_counts(over, 102)  # 101 commas: 102 items at most, within a cap of 102
+    check_item_counts(parts, 101)
