@@ -28,7 +28,11 @@ class App:
     `Exchange` writes a stream under `serve` (`start_direct_response`, `DirectBody`, ASGI where
     that returns None; `direct` records which); the query string names headers to add
     (`bad`: a value with a line break, `length`: a Content-Length), `slow` waits 0.3 s before
-    the end, and (direct only) `quiet` 0.3 s before the first chunk and `linger` 2 s after the end."""
+    the end, and (direct only) `quiet` 0.3 s before the first chunk and `linger` 2 s after the end.
+    `/whole` and `/direct-whole`: one JSON body of declared length, through ASGI and as `Exchange.json`
+    writes it under `serve` (`send_direct_response`, ASGI where that returns False; `direct` records
+    which); the query string as for the chunks (`bad`, `wrong-length`: a Content-Length off by
+    one, `linger`)."""
 
     def __init__(self) -> None:
         self.paths: list[str] = []
@@ -45,6 +49,9 @@ class App:
         self.paths.append(scope["path"])
         if scope["path"] in ("/chunks", "/direct-chunks"):
             await self._chunks(scope, receive, send)
+            return
+        if scope["path"] in ("/whole", "/direct-whole"):
+            await self._whole(scope, receive, send)
             return
         body = b""
         if scope["path"] in ("/guarded", "/guarded-slow"):
@@ -123,6 +130,31 @@ class App:
                 await direct.write_last(b"done\n", lambda: send(end))
             if b"linger" in query:  # work after the answer's end (our app's access log, metrics)
                 await trio.sleep(2)
+
+    async def _whole(self, scope, receive, send) -> None:
+        while (await receive()).get("more_body"):
+            pass
+        query = scope["query_string"].split(b"&")
+        body = b'{"object": "whole", "padding": "%b"}' % (b"x" * 300)
+        length = len(body) + (1 if b"wrong-length" in query else 0)
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", b"%d" % length),
+            (b"x-padded", b" kept "),
+        ]
+        if b"bad" in query:
+            headers.append((b"x-bad", b"a\r\nb"))
+        with trio.CancelScope(shield=True) as shield:  # as `Exchange.json` has it: shielded, bounded
+            shield.deadline = trio.current_time() + 10
+            if scope["path"] == "/direct-whole":
+                direct = await connection.send_direct_response(scope, 200, headers, body)
+                self.direct.append(direct)
+                if direct:
+                    if b"linger" in query:
+                        await trio.sleep(2)
+                    return
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
 
     async def _count_disconnect(self, receive, scope: trio.CancelScope) -> None:
         while (await receive())["type"] != "http.disconnect":

@@ -187,3 +187,129 @@ async def test_a_streamed_chats_last_events_go_out_in_one_write_with_its_end(nur
             last = writes[-1]
             assert b'"finish_reason":"length"' in last and b"[DONE]" in last and last.endswith(b"\r\n0\r\n\r\n")
             assert b"".join(writes) == answer
+
+
+# --- whole responses of declared length (`Exchange.json`: non-streamed answers and errors) ----------
+
+
+async def read_whole(stream: trio.SocketStream) -> bytes:
+    """One whole response of declared length on a connection that stays open."""
+    received = b""
+    with trio.fail_after(10):
+        while True:
+            head, found, body = received.partition(b"\r\n\r\n")
+            if found:
+                length = int(re.search(rb"(?i)\r\ncontent-length: *(\d+)", head + b"\r\n").group(1))
+                if len(body) >= length:
+                    return received
+            received += await stream.receive_some(65536)
+
+
+async def test_a_direct_whole_response_is_hypercorns_bytes_in_one_write(start_server, app, monkeypatch):
+    writes: list[bytes] = []
+    write = connection.GuardedConnection._write
+
+    async def recording(self, data: bytes) -> None:
+        writes.append(data)
+        await write(self, data)
+
+    monkeypatch.setattr(connection.GuardedConnection, "_write", recording)
+    port = await start_server()
+    async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
+        await stream.send_all(get(b"/whole"))
+        through_asgi = await read_whole(stream)
+        asgi_writes, writes[:] = [w for w in writes if w], []
+        await stream.send_all(get(b"/direct-whole"))
+        direct = await read_whole(stream)
+    assert app.direct == [True]
+    assert direct.startswith(b"HTTP/1.1 200 \r\n") and direct.endswith(b'"}')
+    assert b"x-padded: kept\r\n" in direct and b"Transfer-Encoding" not in direct
+    assert _comparable(direct) == _comparable(through_asgi)
+    assert writes == [direct] and len(asgi_writes) == 2  # one system call where ASGI takes two (head, body)
+
+
+async def test_a_kept_alive_connection_serves_direct_whole_responses_one_after_another(start_server, app):
+    port = await start_server(keep_alive_timeout=0.5)
+    async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
+        answers = []
+        for path in (b"/direct-whole", b"/whole", b"/direct-whole", b"/direct-chunks", b"/direct-whole"):
+            await stream.send_all(get(path))
+            read = read_chunked if b"chunks" in path else read_whole
+            answers.append(_comparable(await read(stream)))
+        assert app.direct == [True, True, True, True]
+        assert answers[0] == answers[1] == answers[2] == answers[4]
+        with trio.move_on_after(5) as waiting:  # idle: the keep-alive timeout closes it
+            assert await read_to_eof(stream) == b""
+        assert not waiting.cancelled_caught
+
+
+async def test_the_next_request_is_served_as_soon_as_a_direct_whole_response_is_written(start_server, app):
+    port = await start_server()
+    async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
+        await stream.send_all(get(b"/direct-whole?linger"))
+        await read_whole(stream)
+        with trio.fail_after(1):  # the first app lingers for 2 s after its answer
+            await stream.send_all(get(b"/direct-whole"))
+            await read_whole(stream)
+    assert app.direct == [True, True]
+
+
+@pytest.mark.parametrize(
+    ("request_", "reason"),
+    [
+        (get(b"/direct-whole", version=b"1.0"), "an HTTP/1.0 client's connection closes"),
+        (get(b"/direct-whole", b"Connection: close"), "the client closes after this answer"),
+        (get(b"/direct-whole", method=b"HEAD"), "a HEAD answer has no body"),
+        (get(b"/direct-whole?bad", b"Connection: close"), "a header h11 refuses"),
+        (get(b"/direct-whole?wrong-length", b"Connection: close"), "a length that is not the body's"),
+    ],
+)
+async def test_other_whole_responses_go_through_asgi_unchanged(start_server, app, request_, reason):
+    port = await start_server(keep_alive_timeout=0.3)
+    direct = await exchange(port, request_)
+    through_asgi = await exchange(port, request_.replace(b"/direct-whole", b"/whole"))
+    assert app.direct == [False], reason
+    assert _comparable(direct) == _comparable(through_asgi), reason
+    assert b"a\r\nb" not in direct
+
+
+async def test_the_last_kept_alive_request_gets_its_whole_answer_with_a_close(start_server, app, monkeypatch):
+    monkeypatch.setattr(hypercorn.config.Config, "keep_alive_max_requests", 2)
+    port = await start_server()
+    async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
+        await stream.send_all(get(b"/direct-whole"))
+        await read_whole(stream)
+        await stream.send_all(get(b"/direct-whole"))
+        last = await read_to_eof(stream)
+    assert app.direct == [True, False]
+    assert b"connection: close\r\n" in last and last.endswith(b'"}')
+
+
+async def test_non_streamed_chats_and_errors_are_answered_in_one_write_each(nursery, monkeypatch):
+    """Under `serve`, a whole JSON answer (a non-streamed chat, an error) goes out as one write of
+    head and body, on a connection kept alive across them."""
+    writes: list[bytes] = []
+    write = connection.GuardedConnection._write
+
+    async def recording(self, data: bytes) -> None:
+        writes.append(data)
+        await write(self, data)
+
+    monkeypatch.setattr(connection.GuardedConnection, "_write", recording)
+    engine = await start_mock_engine(nursery, "--speedup", "inf")
+    base = await start_frontend(nursery, "--engine-url", engine.url)
+    host, port = base.removeprefix("http://").rsplit(":", 1)
+    async with httpx.AsyncClient(base_url=base) as client:
+        model = (await client.get("/v1/models")).json()["data"][0]["id"]
+    chat = json.dumps({"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}).encode()
+    wrong = json.dumps({"model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]}).encode()
+    head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    async with await trio.open_tcp_stream(host, int(port)) as stream:
+        for body, status in ((chat, 200), (wrong, 404), (chat, 200)):
+            writes.clear()
+            await stream.send_all(head + b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+            answer = await read_whole(stream)
+            assert answer.startswith(b"HTTP/1.1 %d " % status)
+            payload = json.loads(answer.partition(b"\r\n\r\n")[2])
+            assert ("choices" in payload) == (status == 200) and ("error" in payload) == (status != 200)
+            assert writes == [answer]

@@ -264,6 +264,40 @@ async def start_direct_response(
     return DirectBody(connection)
 
 
+async def send_direct_response(
+    scope: dict[str, Any], status: int, headers: list[tuple[bytes, bytes]], body: bytes
+) -> bool:
+    """Write a whole response of declared length (a JSON answer: `headers` declare `body`'s length
+    as ``Content-Length``) straight to the connection of `scope`'s request, head and body in one
+    write, and end it as hypercorn ends one (`DirectBody.finish`); False, with nothing written,
+    where `start_direct_response` would refuse it, and it then goes through ASGI as usual.
+
+    Through ASGI the same response costs two messages through hypercorn's layers, three h11 events
+    and two writes. The caller shields it, as it shields any response's end.
+    """
+    connection = _current_connection.get()
+    if connection is None:
+        return False
+    protocol = connection._http11
+    if protocol is None or cast(HTTP11Only, connection.protocol).refused:
+        return False
+    stream = protocol.stream
+    if type(stream) is not HTTPStream or stream.scope is not scope:
+        return False
+    if stream.closed or stream.state is not ASGIHTTPState.REQUEST:
+        return False
+    head = protocol.direct_head(status, headers, length=len(body))
+    if head is None:
+        return False
+    stream.response = {"type": "http.response.start", "status": status, "headers": headers}
+    cast(LastRequestConnection, protocol.connection).send_without_writing(h11.EndOfMessage())
+    stream.state = ASGIHTTPState.CLOSED
+    await connection._write(head + body)
+    await stream.config.log.access(stream.scope, stream.response, time.time() - stream.start_time)
+    await stream.send(StreamClosed(stream_id=stream.stream_id))
+    return True
+
+
 def direct_body_writer() -> DirectBody | None:
     """A writer of the current response's body straight to the connection, or None.
 
@@ -509,7 +543,7 @@ class HTTP11Protocol(H11Protocol):
             event = Response(stream_id=event.stream_id, headers=headers, status_code=event.status_code)
         await super().stream_send(event)
 
-    def direct_head(self, status: int, headers: list[tuple[bytes, bytes]]) -> bytes | None:
+    def direct_head(self, status: int, headers: list[tuple[bytes, bytes]], length: int | None = None) -> bytes | None:
         """The head h11 would write for this response (after hypercorn's `stream_send` adds its
         headers and our `LastRequestConnection` its chunked framing), with h11's state moved as
         its `send` moves it; None, with nothing moved, unless it is the common streamed response:
@@ -517,7 +551,11 @@ class HTTP11Protocol(H11Protocol):
         or Connection header, to an HTTP/1.1 request read whole, on a connection that stays
         alive. Headers are stripped as hypercorn strips them and checked by h11's own patterns;
         one that fails (or a pseudo-header) leaves the response to ASGI, which refuses it as
-        before."""
+        before.
+
+        With `length`, the head of a whole body of that many bytes instead: the headers must then
+        declare it, once, as ``Content-Length``, and the head has no chunked framing (h11 adds
+        none to a response of declared length)."""
         connection = self.connection
         if (
             type(connection) is not LastRequestConnection
@@ -533,12 +571,15 @@ class HTTP11Protocol(H11Protocol):
             return None
         items: list[tuple[bytes, bytes, bytes]] = []
         lines: list[bytes] = [b"HTTP/1.1 %d \r\n" % status]
+        declared = None if length is None else b"%d" % length
         for name, value in headers:
             if type(name) is not bytes or type(value) is not bytes:
                 return None
             name, value = name.strip(), value.strip()
             lower = name.lower()
-            if (
+            if declared is not None and lower == b"content-length" and value == declared:
+                declared = None  # declared once, as the body's length (h11 checks the body against it)
+            elif (
                 lower in _DIRECT_HEAD_EXCLUDED
                 or name.startswith(b":")
                 or _FIELD_NAME.fullmatch(name) is None
@@ -547,11 +588,16 @@ class HTTP11Protocol(H11Protocol):
                 return None
             items.append((name, lower, value))
             lines.append(b"%s: %s\r\n" % (name, value))
+        if declared is not None:
+            return None  # the length was not declared, or not as the body's
         for name, value in self.config.response_headers("h11"):
             items.append((name, name.lower(), value))
             lines.append(b"%s: %s\r\n" % (name, value))
-        items.append(_CHUNKED)
-        lines.append(b"Transfer-Encoding: chunked\r\n\r\n")
+        if length is None:
+            items.append(_CHUNKED)
+            lines.append(b"Transfer-Encoding: chunked\r\n\r\n")
+        else:
+            lines.append(b"\r\n")
         response = h11.Response(headers=h11._headers.Headers(items), status_code=status, _parsed=True)
         connection.send_without_writing(response)
         return b"".join(lines)
@@ -902,5 +948,6 @@ __all__ = [
     "HTTP11Protocol",
     "LastRequestConnection",
     "direct_body_writer",
+    "send_direct_response",
     "start_direct_response",
 ]

@@ -25,7 +25,7 @@ from trio_direct.core.pipeline import admit_turn, serve_planned
 from trio_direct.core.plan import RequestPlan
 from trio_direct.core.render import Renderer
 from trio_direct.core.request_context import session_key
-from trio_direct.http.connection import DirectBody, direct_body_writer, start_direct_response
+from trio_direct.http.connection import DirectBody, direct_body_writer, send_direct_response, start_direct_response
 from trio_direct.tenants.limiter import Grant
 
 if TYPE_CHECKING:
@@ -241,6 +241,16 @@ class Exchange:
         head = [_JSON, (b"content-length", b"%d" % len(payload)), *headers]
         if close:
             head.append((b"connection", b"close"))
+        # Under `serve`, head and body in one write straight to the connection, as a stream's are;
+        # shielded (bounded) as any response's end is (`_shielded_last`).
+        direct: bool | None = None
+        with trio.CancelScope(shield=True) as scope:
+            scope.deadline = trio.current_time() + LAST_SEND_TIMEOUT
+            direct = await send_direct_response(self.scope, status, head + self.extra_headers, payload)
+        if direct is not False:  # written, or its write ran out of time: either way the response is over
+            self.headers_sent = self.ended = True
+            self.status = status
+            return
         await self.start(status, head)
         await self.end(payload)
 
