@@ -92,6 +92,28 @@ class SseConnection:
         await self.exchange(path, json.dumps(body).encode(), on_status, on_records)
         return sample
 
+    async def request_whole(self, path: str, body: dict) -> Sample:
+        """POST `body` for one JSON answer (a non-streamed completion): ok when it is a 200 with
+        choices, its completion tokens, and the time to the whole answer as its `ttft`."""
+        sample = Sample()
+        start = time.perf_counter()
+        status = 0
+        answer: list[bytes] = []
+
+        def on_status(code: int) -> None:
+            nonlocal status
+            status = code
+
+        await self.exchange(path, json.dumps(body).encode(), on_status, answer.extend)
+        if status == 200 and answer:
+            payload = json.loads(b"\n\n".join(answer))
+            sample.ok = bool(payload.get("choices"))
+            sample.completion_tokens = (payload.get("usage") or {}).get("completion_tokens", 0)
+            sample.ttft = time.perf_counter() - start
+        else:
+            sample.ok = False
+        return sample
+
     async def exchange(
         self,
         path: str,
@@ -127,6 +149,8 @@ class SseConnection:
                     *records, pending = pending.split(b"\n\n")
                     on_records(records)
             elif isinstance(event, h11.EndOfMessage):
+                if pending:  # a body that is not SSE (a whole JSON answer), or an unterminated last record
+                    on_records([pending])
                 if connection.our_state is h11.DONE and connection.their_state is h11.DONE:
                     connection.start_next_cycle()
                 return True

@@ -5,6 +5,8 @@ in alternated rounds on the same engines holds (the machine's speed and noise mo
 
   throughput  two mocks at --speedup inf; closed-loop streamed chats (256-token prompts, 64 tokens)
               at c=32 and c=64: CPU-seconds of the frontend process per streamed token, tokens/s
+  unary       two mocks at --speedup inf; closed-loop non-streamed chats (the same prompts, 64 tokens,
+              one JSON answer each) at c=32: CPU-seconds of the frontend process per request, requests/s
   multiturn   multi-turn chats built from the Mooncake conversation trace (each turn resends the
               whole history as text messages; 8 tokens out): frontend CPU per request
   longprompt  long single-turn prompts (10-40k tokens, lengths from the trace's input lengths in that
@@ -49,6 +51,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +65,7 @@ from trio_direct.mock.tiny_model import default_tiny_model_dir, ensure_tiny_mode
 from trio_direct.text.chat_template import render_chat
 from trio_direct.text.tokenizer import ModelTokenizer
 
-PARTS = ("throughput", "multiturn", "longprompt", "latency", "workers", "idle")
+PARTS = ("throughput", "unary", "multiturn", "longprompt", "latency", "workers", "idle")
 TRIO, SMG, BASELINE = "trio-direct", "smg 1.13", "trio-direct baseline"
 #: The model name the mocks serve (explicit: the mock's default name changed between versions).
 MODEL = "tiny"
@@ -171,16 +174,20 @@ class Window:
     ttfts: list[float] = field(default_factory=list)
 
 
-async def closed_loop(port: int, bodies: Callable[[], dict], concurrency: int, seconds: float) -> Window:
-    """`concurrency` keep-alive connections sending requests back to back for `seconds`."""
+async def closed_loop(
+    port: int, bodies: Callable[[], dict], concurrency: int, seconds: float, *, whole: bool = False
+) -> Window:
+    """`concurrency` keep-alive connections sending requests back to back for `seconds`; `whole`:
+    the bodies ask for one JSON answer each (non-streamed), not a stream."""
     window = Window()
     deadline = trio.current_time() + seconds
 
     async def worker() -> None:
         connection = SseConnection("127.0.0.1", port)
+        request = connection.request_whole if whole else connection.request
         try:
             while trio.current_time() < deadline:
-                sample = await connection.request("/v1/chat/completions", bodies())
+                sample = await request("/v1/chat/completions", bodies())
                 window.requests += 1
                 if sample.ok:
                     window.tokens += sample.completion_tokens
@@ -243,6 +250,13 @@ class Prompts:
             "stream": True,
             "stream_options": {"include_usage": True},
         }
+
+    def whole_body(self) -> dict:
+        """The same request for one JSON answer (non-streamed)."""
+        body = self.body()
+        del body["stream_options"]
+        body["stream"] = False
+        return body
 
 
 # --- multi-turn chats from the trace ------------------------------------------------------------------
@@ -459,6 +473,24 @@ def part_throughput(args, report: Report, smg: str, model_dir: Path, prompts: Pr
             report.ratio(f"tokens/s, c={concurrency}", "tok/s", rate)
 
 
+def part_unary(args, report: Report, smg: str, model_dir: Path, prompts: Prompts) -> None:
+    print("\n== non-streamed chats, mock --speedup inf, 256-word prompts, 64 tokens, c=32 ==", flush=True)
+    with Children() as children:
+        engines = mocks(children, "inf")
+        targets = frontends(children, args, engines, smg, model_dir)
+        for target in targets:  # warm-up
+            trio.run(partial(closed_loop, target.port, prompts.whole_body, 32, 2.0, whole=True))
+        windows = alternate(
+            targets,
+            args.rounds,
+            lambda t: trio.run(partial(closed_loop, t.port, prompts.whole_body, 32, args.seconds, whole=True)),
+        )
+        cpu = {name: [w.cpu / max(w.requests, 1) for w in ws] for name, ws in windows.items()}
+        rate = {name: [w.requests / w.wall for w in ws] for name, ws in windows.items()}
+        report.ratio("CPU per request, non-streamed chats, c=32", "ms", cpu, 1e3)
+        report.ratio("requests/s, non-streamed chats, c=32", "req/s", rate)
+
+
 def part_multiturn(args, report: Report, smg: str, model_dir: Path, words: TextPrompts) -> None:
     requests = load_trace(args.trace, limit=args.trace_limit)
     chats = conversation_chats(
@@ -671,6 +703,8 @@ def main() -> None:
     for part in parts:
         if part == "throughput":
             part_throughput(args, report, smg, model_dir, prompts)
+        elif part == "unary":
+            part_unary(args, report, smg, model_dir, prompts)
         elif part == "multiturn":
             part_multiturn(args, report, smg, model_dir, words)
         elif part == "longprompt":

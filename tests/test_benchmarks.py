@@ -45,7 +45,7 @@ TINY_RUNS: dict[str, str] = {
     "token_path_bench.py": "--tokens 50 --runs 1",
     "transport_bench.py": "--messages 50 --runs 1",
     "ttft_breakdown.py": "--requests 2",
-    "vs_smg.py": "--smg {smg} --parts latency,longprompt --rounds 1 --latency-requests 2 --long-requests 2 --long-mocks 1",
+    "vs_smg.py": "--smg {smg} --parts latency,longprompt,unary --rounds 1 --seconds 1 --latency-requests 2 --long-requests 2 --long-mocks 1",
     "call_counts.py": "--requests 2 --concurrency 1 --tokens 4",
 }
 
