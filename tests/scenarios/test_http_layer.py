@@ -254,8 +254,8 @@ async def test_streamed_bodies_go_straight_to_the_connection_and_http10_clients_
     aio_loop, nursery, monkeypatch
 ):
     """Under `serve`, SSE events are written as chunk frames by the project, not as ASGI messages
-    through hypercorn and h11 (only the body's end goes that way); an HTTP/1.0 client,
-    whose body h11 delimits by closing, is served through ASGI as before."""
+    through hypercorn and h11, and so are the stream's head and end, and a whole JSON answer; an
+    HTTP/1.0 client, whose body h11 delimits by closing, is served through ASGI as before."""
     from hypercorn.protocol import h11 as hypercorn_h11
     from hypercorn.protocol.events import Body
 
@@ -271,13 +271,14 @@ async def test_streamed_bodies_go_straight_to_the_connection_and_http10_clients_
     base = await start_frontend(nursery, *FAST)
     async with httpx.AsyncClient(base_url=base, timeout=30) as client:
         model = await model_of(client)
+        assert bodies == [], "the model list (a whole JSON answer) went straight to the connection"
         body = chat(model, max_tokens=12, stream=True)
         async with client.stream("POST", "/v1/chat/completions", json=body) as response:
             assert response.headers["transfer-encoding"] == "chunked"
             lines = [line async for line in response.aiter_lines() if line]
         events = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
         assert lines[-1] == "data: [DONE]" and events[-1]["choices"][0]["finish_reason"] == "length"
-        assert len(events) > 2 and len(bodies) == 1, "only the body's end went through ASGI"
+        assert len(events) > 2 and bodies == [], "nothing of the stream went through ASGI"
         # the connection stays usable for the next request (h11 saw the whole response end)
         assert (await client.get("/v1/models")).status_code == 200
     bodies.clear()
