@@ -46,6 +46,8 @@ NOT_A_CALL = [
     ("deepseek_v4", "<｜DSML｜tool_calls>prose</｜DSML｜tool_calls>"),
     ("hunyuan", "<tool_calls><tool_call>two words<tool_sep></tool_call></tool_calls>"),
     ("hunyuan", "<tool_callsign> is not markup"),
+    ("hunyuan", "<tool_calls></tool_calls>"),  # a section with no call (found by the fuzz test)
+    ("hy4", "before <tool_calls:opensource>\n</tool_calls:opensource> after"),
     ("seed_oss", "<seed:tool_call>\nnot a function\n</seed:tool_call>"),
     ("kimi_k3", '<|open|>tools<|sep|><|open|>argument key="a"<|sep|>1<|close|>argument<|sep|>'),
     ("kimi_k3", "<|open|>think<|sep|>a channel that is not framing<|close|>think<|sep|>"),

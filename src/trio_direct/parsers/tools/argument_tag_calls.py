@@ -426,6 +426,8 @@ class HunyuanParser(XmlArgumentCalls):
             if self._mark is None:
                 self._begin_attempt(self._pos - len(found), self._pos)
             self._state = self._name
+        elif found and self._mark is not None:  # `<tool_calls></tool_calls>`: no call, so content
+            return self._fail()
         elif found:
             self._state = self._content
         elif self._mark is not None:
