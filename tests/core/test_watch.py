@@ -12,10 +12,10 @@ from trio_direct.engine.errors import EngineStalled
 
 
 class Call:
-    def __init__(self, client, opened_at: float, *, bootstrap=None, first_chunk_at=None) -> None:
+    def __init__(self, client, opened_at: float, *, bootstrap=None, first_chunk_at=None, stream=True) -> None:
         self.client = client
         self.opened_at = opened_at
-        self.request = SimpleNamespace(bootstrap=bootstrap)
+        self.request = SimpleNamespace(bootstrap=bootstrap, stream=stream)
         self.first_chunk_at = first_chunk_at
         self.stalled: list = []
 
@@ -58,6 +58,30 @@ def test_a_disaggregated_leg_is_watched_from_its_first_message():
     watch.call_opened(streaming)  # type: ignore[arg-type]  # a stand-in call
     watch.check(0.0, 100.0)
     assert waiting.stalled == [] and len(streaming.stalled) == 1
+
+
+def test_a_call_asked_for_its_answer_whole_is_judged_by_a_health_check_asked_for_at_once():
+    """A non-streamed answer's call sends its one message at its end, however long it generates:
+    the idle timeout cannot tell it from a hung engine. The engine's health is checked at once
+    instead (once per idle timeout), and a check that goes unanswered fails the call."""
+    hung, busy = engine(0.0), engine(125.0)  # `busy` delivered output on another call lately
+    watch = StreamWatch(stall_timeout=30.0)
+    asked: list = []
+    watch.on_quiet.append(asked.append)
+    whole, streamed = Call(hung, opened_at=0.0, stream=False), Call(hung, opened_at=0.0)
+    generating = Call(busy, opened_at=0.0, stream=False)
+    for call in (whole, streamed, generating):
+        watch.call_opened(call)  # type: ignore[arg-type]  # a stand-in call
+    watch.check(100.0, 100.0)
+    assert whole.stalled == [] and len(streamed.stalled) == 1 and generating.stalled == []
+    assert asked == [hung]  # the engine that delivered output lately is not asked about
+    watch.check(110.0, 110.0)
+    watch.check(129.0, 129.0)
+    assert asked == [hung]  # once per idle timeout
+    watch.check(131.0, 131.0)
+    assert asked == [hung, hung]
+    assert watch.quiet_calls(hung, since=50.0) == 1  # what the unanswered check asks
+    assert watch.fail_calls(hung, since=50.0, reason="probe unanswered") == 1 and len(whole.stalled) == 1
 
 
 def test_quiet_streams_are_woken_once_per_quiet_period():

@@ -238,3 +238,31 @@ async def test_an_unanswered_check_is_not_a_hang_without_open_calls_or_with_outp
         nursery.start_soon(output_during_the_check)
         await health.check(engine)
     assert engine.healthy and streaming.failed == []
+
+
+async def test_a_check_asked_for_by_the_watch_runs_at_once_in_the_engines_own_watch(autojump_clock, nursery):
+    """Calls that asked for their answer whole are quiet until their end: the watch asks for a
+    check of their engine now (`check_soon`) rather than at its next interval, and an unanswered
+    one finds the engine hung and fails its calls. Checks are never doubled."""
+    client = _BusyEngineClient()
+    client.last_output_at = -math.inf
+    engine = Engine("e0", SimpleNamespace(url="hung:1"), client)  # type: ignore[arg-type]
+    calls = _OpenCalls(2)
+    calls.on_quiet = []  # type: ignore[attr-defined]  # as `StreamWatch` offers it
+    health = EngineHealth(
+        Fleet([engine], model=None),  # type: ignore[arg-type]
+        pool=None,  # type: ignore[arg-type]
+        interval=600.0,
+        timeout=2.0,
+        calls=calls,
+    )
+    assert calls.on_quiet == [health.check_soon]  # type: ignore[attr-defined]
+    await nursery.start(health.run)
+    await trio.sleep(1.0)
+    started = trio.current_time()
+    health.check_soon(client)
+    health.check_soon(client)  # asked twice: one check
+    health.check_soon(object())  # another engine's client: nothing here
+    await trio.sleep(2.5)
+    assert not engine.healthy and len(calls.failed) == 1 and "hung" in calls.failed[0]
+    assert trio.current_time() - started < 600

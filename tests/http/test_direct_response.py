@@ -198,10 +198,9 @@ async def read_whole(stream: trio.SocketStream) -> bytes:
     with trio.fail_after(10):
         while True:
             head, found, body = received.partition(b"\r\n\r\n")
-            if found:
-                length = int(re.search(rb"(?i)\r\ncontent-length: *(\d+)", head + b"\r\n").group(1))
-                if len(body) >= length:
-                    return received
+            declared = re.search(rb"(?i)\r\ncontent-length: *(\d+)", head + b"\r\n")
+            if found and declared is not None and len(body) >= int(declared.group(1)):
+                return received
             received += await stream.receive_some(65536)
 
 

@@ -68,3 +68,21 @@ def _decoded_special(pool: ModelPool, choice) -> str:
     decoder = choice.output.decoder
     decoder.prepare()
     return decoder.push([special]) + decoder.flush()
+
+
+async def test_a_non_streamed_answer_is_asked_of_the_engine_whole_unless_its_tokens_are_read_as_they_come():
+    """One engine message instead of one per token; a stream, stop strings (matched as tokens come),
+    logprob rows, or no health checks to tell a quiet engine from a hung one keep it streamed."""
+    pool = pool_for("org/plain-model")
+
+    async def engine_streams(pool: ModelPool, **fields: object) -> bool:
+        body = {"model": "org/plain-model", "messages": [{"role": "user", "content": "Hi"}], **fields}
+        plan = await plan_chat(pool, decode_chat_request(json.dumps(body).encode()))
+        return all(choice.request.stream for choice in plan.choices)
+
+    assert not await engine_streams(pool)
+    assert not await engine_streams(pool, n=2, tools=TOOLS)
+    assert await engine_streams(pool, stream=True)
+    assert await engine_streams(pool, stop=["\n\n"])
+    assert await engine_streams(pool, logprobs=True)
+    assert await engine_streams(pool_for("org/plain-model", health_interval=0))

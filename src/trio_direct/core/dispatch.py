@@ -250,6 +250,9 @@ def _pair_with_prefill(decode_request: GenerateInput, route: Route[Worker]) -> E
     a prefill twin that asks the KV connector for a remote decode (`remote_decode_leg`)."""
     prefill_worker = route.prefill
     assert prefill_worker is not None
+    # The decode leg streams even for a non-streamed answer: a cancelled request's Abort waits for
+    # its first token (the KV transfer's end), and only a stream says when that came.
+    decode_request.stream = True
     if engine_api(prefill_worker.engine.client.api).handoff == "connector":
         return EngineLeg(prefill_worker.engine.client, remote_decode_leg(decode_request, prefill_worker.dp_rank))
     card = prefill_worker.engine.card

@@ -156,8 +156,9 @@ class _WatchedEmbed:
 
     __slots__ = ("client", "error", "opened_at", "scope")
 
-    #: What the watch reads of a call's request: no prefill/decode rendezvous to wait for.
-    request = SimpleNamespace(bootstrap=None)
+    #: What the watch reads of a call's request: no prefill/decode rendezvous to wait for, and
+    #: watched from its start as a stream is (one forward pass is short, unlike a whole generation).
+    request = SimpleNamespace(bootstrap=None, stream=True)
     first_chunk_at = None
 
     def __init__(self, client: EngineClient, scope: trio.CancelScope) -> None:

@@ -184,6 +184,13 @@ def plan_request(
         REQUEST_ID.set(id_prefix + key)
     else:
         key, tag, trace = context.key, context.tag, context.trace
+    # A non-streamed answer whose tokens nothing reads as they come (no stop string to match, no
+    # logprob rows to slice) is asked of the engine whole: one message instead of one per token or
+    # batch, each a gRPC message, a protobuf parse and a pass of the output pipeline. Such a call is
+    # quiet until its end, so only a health probe can tell its engine hung (`core.watch`): without
+    # health checks the engine streams. A disaggregated pair's decode leg streams all the same
+    # (`dispatch._pair_with_prefill`).
+    engine_stream = stream or bool(output.stop_strings) or return_logprob or pool.config.health_interval <= 0
     choices = []
     for prompt_index, prompt in enumerate(prompts):
         options = sampling
@@ -206,7 +213,7 @@ def plan_request(
                 rid=engine_rid(tag, key, index),  # fixed length: never a prefix of another rid
                 input_ids=prompt.token_ids,
                 sampling=options,
-                stream=True,
+                stream=engine_stream,
                 return_logprob=return_logprob,
                 top_logprobs_num=top_logprobs,
                 logprob_start_len=0 if return_logprob and prompt_logprobs else -1,

@@ -11,6 +11,11 @@ timer per token: SSE keep-alives for streams gone quiet, and engines that hang.
   until a health check passes. An engine that is merely slow on one request (queued behind others
   that stream) is not hung. Disaggregated legs are judged from their first message on: before it,
   a decode leg waits for its prefill by design, and a prefill leg sends only that message.
+- **Quiet calls asked whole** (a non-streamed answer, `core.plan`): their one message is their last,
+  so silence says nothing. When such calls have been open for ``--stream-idle-timeout`` on an
+  engine that delivered nothing on any call meanwhile, the engine's health is checked at once
+  (`on_quiet`, at most once per timeout): unanswered, the engine is hung and its calls fail
+  (`fleet.health`); answered, it is busy generating, and they wait.
 - **Hung engines, found by a health probe** (`fail_calls`): the health checks ask the watch whether
   an engine whose probe went unanswered has open calls and produced nothing during the probe; such
   an engine is hung, whatever ``--stream-idle-timeout`` says, and its calls are failed the same way.
@@ -66,6 +71,11 @@ class StreamWatch:
         self._calls: dict[Any, set[EngineCall]] = {}
         #: `run`'s nursery while it runs: where Aborts to hung engines are sent (`abort_later`).
         self._aborts: trio.Nursery | None = None
+        #: Told of an engine whose calls asked whole went quiet for the idle timeout (its pool's
+        #: health checks it now: `fleet.health.EngineHealth.check_soon`).
+        self.on_quiet: list[Callable[[Any], None]] = []
+        #: When each engine was last reported to `on_quiet` (trio time): once per idle timeout.
+        self._reported: dict[Any, float] = {}
 
     @property
     def tick(self) -> float:
@@ -108,16 +118,29 @@ class StreamWatch:
                     stream.woken_for = stream.last_write
         timeout = self.stall_timeout
         if timeout > 0:
+            for client, at in list(self._reported.items()):
+                if trio_now - at >= timeout:
+                    del self._reported[client]  # reported again after another idle timeout
             for client, calls in list(self._calls.items()):
                 if trio_now - client.last_output_at < timeout:
                     continue  # the engine delivered output lately: busy, not hung
+                long_open = [call for call in calls if trio_now - call.opened_at >= timeout]
                 stalled = [
-                    call for call in calls
-                    if trio_now - call.opened_at >= timeout
-                    and (call.request.bootstrap is None or call.first_chunk_at is not None)
+                    call for call in long_open
+                    if (call.request.bootstrap is None or call.first_chunk_at is not None)
+                    and (call.request.stream or call.first_chunk_at is not None)
                 ]  # fmt: skip
                 if stalled:
                     self._fail(client, stalled, timeout)
+                if any(not call.request.stream and call.first_chunk_at is None for call in long_open):
+                    self._report_quiet(client, trio_now)
+
+    def _report_quiet(self, client: Any, now: float) -> None:
+        if client in self._reported:
+            return
+        self._reported[client] = now
+        for listener in self.on_quiet:
+            listener(client)
 
     def _fail(self, client: Any, stalled: list[EngineCall], timeout: float) -> None:
         log.warning(

@@ -12,7 +12,9 @@ A health check that goes unanswered within `timeout` while the engine has open c
 nothing on any of them during the check means the engine is hung (stopped, deadlocked): it is marked
 down at once and its calls are failed (`OpenCalls.fail_calls`), so their requests retry or migrate
 in seconds instead of waiting as long as the hang lasts. An engine that answers its check is busy,
-however long its prefill takes, and one that streamed during the check is busy too.
+however long its prefill takes, and one that streamed during the check is busy too. Calls that
+asked for their answer whole stay silent until their end: when the watch finds such calls quiet on
+an engine for the idle timeout, it asks for a check of that engine at once (`check_soon`).
 
 Engines that were not up at start-up (`Fleet.pending`) are probed every `interval` instead; one
 whose probe works and whose card agrees with the fleet joins it (`Fleet.join`), and from then on is
@@ -97,6 +99,11 @@ class EngineHealth:
         self._watches: dict[str, trio.CancelScope] = {}
         #: `run`'s nursery while it runs: where engines that join later are watched (`watch`).
         self._nursery: trio.Nursery | None = None
+        #: Engine id -> set to check it before its interval is up (`check_soon`).
+        self._soon: dict[str, trio.Event] = {}
+        on_quiet = getattr(calls, "on_quiet", None)
+        if on_quiet is not None:
+            on_quiet.append(self.check_soon)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         try:
@@ -124,6 +131,7 @@ class EngineHealth:
             scope.cancel()
         self._failures.pop(engine.id, None)
         self._refused.pop(engine.id, None)
+        self._soon.pop(engine.id, None)
 
     async def _watch_within(self, engine: Engine, scope: trio.CancelScope) -> None:
         with scope:
@@ -137,8 +145,20 @@ class EngineHealth:
 
     async def _watch(self, engine: Engine) -> None:
         while True:
-            await trio.sleep(self.interval)
+            soon = self._soon[engine.id] = trio.Event()
+            with trio.move_on_after(self.interval):
+                await soon.wait()
             await self.check(engine)
+
+    def check_soon(self, client: Any) -> None:
+        """Check the engine of `client` now rather than at its next interval (the watch found calls
+        that asked for their answer whole quiet on it for the idle timeout). The check runs in the
+        engine's own watch, so a check under way is not doubled and `forget` stops it."""
+        for engine in self.fleet.engines:
+            if engine.client is client and engine.id in self._watches:
+                soon = self._soon.get(engine.id)
+                if soon is not None:
+                    soon.set()
 
     async def _watch_pending(self, pending: PendingEngine) -> None:
         """Probe until it joins, then watch it like any engine (the same task, so it ends with
