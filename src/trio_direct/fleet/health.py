@@ -101,6 +101,8 @@ class EngineHealth:
         self._nursery: trio.Nursery | None = None
         #: Engine id -> set to check it before its interval is up (`check_soon`).
         self._soon: dict[str, trio.Event] = {}
+        # A watch that reports engines whose calls asked whole went quiet (`StreamWatch.on_quiet`)
+        # gets its checks at once; an `OpenCalls` without that list only answers the checks' questions.
         on_quiet = getattr(calls, "on_quiet", None)
         if on_quiet is not None:
             on_quiet.append(self.check_soon)
