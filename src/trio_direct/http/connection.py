@@ -204,13 +204,8 @@ class DirectBody:
         connection = self._connection
         protocol = connection._http11
         assert protocol is not None
-        stream = cast(HTTPStream, protocol.stream)
-        cast(LastRequestConnection, protocol.connection).send_without_writing(h11.EndOfMessage())
-        stream.state = ASGIHTTPState.CLOSED
         frame = b"%x\r\n%b\r\n0\r\n\r\n" % (len(data), data) if data else b"0\r\n\r\n"
-        await connection._write(frame)
-        await stream.config.log.access(stream.scope, stream.response, time.time() - stream.start_time)
-        await stream.send(StreamClosed(stream_id=stream.stream_id))
+        await _end_directly(connection, protocol, cast(HTTPStream, protocol.stream), frame)
 
     async def write_last(self, data: bytes, end: Callable[[], Awaitable[None]]) -> None:
         """`data`, then the body's end by `end` (the ASGI message after which h11 writes the
@@ -242,17 +237,10 @@ async def start_direct_response(
     headers, ``Transfer-Encoding: chunked``), and h11's and hypercorn's states move as their own
     sends move them.
     """
-    connection = _current_connection.get()
-    if connection is None:
+    found = _unanswered_request(scope)
+    if found is None:
         return None
-    protocol = connection._http11
-    if protocol is None or cast(HTTP11Only, connection.protocol).refused:
-        return None
-    stream = protocol.stream
-    if type(stream) is not HTTPStream or stream.scope is not scope:
-        return None
-    if stream.closed or stream.state is not ASGIHTTPState.REQUEST:
-        return None
+    connection, protocol, stream = found
     head = protocol.direct_head(status, headers)
     if head is None:
         return None
@@ -275,27 +263,47 @@ async def send_direct_response(
     Through ASGI the same response costs two messages through hypercorn's layers, three h11 events
     and two writes. The caller shields it, as it shields any response's end.
     """
-    connection = _current_connection.get()
-    if connection is None:
+    found = _unanswered_request(scope)
+    if found is None:
         return False
-    protocol = connection._http11
-    if protocol is None or cast(HTTP11Only, connection.protocol).refused:
-        return False
-    stream = protocol.stream
-    if type(stream) is not HTTPStream or stream.scope is not scope:
-        return False
-    if stream.closed or stream.state is not ASGIHTTPState.REQUEST:
-        return False
+    connection, protocol, stream = found
     head = protocol.direct_head(status, headers, length=len(body))
     if head is None:
         return False
     stream.response = {"type": "http.response.start", "status": status, "headers": headers}
+    await _end_directly(connection, protocol, stream, head + body)
+    return True
+
+
+def _unanswered_request(scope: dict[str, Any]) -> tuple[GuardedConnection, HTTP11Protocol, HTTPStream] | None:
+    """The connection, protocol and stream of `scope`'s request under `trio-direct serve`, where it
+    is the connection's current request and no response to it began; None otherwise (plain
+    hypercorn, an HTTP/2 preface answered, a response under way or over)."""
+    connection = _current_connection.get()
+    if connection is None:
+        return None
+    protocol = connection._http11
+    if protocol is None or cast(HTTP11Only, connection.protocol).refused:
+        return None
+    stream = protocol.stream
+    if type(stream) is not HTTPStream or stream.scope is not scope:
+        return None
+    if stream.closed or stream.state is not ASGIHTTPState.REQUEST:
+        return None
+    return connection, protocol, stream
+
+
+async def _end_directly(
+    connection: GuardedConnection, protocol: HTTP11Protocol, stream: HTTPStream, last: bytes
+) -> None:
+    """End the response `last` ends (its last bytes, written here in one write) as hypercorn ends
+    one (`HTTPStream._send_closed`): h11's state at the end of the message, the access log, and the
+    stream closed, which readies the connection for its next request or closes it."""
     cast(LastRequestConnection, protocol.connection).send_without_writing(h11.EndOfMessage())
     stream.state = ASGIHTTPState.CLOSED
-    await connection._write(head + body)
+    await connection._write(last)
     await stream.config.log.access(stream.scope, stream.response, time.time() - stream.start_time)
     await stream.send(StreamClosed(stream_id=stream.stream_id))
-    return True
 
 
 def direct_body_writer() -> DirectBody | None:
