@@ -40,6 +40,21 @@ async def read_chunked(stream: trio.SocketStream) -> bytes:
     return received
 
 
+@pytest.fixture
+def writes(monkeypatch) -> list[bytes]:
+    """Each write `serve` makes to a client connection, as it goes on the wire (with the bytes held
+    for it)."""
+    written: list[bytes] = []
+    write = connection.GuardedConnection._write
+
+    async def recording(self, data: bytes) -> None:
+        written.append(self._held + data)
+        await write(self, data)
+
+    monkeypatch.setattr(connection.GuardedConnection, "_write", recording)
+    return written
+
+
 async def test_a_direct_stream_is_byte_for_byte_what_hypercorn_writes(start_server, app):
     port = await start_server()
     async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
@@ -123,16 +138,19 @@ async def test_a_header_h11_refuses_is_refused_as_through_asgi(start_server, app
     assert _comparable(direct) == _comparable(through_asgi)
 
 
-async def test_the_last_request_hypercorn_keeps_alive_for_is_answered_with_a_close(start_server, app, monkeypatch):
+@pytest.mark.parametrize(("path", "ending"), [(b"/direct-chunks", b"0\r\n\r\n"), (b"/direct-whole", b'"}')])
+async def test_the_last_request_hypercorn_keeps_alive_for_is_answered_with_a_close(
+    start_server, app, monkeypatch, path, ending
+):
     monkeypatch.setattr(hypercorn.config.Config, "keep_alive_max_requests", 2)
     port = await start_server()
     async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
-        await stream.send_all(get(b"/direct-chunks"))
-        await read_chunked(stream)
-        await stream.send_all(get(b"/direct-chunks"))
+        await stream.send_all(get(path))
+        await (read_chunked if b"chunks" in path else read_whole)(stream)
+        await stream.send_all(get(path))
         last = await read_to_eof(stream)
     assert app.direct == [True, False]
-    assert b"connection: close\r\n" in last and last.endswith(b"0\r\n\r\n")
+    assert b"connection: close\r\n" in last and last.endswith(ending)
 
 
 async def test_a_client_gone_before_the_end_is_seen_and_its_connection_released(start_server, app):
@@ -155,18 +173,10 @@ async def test_outside_serve_no_response_is_direct():
     assert await connection.start_direct_response({"type": "http"}, 200, []) is None
 
 
-async def test_a_streamed_chats_last_events_go_out_in_one_write_with_its_end(nursery, monkeypatch):
+async def test_a_streamed_chats_last_events_go_out_in_one_write_with_its_end(nursery, writes):
     """Under `serve`, the events that end a stream (the finish reason, usage, ``[DONE]``) go out in
     one write with the body's terminating chunk: a write is a system call and a wake-up of the
     client each. The head goes out first, alone, as soon as the request is on its engine."""
-    writes: list[bytes] = []
-    write = connection.GuardedConnection._write
-
-    async def recording(self, data: bytes) -> None:
-        writes.append(self._held + data)
-        await write(self, data)
-
-    monkeypatch.setattr(connection.GuardedConnection, "_write", recording)
     engine = await start_mock_engine(nursery, "--speedup", "inf")
     base = await start_frontend(nursery, "--engine-url", engine.url)
     host, port = base.removeprefix("http://").rsplit(":", 1)
@@ -204,15 +214,7 @@ async def read_whole(stream: trio.SocketStream) -> bytes:
             received += await stream.receive_some(65536)
 
 
-async def test_a_direct_whole_response_is_hypercorns_bytes_in_one_write(start_server, app, monkeypatch):
-    writes: list[bytes] = []
-    write = connection.GuardedConnection._write
-
-    async def recording(self, data: bytes) -> None:
-        writes.append(data)
-        await write(self, data)
-
-    monkeypatch.setattr(connection.GuardedConnection, "_write", recording)
+async def test_a_direct_whole_response_is_hypercorns_bytes_in_one_write(start_server, app, writes):
     port = await start_server()
     async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
         await stream.send_all(get(b"/whole"))
@@ -272,29 +274,9 @@ async def test_other_whole_responses_go_through_asgi_unchanged(start_server, app
     assert b"a\r\nb" not in direct
 
 
-async def test_the_last_kept_alive_request_gets_its_whole_answer_with_a_close(start_server, app, monkeypatch):
-    monkeypatch.setattr(hypercorn.config.Config, "keep_alive_max_requests", 2)
-    port = await start_server()
-    async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
-        await stream.send_all(get(b"/direct-whole"))
-        await read_whole(stream)
-        await stream.send_all(get(b"/direct-whole"))
-        last = await read_to_eof(stream)
-    assert app.direct == [True, False]
-    assert b"connection: close\r\n" in last and last.endswith(b'"}')
-
-
-async def test_non_streamed_chats_and_errors_are_answered_in_one_write_each(nursery, monkeypatch):
+async def test_non_streamed_chats_and_errors_are_answered_in_one_write_each(nursery, writes):
     """Under `serve`, a whole JSON answer (a non-streamed chat, an error) goes out as one write of
     head and body, on a connection kept alive across them."""
-    writes: list[bytes] = []
-    write = connection.GuardedConnection._write
-
-    async def recording(self, data: bytes) -> None:
-        writes.append(data)
-        await write(self, data)
-
-    monkeypatch.setattr(connection.GuardedConnection, "_write", recording)
     engine = await start_mock_engine(nursery, "--speedup", "inf")
     base = await start_frontend(nursery, "--engine-url", engine.url)
     host, port = base.removeprefix("http://").rsplit(":", 1)
