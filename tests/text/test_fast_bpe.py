@@ -7,6 +7,7 @@ ASCII character); the refusals are shown on tokenizers where tiktoken would real
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import random
@@ -22,6 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
+from trio_direct.text import fast_bpe
 from trio_direct.text.fast_bpe import (
     _O200K_PATTERN,
     COVERED,
@@ -409,3 +411,124 @@ def test_a_tiktoken_converted_vocabulary_qualifies_and_matches_hf(o200k_state: d
         20_000,
         *hf.encode("Hello", add_special_tokens=False).ids,
     ]
+
+
+# --- the lookahead-free pattern (4. in text.fast_bpe's docstring) ------------------------------------
+
+SPACES = [" ", "\t", "\n", "\r", "\x0b", "\x0c"]
+#: Every whitespace run of up to four of these characters: a split that differs at a run shows.
+SPACE_RUNS = ["".join(run) for n in range(1, 5) for run in itertools.product(" \t\n\r", repeat=n)]
+SPACED_FRAGMENTS = [
+    *SPACES, *SPACES, "  ", "   ", "\n\n", "\r\n", " \n", "\n ", "\n  ", "\t\t", " \t", "\n\t", "  \n",
+    "a", "word", " word", "Word", "42", "1234", "3.14", ".", "!", "?!", "...", "/", "'s", "'LL", "é",
+    "<|im_end|>", "<|im_start|>",
+]  # fmt: skip
+
+
+def _spaced_text(rng: random.Random) -> str:
+    return "".join(rng.choice(SPACED_FRAGMENTS) for _ in range(rng.randint(0, 24)))
+
+
+@pytest.fixture
+def cut_every_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cut a text wherever the proof allows, however short its parts (the tests' texts are short)."""
+    monkeypatch.setattr(fast_bpe, "_MIN_PART_CHARS", 0)
+
+
+@pytest.mark.usefixtures("cut_every_run")
+@pytest.mark.parametrize("pattern", sorted(TOTAL_PATTERNS))
+def test_cut_texts_split_by_the_lookahead_free_pattern_as_by_the_pattern(pattern: str) -> None:
+    """tiktoken with the pattern less its lookahead, on the parts, cuts the pieces the pattern cuts.
+
+    Every piece the pattern makes of these texts, and every whitespace run, is a token of its own
+    here, so a split that differs anywhere gives other ids.
+    """
+    rng = random.Random(pattern)
+    texts = [_spaced_text(rng) for _ in range(3000)]
+    split = pre_tokenizers.Split(__import__("tokenizers").Regex(pattern), behavior="isolated")
+    ranks = {bytes([b]): b for b in range(256)}
+    for piece in SPACE_RUNS:
+        ranks.setdefault(piece.encode(), len(ranks))
+    for text in texts:
+        for span in re.split(r"<\|im_end\|>|<\|im_start\|>", text):
+            for piece, _ in split.pre_tokenize_str(span):
+                ranks.setdefault(piece.encode(), len(ranks))
+    specials = {"<|im_end|>": len(ranks), "<|im_start|>": len(ranks) + 1}
+    encoding = tiktoken.Encoding("whole", pat_str=pattern, mergeable_ranks=ranks, special_tokens=specials)
+    free = tiktoken.Encoding(
+        "free",
+        pat_str=pattern.removesuffix(r"|\s+(?!\S)|\s+") + r"|\s+",
+        mergeable_ranks=ranks,
+        special_tokens=specials,
+    )
+    fast = fast_bpe.FastBPE(encoding, lookahead_free=free, cuts=fast_bpe.LookaheadCuts(pattern, specials))
+    cut = 0
+    for text in texts:
+        expected = encoding.encode(text, allowed_special="all")
+        assert fast.encode(text) == expected, repr(text)
+        cut += bool(fast_bpe.LookaheadCuts(pattern, specials)(text))
+    assert cut > 500  # the texts really were cut, not just encoded whole
+    # Without the cuts, the lookahead-free pattern alone splits some of these texts otherwise.
+    assert any(free.encode(t, allowed_special="all") != encoding.encode(t, allowed_special="all") for t in texts)
+
+
+@pytest.mark.usefixtures("cut_every_run")
+@pytest.mark.parametrize("name", ["gpt2", "llama3", "llama3-nfc"])
+def test_cut_texts_are_hf_ids(name: str) -> None:
+    hf, plan = _PLANNED[name]
+    assert plan.fast is not None
+    rng = random.Random(name)
+    for _ in range(1500):
+        text = _spaced_text(rng) + rng.choice(["", *WORDS]) + _spaced_text(rng)
+        assert plan.fast.encode(text) == hf.encode(text, add_special_tokens=False).ids, repr(text)
+
+
+@pytest.mark.usefixtures("cut_every_run")
+def test_cut_long_prompts_are_the_tiny_models_hf_ids(tiny: ModelTokenizer) -> None:
+    fast = tiny.fast_encoder
+    assert fast is not None
+    rng = random.Random(3)
+    paragraphs = ["  ".join(rng.choice(WORDS[:-1]) for _ in range(200)) for _ in range(5)]
+    texts = [
+        "\n\n".join(paragraphs), "\n    ".join(paragraphs), "\t\t".join(paragraphs) + "   ",
+        f"<|im_start|>user\n{'  '.join(paragraphs)}  <|im_end|>\n<|im_start|>assistant\n",
+    ]  # fmt: skip
+    for text in texts:
+        assert fast.encode(text) == tiny.tokenizer.encode(text, add_special_tokens=False).ids
+
+
+@pytest.mark.parametrize(
+    ("pattern", "text", "cuts"),
+    [
+        (GPT2_PATTERN, "a  b", [2]),  # "a", " ", " b": the run's last space goes with the word
+        (GPT2_PATTERN, "a \t\nb", [3]),
+        (GPT2_PATTERN, "a\n\nb c", [2]),
+        (GPT2_PATTERN, "a  <|im_end|>", []),  # the run ends its span: the pattern takes it whole
+        (GPT2_PATTERN, "a  ", []),
+        (GPT2_PATTERN, "a b\nc", []),  # single whitespace: the same either way
+        (LLAMA3_PATTERN, "a\n\nb", []),  # `\s*[\r\n]+` takes a run ending in a newline first
+        (LLAMA3_PATTERN, "a  \nb", []),
+        (LLAMA3_PATTERN, "a\n b", []),
+        (LLAMA3_PATTERN, "def f():\n    return  1", [12, 20]),
+        (_O200K_PATTERN, "x   y", [3]),
+        (GPT2_PATTERN, "a\u00a0 b", None),  # whitespace beyond ASCII: the whole pattern, uncut
+    ],
+)
+def test_where_texts_are_cut(pattern: str, text: str, cuts: list[int] | None) -> None:
+    assert fast_bpe.LookaheadCuts(pattern, ["<|im_end|>"])(text) == cuts
+
+
+def test_the_tiny_models_prose_prompt_is_one_lookahead_free_call(tiny: ModelTokenizer) -> None:
+    fast = tiny.fast_encoder
+    assert fast is not None and fast._lookahead_free is not None and fast._cuts is not None
+    prompt = "<|im_start|>user\n" + " ".join(WORDS[:-1] * 50) + "<|im_end|>\n<|im_start|>assistant\n"
+    assert fast._cuts(prompt) == []
+
+
+def test_added_tokens_with_whitespace_keep_the_whole_pattern() -> None:
+    state = json.loads(json.dumps(VARIANTS["gpt2"]))
+    next_id = max([*state["model"]["vocab"].values(), *(t["id"] for t in state["added_tokens"])]) + 1
+    state["added_tokens"].append({**state["added_tokens"][0], "id": next_id, "content": "<| |>"})
+    hf, plan = _plan(state)
+    assert plan.fast is not None and plan.fast._lookahead_free is None
+    assert plan.fast.encode("a  <| |>  b") == hf.encode("a  <| |>  b", add_special_tokens=False).ids

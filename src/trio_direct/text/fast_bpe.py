@@ -80,6 +80,36 @@ so tiktoken serves a tokenizer only when the conditions below hold, each checked
 When any output id is in `risky`, `encode` returns None and the caller encodes with HF. For the
 tiny model, the tokenizers HF's BpeTrainer made in the tests and o200k's vocabulary converted as
 transformers converts tiktoken vocabularies (Llama 3's, gpt-oss's), D is empty: no per-text check.
+
+4. Lookahead. Each pattern ends in `\\s+(?!\\S)|\\s+`, and that one lookahead puts the whole pattern on
+   fancy-regex's backtracking VM: tiktoken then spends ~45 % longer on a prose prompt than with the
+   same pattern less `\\s+(?!\\S)|` (call it P'), which the `regex` crate's automata run. P and P' pick
+   the same match at every position except where no earlier alternative matches, a whitespace run
+   of length R >= 2 starts there and a non-whitespace character follows it in the same span
+   (between added tokens): P takes R - 1 characters, leaving the last for the next piece (" word"),
+   P' takes R. A text without such a run (`LookaheadCuts` finds none) is split alike by both.
+
+   Elsewhere the text is cut before the last character c of each maximal whitespace run W (|W| >= 2)
+   that a non-whitespace character, not an added token, follows, and P' encodes the parts. Such a
+   cut is exact when P's own split of the whole text has a boundary before c: regex matches start
+   where the previous one ended, none of these patterns looks behind, and a match ending at the cut
+   is chosen alike with or without the text after it (at the cut, `(?!\\S)` sees whitespace or the
+   end, and passes both ways). The boundary:
+
+   - GPT-2's pattern: no alternative but the last two matches whitespace except one leading " "
+     before a non-whitespace character, so W's characters before c are matched by `\\s+(?!\\S)`,
+     which ends right before c. Every such W is cut.
+   - Llama 3's, Qwen2's and o200k's: `\\s*[\\r\\n]+` comes before the lookahead. When c is CR or LF,
+     it matches at every position of W; when only the character before c is, at every position
+     before c, and c alone is a run of one. P and P' agree on W, which is not cut. When neither is,
+     no alternative matches c with the character before it (one optional character before letters, or " " before
+     punctuation; CR, LF or "/" after punctuation; `\\s*[\\r\\n]+` ends in CR or LF; the lookahead
+     ends before c), so W is cut.
+
+   `LookaheadCuts` finds the runs at C speed (`str.find`); a text with whitespace beyond ASCII's
+   (U+00A0, U+2000...) is left to P, and added tokens that contain whitespace turn this off. A text
+   with many short runs (indented code) costs a tiktoken call per part, so above one cut per
+   `_MIN_PART_CHARS` characters it is encoded with P whole.
 """
 
 from __future__ import annotations
@@ -114,6 +144,20 @@ _O200K_PATTERN = "|".join((
 ))  # fmt: skip
 #: Split patterns whose matches tile any text (see the module docstring), as tokenizer.json spells them.
 TOTAL_PATTERNS = frozenset({GPT2_PATTERN, _LLAMA3_PATTERN, _QWEN2_PATTERN, _O200K_PATTERN})
+#: The alternatives each of them ends with, and what they become without the lookahead (4. above).
+_LOOKAHEAD_TAIL = r"|\s+(?!\S)|\s+"
+_LOOKAHEAD_FREE_TAIL = r"|\s+"
+#: The patterns where `\s*[\r\n]+` precedes the lookahead: a run ending in CR/LF never reaches it.
+_NEWLINE_RUNS_FIRST = frozenset({_LLAMA3_PATTERN, _QWEN2_PATTERN, _O200K_PATTERN})
+#: `\s` of the regex engines (Unicode White_Space), ASCII and not; str.isspace differs (U+001C-U+001F).
+_ASCII_SPACE = "\t\n\x0b\x0c\r "
+_OTHER_SPACE = "\x85\xa0\u1680" + "".join(map(chr, range(0x2000, 0x200B))) + "\u2028\u2029\u202f\u205f\u3000"
+_ASCII_SPACE_RUN = re.compile(f"[{re.escape(_ASCII_SPACE)}]+")
+#: Fewest characters per part, on average, for which cutting pays (a tiktoken call costs ~1 us; P
+#: costs ~25 ns a character more than P').
+_MIN_PART_CHARS = 128
+#: Fewest characters per whitespace character hopped to while looking for runs (~0.3 us a hop).
+_CHARS_PER_HOP = 32
 
 
 def _byte_level_alphabet() -> dict[str, int]:
@@ -132,10 +176,69 @@ def _byte_level_alphabet() -> dict[str, int]:
 _CHAR_TO_BYTE = _byte_level_alphabet()
 
 
+class LookaheadCuts:
+    """Where a text may be cut so that a pattern less its lookahead splits it as the pattern does
+    (4. in the module docstring): sans-IO, one per tokenizer.
+
+    Every whitespace run of two or more characters holds two spaces in a row or one of the other
+    ASCII whitespace characters. Runs of spaces are found by `str.find("  ")`; the others by
+    hopping from one occurrence of such a character to the next (`str.find` of one character is a
+    `memchr`, where a two-character search reads every character). A text with more of them than
+    cutting pays for is left to the whole pattern.
+    """
+
+    __slots__ = ("_hopped", "_newline_runs_first", "_special_at")
+
+    def __init__(self, pattern: str, specials: Iterable[str]) -> None:
+        self._newline_runs_first = pattern in _NEWLINE_RUNS_FIRST
+        #: With `\s*[\r\n]+` first, a run is cut only where its last two characters are neither CR
+        #: nor LF; such a run holds two spaces or a tab, vertical tab or form feed.
+        self._hopped = "\t\x0b\x0c" if self._newline_runs_first else "\t\x0b\x0c\n\r"
+        alternatives = sorted(specials, key=len, reverse=True)
+        self._special_at = re.compile("|".join(map(re.escape, alternatives))).match if alternatives else None
+
+    def __call__(self, text: str) -> list[int] | None:
+        """The offsets to cut `text` at, in order; None when it has whitespace other than ASCII's,
+        or so many runs that the whole pattern costs less."""
+        if not text.isascii() and any(space in text for space in _OTHER_SPACE):
+            return None
+        size = len(text)
+        run = _ASCII_SPACE_RUN.match
+        ends: set[int] = set()  # where each run of two or more ends
+        at = text.find("  ")
+        while at >= 0:
+            end = run(text, at).end()  # type: ignore[union-attr]  # a space matches
+            ends.add(end)
+            at = text.find("  ", end)
+        hops = max(16, size // _CHARS_PER_HOP)
+        for char in self._hopped:
+            at = text.find(char)
+            while at >= 0:
+                hops -= 1
+                if hops < 0:
+                    return None
+                if (at + 1 < size and text[at + 1] in _ASCII_SPACE) or (at and text[at - 1] in _ASCII_SPACE):
+                    end = run(text, at).end()  # type: ignore[union-attr]  # the run's end, from anywhere in it
+                    ends.add(end)
+                    at = text.find(char, end)
+                else:
+                    at = text.find(char, at + 1)
+        special_at = self._special_at
+        newline_runs_first = self._newline_runs_first
+        cuts = []
+        for end in sorted(ends):
+            if end == size or (special_at is not None and special_at(text, end)):
+                continue  # the run ends its span: the pattern takes it whole, as P' does
+            if newline_runs_first and (text[end - 2] in "\r\n" or text[end - 1] in "\r\n"):
+                continue
+            cuts.append(end - 1)
+        return cuts
+
+
 class FastBPE:
     """tiktoken for one tokenizer, for the texts the proof covers; `encode` is None for the rest."""
 
-    __slots__ = ("_encoding", "_nfc", "_risky", "_specials", "prefix_ids", "suffix_ids")
+    __slots__ = ("_cuts", "_encoding", "_lookahead_free", "_nfc", "_risky", "_specials", "prefix_ids", "suffix_ids")
 
     def __init__(
         self,
@@ -145,8 +248,13 @@ class FastBPE:
         prefix_ids: Sequence[int] | None = None,
         suffix_ids: Sequence[int] = (),
         nfc: bool = False,
+        lookahead_free: Any = None,
+        cuts: LookaheadCuts | None = None,
     ) -> None:
         self._encoding = encoding
+        #: The same encoding with the pattern less its lookahead, and where texts are cut for it.
+        self._lookahead_free = lookahead_free if cuts is not None else None
+        self._cuts = cuts
         self._nfc = nfc
         self._specials = frozenset(encoding.special_tokens_set)
         self._risky = risky
@@ -170,11 +278,32 @@ class FastBPE:
         prefix = self.prefix_ids
         if add_special_tokens and prefix is None:
             return None
-        ids: list[int] = self._encoding.encode(text, allowed_special=self._specials, disallowed_special=())
+        ids = self._split_and_encode(text)
         if self._risky and not self._risky.isdisjoint(ids):
             return None
         if add_special_tokens and (prefix or self.suffix_ids):
             return [*prefix, *ids, *self.suffix_ids]  # type: ignore[misc]
+        return ids
+
+    def _split_and_encode(self, text: str) -> list[int]:
+        """tiktoken's ids for `text`: by the lookahead-free pattern where the text is cut for it,
+        else by the tokenizer's own pattern."""
+        specials = self._specials
+        fast, find_cuts = self._lookahead_free, self._cuts
+        cuts = None if fast is None or find_cuts is None else find_cuts(text)
+        ids: list[int]
+        if fast is None or cuts is None or len(cuts) * _MIN_PART_CHARS > len(text):
+            ids = self._encoding.encode(text, allowed_special=specials, disallowed_special=())
+            return ids
+        if not cuts:
+            ids = fast.encode(text, allowed_special=specials, disallowed_special=())
+            return ids
+        ids = []
+        start = 0
+        for cut in cuts:
+            ids += fast.encode(text[start:cut], allowed_special=specials, disallowed_special=())
+            start = cut
+        ids += fast.encode(text[start:], allowed_special=specials, disallowed_special=())
         return ids
 
 
@@ -261,7 +390,25 @@ def _plan(
     encoding = tiktoken.Encoding(
         "trio-direct-fast-bpe", pat_str=pattern, mergeable_ranks=ranks, special_tokens=specials
     )
-    fast = FastBPE(encoding, risky=frozenset(risky), prefix_ids=prefix_ids, suffix_ids=suffix_ids, nfc=nfc)
+    lookahead_free = cuts = None
+    spaces = _ASCII_SPACE + _OTHER_SPACE
+    if pattern.endswith(_LOOKAHEAD_TAIL) and not any(c in spaces for special in specials for c in special):
+        lookahead_free = tiktoken.Encoding(
+            "trio-direct-fast-bpe-lookahead-free",
+            pat_str=pattern.removesuffix(_LOOKAHEAD_TAIL) + _LOOKAHEAD_FREE_TAIL,
+            mergeable_ranks=ranks,
+            special_tokens=specials,
+        )
+        cuts = LookaheadCuts(pattern, specials)
+    fast = FastBPE(
+        encoding,
+        risky=frozenset(risky),
+        prefix_ids=prefix_ids,
+        suffix_ids=suffix_ids,
+        nfc=nfc,
+        lookahead_free=lookahead_free,
+        cuts=cuts,
+    )
     reason = (
         f"byte-level BPE with an exact tiktoken equivalent ({len(ranks)} tokens, {unlisted} with unlisted "
         f"splits, {differ} whose merge loops differ, {len(risky)} checked per text; texts in Latin scripts)"
