@@ -339,3 +339,57 @@ def test_the_cache_can_be_turned_off(tiny_dir):
     assert tokenizer.prompt_cache is None
     prompt = "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n"
     assert tokenizer.encode_prompt(prompt) == tokenizer.encode(prompt, add_special_tokens=False)
+
+
+# --- an encoder that cuts at added tokens itself (tiktoken) -------------------------------------------
+
+
+def test_with_tiktoken_a_prompts_new_segments_are_encoded_apart(tiny, monkeypatch):
+    """The tiny model's cache encodes each new segment on its own (no search of the whole prompt's
+    ids for its cut tokens), and gets a full encode's ids."""
+    cache = tiny.prompt_cache
+    assert cache is not None and cache._encode_parts is not None
+
+    def no_search(text, ids, occurrences, cuts):
+        assert not cuts, "the ids were searched for the cut tokens"
+        return []
+
+    monkeypatch.setattr(cache, "_segments", no_search)
+    cache.clear()
+    ascii_words = [w for w in _WORDS if w.isascii()]
+    prompts = []
+    for seed in range(3):
+        rng = random.Random(seed)
+        messages: list[dict[str, str]] = []
+        for _ in range(5):
+            messages.append({"role": "user", "content": " ".join(rng.choice(ascii_words) for _ in range(150))})
+            prompts.append(render_chat(tiny, messages))
+            messages.append({"role": "assistant", "content": " ".join(rng.choice(ascii_words) for _ in range(60))})
+    assert tiny.fast_encoder is not None and all(tiny.fast_encoder.encode(p) is not None for p in prompts)
+    assert_same_as_full_encode(tiny, prompts)
+    assert cache.stats.nodes > 0 and cache.stats.hits > 0
+
+
+def test_a_segment_tiktoken_does_not_cover_sends_the_prompt_down_the_general_path(tiny):
+    cache = tiny.prompt_cache
+    assert cache is not None
+    cache.clear()
+    rng = random.Random(5)
+    messages = [{"role": "user", "content": words(rng, 80) + " 中文字符 " + words(rng, 80)}]
+    prompt = render_chat(tiny, messages)
+    assert tiny.fast_encoder is not None and tiny.fast_encoder.encode(prompt) is None  # HF encodes it
+    assert_same_as_full_encode(tiny, [prompt])
+    assert cache.stats.nodes > 0 and cache.stats.unverified == 0  # cached by the general path
+
+
+def test_parts_that_do_not_end_with_their_cut_token_are_not_trusted(tiny):
+    """An `encode_parts` that breaks its promise (here: drops each part's last id) is caught by the
+    check on each segment's last id; the general path encodes the prompt, as a full encode does."""
+
+    def full(text):
+        return tiny.encode(text, add_special_tokens=False)
+
+    cache = PromptPrefixCache(full, cut_tokens(tiny.tokenizer), encode_parts=lambda text: full(text)[:-1] or None)
+    for prompt in conversation(tiny, random.Random(9), 4):
+        assert cache.encode_packed(prompt) == (full(prompt), pack_ids(full(prompt)))
+    assert cache.stats.hits > 0

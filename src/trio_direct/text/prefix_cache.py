@@ -31,6 +31,14 @@ first. It is locked: prompts are encoded on worker threads as well as on the eve
 Each segment also keeps its ids packed as the engines' gRPC requests carry them (`encode_packed`,
 `engine.packed_ids`): a follow-up turn's request reuses the history's packed ids too, and packs
 only what it tokenized.
+
+With an encoder that itself cuts its input at added tokens before anything else (`encode_parts`:
+tiktoken, whose allowed special tokens are matched first and split the text into spans the regex
+and the merges never cross), the new part of a prompt is encoded segment by segment, and each
+segment's ids are its own encoding: the check is then that each one ends with its cut token's id.
+That skips searching the whole prompt's ids for every cut token's id (~0.3 ms for a new 19k-token
+prompt, where the encoding itself takes ~2.3 ms). A part that encoder does not cover (a text it
+returns None for) sends the prompt down the general path above.
 """
 
 from __future__ import annotations
@@ -200,10 +208,15 @@ class PromptPrefixCache:
         *,
         max_bytes: int = DEFAULT_MAX_BYTES,
         min_segment_chars: int = DEFAULT_MIN_SEGMENT_CHARS,
+        encode_parts: Callable[[str], list[int] | None] | None = None,
     ) -> None:
+        """`encode_parts`: the same ids as `encode_uncached` (or None for a text it does not cover)
+        from an encoder whose ids of a text cut right after an added token are the ids of the two
+        parts, one after the other (see the module docstring)."""
         if not cut_token_ids:
             raise ValueError("a prefix cache needs at least one cut token")
         self._encode = encode_uncached
+        self._encode_parts = encode_parts
         self._ids = dict(cut_token_ids)
         # Longest first: no cut token contains another (cut_tokens), so the order only documents intent.
         self._pattern = re.compile("|".join(re.escape(t) for t in sorted(self._ids, key=len, reverse=True)))
@@ -224,12 +237,19 @@ class PromptPrefixCache:
         candidates: Iterable[str] | None = None,
         max_bytes: int = DEFAULT_MAX_BYTES,
         min_segment_chars: int = DEFAULT_MIN_SEGMENT_CHARS,
+        encode_parts: Callable[[str], list[int] | None] | None = None,
     ) -> PromptPrefixCache | None:
         """A cache for `tokenizer`, or None when no added token is a provably exact cut."""
         found = cut_tokens(tokenizer, candidates)
         if not found:
             return None
-        return cls(encode_uncached, found, max_bytes=max_bytes, min_segment_chars=min_segment_chars)
+        return cls(
+            encode_uncached,
+            found,
+            max_bytes=max_bytes,
+            min_segment_chars=min_segment_chars,
+            encode_parts=encode_parts,
+        )
 
     @property
     def cut_token_texts(self) -> tuple[str, ...]:
@@ -273,8 +293,13 @@ class PromptPrefixCache:
             cuts = [end - start for end in cuts if end > start]
         else:
             rest = text
-        rest_ids = self._encode(rest)
-        segments = self._segments(rest, rest_ids, occurrences, cuts)
+        parts = None if self._encode_parts is None or not cuts else self._encoded_in_parts(rest, occurrences, cuts)
+        segments: list[tuple[str, array, bytes | None]] | None
+        if parts is not None:
+            rest_ids, segments = parts
+        else:
+            rest_ids = self._encode(rest)
+            segments = self._segments(rest, rest_ids, occurrences, cuts)
         with self._lock:
             stats.prompts += 1
             stats.hits += start > 0
@@ -383,6 +408,41 @@ class PromptPrefixCache:
                 if target is None:
                     break
         return segments
+
+    def _encoded_in_parts(
+        self, text: str, occurrences: list[tuple[int, int]], cuts: list[int]
+    ) -> tuple[list[int], list[tuple[str, array, bytes | None]]] | None:
+        """`text`'s ids and its segments (as `_segments` makes them), each segment encoded on its
+        own by `encode_parts`; None when that encoder does not cover a part, or a segment's ids do
+        not end with its cut token's id (not to be expected of such an encoder: checked anyway)."""
+        encode = self._encode_parts
+        assert encode is not None
+        token_at = dict(occurrences)
+        ids: list[int] | None = None
+        segments = []
+        start = 0
+        for end in cuts:
+            piece = text[start:end]
+            piece_ids = encode(piece)
+            if not piece_ids or piece_ids[-1] != token_at[end]:
+                return None
+            try:  # struct packs a list of ints in ~half the time `array("i", ids)` takes
+                data = struct.pack(f"{len(piece_ids)}i", *piece_ids)
+            except struct.error:
+                return None
+            packed = array("i")
+            packed.frombytes(data)
+            segments.append((piece, packed, pack_ids(piece_ids)))
+            if ids is None:
+                ids = piece_ids  # the encoder's own list: no copy of the longest part
+            else:
+                ids += piece_ids
+            start = end
+        tail = encode(text[start:])
+        if tail is None or ids is None:
+            return None
+        ids += tail
+        return ids, segments
 
     def _touch(self, path: list[_Node]) -> None:
         """Mark `path` (root to leaf) used, children before parents: a parent is always more recent

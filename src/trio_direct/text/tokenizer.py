@@ -149,6 +149,8 @@ class ModelTokenizer:
                 partial(_encode_ids, tokenizer, add_special_tokens=False, fast=fast),
                 candidates=candidates,
                 max_bytes=prompt_cache_bytes,
+                # tiktoken cuts its input at added tokens first: a prompt's new segments encode apart.
+                encode_parts=None if fast is None else fast.encode,
             )
 
         return cls(
