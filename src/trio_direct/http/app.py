@@ -351,16 +351,24 @@ async def _answer_error(exchange: Exchange, route: HttpRoute, error: ApiError) -
 
 
 async def _read_body(receive: Receive, limit: int) -> bytes | None:
-    body = bytearray()
+    """The request's body, or None when the client left first. A body that came in one message is
+    that message's bytes (no copy: a long prompt's body is read whole, then parsed, on the loop)."""
+    chunks: list[bytes] = []
+    size = 0
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
             return None
-        body += message.get("body", b"")
-        if len(body) > limit:
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
             raise errors.payload_too_large(limit)
         if not message.get("more_body"):
-            return bytes(body)
+            if not chunks:
+                return bytes(chunk)  # `bytes` of bytes is the same object
+            chunks.append(chunk)
+            return b"".join(chunks)
+        chunks.append(chunk)
 
 
 async def _cancel_on_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
