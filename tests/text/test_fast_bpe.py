@@ -432,7 +432,7 @@ def _spaced_text(rng: random.Random) -> str:
 @pytest.fixture
 def cut_every_run(monkeypatch: pytest.MonkeyPatch) -> None:
     """Cut a text wherever the proof allows, however short its parts (the tests' texts are short)."""
-    monkeypatch.setattr(fast_bpe, "_MIN_PART_CHARS", 0)
+    monkeypatch.setattr(fast_bpe, "_MIN_PART_CHARS", 1)
 
 
 @pytest.mark.usefixtures("cut_every_run")
@@ -532,3 +532,16 @@ def test_added_tokens_with_whitespace_keep_the_whole_pattern() -> None:
     hf, plan = _plan(state)
     assert plan.fast is not None and plan.fast._lookahead_free is None
     assert plan.fast.encode("a  <| |>  b") == hf.encode("a  <| |>  b", add_special_tokens=False).ids
+
+
+def test_indented_code_is_encoded_whole_without_a_search_of_every_run(tiny: ModelTokenizer) -> None:
+    """Runs as dense as indentation do not pay a tiktoken call each: the search gives up early, and
+    the whole pattern encodes the text (the same ids)."""
+    code = "def f(x):\n    if x:\n        return  x\n    return 0\n" * 400
+    for pattern in (GPT2_PATTERN, LLAMA3_PATTERN):
+        assert fast_bpe.LookaheadCuts(pattern, [])(code) is None
+    fast = tiny.fast_encoder
+    assert fast is not None
+    assert fast.encode(code) == tiny.tokenizer.encode(code, add_special_tokens=False).ids
+    sparse = ("word " * 60 + "  word\n") * 20  # a run every ~300 characters: cut
+    assert len(fast_bpe.LookaheadCuts(GPT2_PATTERN, [])(sparse) or []) == 20

@@ -109,7 +109,12 @@ transformers converts tiktoken vocabularies (Llama 3's, gpt-oss's), D is empty: 
    `LookaheadCuts` finds the runs at C speed (`str.find`); a text with whitespace beyond ASCII's
    (U+00A0, U+2000...) is left to P, and added tokens that contain whitespace turn this off. A text
    with many short runs (indented code) costs a tiktoken call per part, so above one cut per
-   `_MIN_PART_CHARS` characters it is encoded with P whole.
+   `_MIN_PART_CHARS` characters it is encoded with P whole, and the search for runs stops as soon
+   as they come that densely.
+
+   Measured (CPU time, min of 5): prose of the benchmarks' words, tiny model (GPT-2's pattern)
+   1.5x faster; with o200k's vocabulary, Llama 3's pattern 1.25-1.3x, o200k's own 1.05-1.1x;
+   Markdown documentation 1.0-1.15x; Python source unchanged (encoded whole).
 """
 
 from __future__ import annotations
@@ -158,6 +163,8 @@ _ASCII_SPACE_RUN = re.compile(f"[{re.escape(_ASCII_SPACE)}]+")
 _MIN_PART_CHARS = 128
 #: Fewest characters per whitespace character hopped to while looking for runs (~0.3 us a hop).
 _CHARS_PER_HOP = 32
+#: Runs found before their density so far may end the search (more than one per `_MIN_PART_CHARS`).
+_DENSE_RUNS = 64
 
 
 def _byte_level_alphabet() -> dict[str, int]:
@@ -205,13 +212,18 @@ class LookaheadCuts:
         size = len(text)
         run = _ASCII_SPACE_RUN.match
         ends: set[int] = set()  # where each run of two or more ends
+        found = 0
         at = text.find("  ")
         while at >= 0:
             end = run(text, at).end()  # type: ignore[union-attr]  # a space matches
             ends.add(end)
+            found += 1
+            if found >= _DENSE_RUNS and found * _MIN_PART_CHARS > end:
+                return None  # runs this dense (indented code): cutting would not pay, nor looking further
             at = text.find("  ", end)
         hops = max(16, size // _CHARS_PER_HOP)
         for char in self._hopped:
+            found = 0
             at = text.find(char)
             while at >= 0:
                 hops -= 1
@@ -220,6 +232,9 @@ class LookaheadCuts:
                 if (at + 1 < size and text[at + 1] in _ASCII_SPACE) or (at and text[at - 1] in _ASCII_SPACE):
                     end = run(text, at).end()  # type: ignore[union-attr]  # the run's end, from anywhere in it
                     ends.add(end)
+                    found += 1
+                    if found >= _DENSE_RUNS and found * _MIN_PART_CHARS > end:
+                        return None
                     at = text.find(char, end)
                 else:
                     at = text.find(char, at + 1)
