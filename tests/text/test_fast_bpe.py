@@ -162,6 +162,7 @@ def test_multi_turn_prompts_through_the_prefix_cache_are_hf_ids(tiny_dir: Path) 
 def test_trained_tokenizers_qualify_and_match_hf(name: str) -> None:
     hf, plan = _plan(VARIANTS[name])
     assert plan.fast is not None, plan.reason
+    assert plan.fast._lookahead_free is not None  # GPT-2's and Llama 3's patterns go without it
     rng = random.Random(name)
     for _ in range(400):
         text = "".join(
@@ -391,6 +392,7 @@ def test_a_tiktoken_converted_vocabulary_qualifies_and_matches_hf(o200k_state: d
     hf, plan = _plan(state)
     assert plan.fast is not None, plan.reason
     assert "0 whose merge loops differ, 0 checked per text" in plan.reason
+    assert plan.fast._lookahead_free is None  # o200k's pattern keeps its lookahead: no faster without
     rng = random.Random(variant)
     words = [w for w in (hf.decode([i]) for i in range(256, 20_000, 7)) if w.isprintable()]
     for _ in range(300):

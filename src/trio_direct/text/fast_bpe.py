@@ -112,9 +112,13 @@ transformers converts tiktoken vocabularies (Llama 3's, gpt-oss's), D is empty: 
    `_MIN_PART_CHARS` characters it is encoded with P whole, and the search for runs stops as soon
    as they come that densely.
 
-   Measured (CPU time, min of 5): prose of the benchmarks' words, tiny model (GPT-2's pattern)
-   1.5x faster; with o200k's vocabulary, Llama 3's pattern 1.25-1.3x, o200k's own 1.05-1.1x;
-   Markdown documentation 1.0-1.15x; Python source unchanged (encoded whole).
+   o200k's pattern keeps its lookahead: without it, it measured no faster (its other alternatives
+   cost as much either way), and looking for runs would be a loss.
+
+   Measured (`benchmarks/text_pipeline_bench.py`, CPU time, best of 5, against the same checks with
+   the whole pattern): prose 1.45-1.5x faster with GPT-2's pattern (the tiny model), 1.3x with Llama
+   3's (o200k's vocabulary); Markdown documentation and Python source 0.96-0.99x (their runs are
+   too dense to cut with profit: the search for them is what they pay).
 """
 
 from __future__ import annotations
@@ -154,17 +158,20 @@ _LOOKAHEAD_TAIL = r"|\s+(?!\S)|\s+"
 _LOOKAHEAD_FREE_TAIL = r"|\s+"
 #: The patterns where `\s*[\r\n]+` precedes the lookahead: a run ending in CR/LF never reaches it.
 _NEWLINE_RUNS_FIRST = frozenset({_LLAMA3_PATTERN, _QWEN2_PATTERN, _O200K_PATTERN})
+#: The patterns encoded without their lookahead where the text allows (o200k's is measured no faster:
+#: its other alternatives cost as much either way).
+_LOOKAHEAD_FREE_PATTERNS = frozenset({GPT2_PATTERN, _LLAMA3_PATTERN, _QWEN2_PATTERN})
 #: `\s` of the regex engines (Unicode White_Space), ASCII and not; str.isspace differs (U+001C-U+001F).
 _ASCII_SPACE = "\t\n\x0b\x0c\r "
 _OTHER_SPACE = "\x85\xa0\u1680" + "".join(map(chr, range(0x2000, 0x200B))) + "\u2028\u2029\u202f\u205f\u3000"
 _ASCII_SPACE_RUN = re.compile(f"[{re.escape(_ASCII_SPACE)}]+")
-#: Fewest characters per part, on average, for which cutting pays (a tiktoken call costs ~1 us; P
-#: costs ~25 ns a character more than P').
-_MIN_PART_CHARS = 128
-#: Fewest characters per whitespace character hopped to while looking for runs (~0.3 us a hop).
-_CHARS_PER_HOP = 32
+#: Fewest characters per part, on average, for which cutting pays: a part costs ~3 us (a tiktoken
+#: call, slicing, joining), P costs ~10-20 ns a character more than P'.
+_MIN_PART_CHARS = 256
+#: Fewest characters per tab, CR, vertical tab or form feed hopped to while looking for runs.
+_CHARS_PER_HOP = 128
 #: Runs found before their density so far may end the search (more than one per `_MIN_PART_CHARS`).
-_DENSE_RUNS = 64
+_DENSE_RUNS = 16
 
 
 def _byte_level_alphabet() -> dict[str, int]:
@@ -194,13 +201,15 @@ class LookaheadCuts:
     cutting pays for is left to the whole pattern.
     """
 
-    __slots__ = ("_hopped", "_newline_runs_first", "_special_at")
+    __slots__ = ("_hopped", "_newline_runs_first", "_pairs", "_special_at")
 
     def __init__(self, pattern: str, specials: Iterable[str]) -> None:
         self._newline_runs_first = pattern in _NEWLINE_RUNS_FIRST
         #: With `\s*[\r\n]+` first, a run is cut only where its last two characters are neither CR
-        #: nor LF; such a run holds two spaces or a tab, vertical tab or form feed.
-        self._hopped = "\t\x0b\x0c" if self._newline_runs_first else "\t\x0b\x0c\n\r"
+        #: nor LF; such a run holds two spaces or a tab, vertical tab or form feed. Otherwise any
+        #: run is: LF, common in prose, is found in pairs with itself and spaces, not hopped to.
+        self._pairs = ("  ",) if self._newline_runs_first else ("  ", "\n\n", " \n", "\n ")
+        self._hopped = "\t\x0b\x0c" if self._newline_runs_first else "\t\x0b\x0c\r"
         alternatives = sorted(specials, key=len, reverse=True)
         self._special_at = re.compile("|".join(map(re.escape, alternatives))).match if alternatives else None
 
@@ -212,15 +221,16 @@ class LookaheadCuts:
         size = len(text)
         run = _ASCII_SPACE_RUN.match
         ends: set[int] = set()  # where each run of two or more ends
-        found = 0
-        at = text.find("  ")
-        while at >= 0:
-            end = run(text, at).end()  # type: ignore[union-attr]  # a space matches
-            ends.add(end)
-            found += 1
-            if found >= _DENSE_RUNS and found * _MIN_PART_CHARS > end:
-                return None  # runs this dense (indented code): cutting would not pay, nor looking further
-            at = text.find("  ", end)
+        for pair in self._pairs:
+            found = 0
+            at = text.find(pair)
+            while at >= 0:
+                end = run(text, at).end()  # type: ignore[union-attr]  # the pair matches
+                ends.add(end)
+                found += 1
+                if found >= _DENSE_RUNS and found * _MIN_PART_CHARS > end:
+                    return None  # runs this dense (indented code): cutting would not pay, nor looking further
+                at = text.find(pair, end)
         hops = max(16, size // _CHARS_PER_HOP)
         for char in self._hopped:
             found = 0
@@ -407,7 +417,7 @@ def _plan(
     )
     lookahead_free = cuts = None
     spaces = _ASCII_SPACE + _OTHER_SPACE
-    if pattern.endswith(_LOOKAHEAD_TAIL) and not any(c in spaces for special in specials for c in special):
+    if pattern in _LOOKAHEAD_FREE_PATTERNS and not any(c in spaces for special in specials for c in special):
         lookahead_free = tiktoken.Encoding(
             "trio-direct-fast-bpe-lookahead-free",
             pat_str=pattern.removesuffix(_LOOKAHEAD_TAIL) + _LOOKAHEAD_FREE_TAIL,
