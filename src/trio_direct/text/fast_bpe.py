@@ -102,9 +102,9 @@ transformers converts tiktoken vocabularies (Llama 3's, gpt-oss's), D is empty: 
    - Llama 3's, Qwen2's and o200k's: `\\s*[\\r\\n]+` comes before the lookahead. When c is CR or LF,
      it matches at every position of W; when only the character before c is, at every position
      before c, and c alone is a run of one. P and P' agree on W, which is not cut. When neither is,
-     no alternative matches c with the character before it (one optional character before letters, or " " before
-     punctuation; CR, LF or "/" after punctuation; `\\s*[\\r\\n]+` ends in CR or LF; the lookahead
-     ends before c), so W is cut.
+     no alternative matches c with the character before it (one optional character before letters,
+     or " " before punctuation; CR, LF or "/" after punctuation; `\\s*[\\r\\n]+` ends in CR or LF;
+     the lookahead ends before c), so W is cut.
 
    `LookaheadCuts` finds the runs at C speed (`str.find`); a text with whitespace beyond ASCII's
    (U+00A0, U+2000...) is left to P, and added tokens that contain whitespace turn this off. A text
@@ -194,11 +194,11 @@ class LookaheadCuts:
     """Where a text may be cut so that a pattern less its lookahead splits it as the pattern does
     (4. in the module docstring): sans-IO, one per tokenizer.
 
-    Every whitespace run of two or more characters holds two spaces in a row or one of the other
-    ASCII whitespace characters. Runs of spaces are found by `str.find("  ")`; the others by
-    hopping from one occurrence of such a character to the next (`str.find` of one character is a
-    `memchr`, where a two-character search reads every character). A text with more of them than
-    cutting pays for is left to the whole pattern.
+    Every whitespace run of two or more characters holds two adjacent characters of it: two of
+    space and LF are found by `str.find` of the pair, a run with a tab, CR, vertical tab or form
+    feed by hopping from one of those (rare) characters to the next (`str.find` of one character is
+    a `memchr`, where a two-character search reads every character). A text with more runs than
+    cutting pays for is left to the whole pattern, as soon as that shows.
     """
 
     __slots__ = ("_hopped", "_newline_runs_first", "_pairs", "_special_at")
