@@ -39,5 +39,5 @@ async def test_a_body_over_the_limit_is_refused_as_it_arrives() -> None:
 
 
 async def test_a_client_gone_before_the_end_gives_none() -> None:
-    messages = [{"type": "http.request", "body": b"x", "more_body": True}, {"type": "http.disconnect"}]
-    assert await _read_body(_receive(*messages), 100) is None
+    first = {"type": "http.request", "body": b"x", "more_body": True}
+    assert await _read_body(_receive(first, {"type": "http.disconnect"}), 100) is None
