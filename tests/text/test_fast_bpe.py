@@ -423,7 +423,7 @@ SPACE_RUNS = ["".join(run) for n in range(1, 5) for run in itertools.product(" \
 SPACED_FRAGMENTS = [
     *SPACES, *SPACES, "  ", "   ", "\n\n", "\r\n", " \n", "\n ", "\n  ", "\t\t", " \t", "\n\t", "  \n",
     "a", "word", " word", "Word", "42", "1234", "3.14", ".", "!", "?!", "...", "/", "'s", "'LL", "é",
-    "<|im_end|>", "<|im_start|>",
+    "<|im_end|>", "<|im_start|>", "\x1c", " \x1f", "\x85", "\u00a0 ", "\u2003",
 ]  # fmt: skip
 
 
