@@ -520,6 +520,34 @@ def test_where_texts_are_cut(pattern: str, text: str, cuts: list[int] | None) ->
     assert fast_bpe.LookaheadCuts(pattern, ["<|im_end|>"])(text) == cuts
 
 
+@pytest.mark.usefixtures("cut_every_run")
+def test_long_texts_are_cut_after_every_run_across_the_masked_windows() -> None:
+    """GPT-2's pattern finds runs by masking a long text a window at a time (each 4x the last):
+    every run of two or more is cut before its last character, wherever the windows end, with
+    Latin-1 and other scripts in the text (one masked byte a character either way)."""
+    cuts = fast_bpe.LookaheadCuts(GPT2_PATTERN, ["<|im_end|>"])
+    rng = random.Random(11)
+    words = ["a", "word", "é", "жук", "中文", "😀", ".", "<|im_end|>"]
+    spaces = [" ", "  ", "\n", "\n\n", " \t", "\r\n", "\x0b\x0c", "   \n "]
+    edges = [2048, 2048 + 8192, 2048 + 8192 + 32768]
+    for trial in range(60):
+        text = "".join(rng.choice(words) + (rng.choice(spaces) if rng.random() < 0.3 else " ") for _ in range(12_000))
+        for edge in edges:  # a run across each window's edge, starting one to three characters before it
+            at = edge - 1 - trial % 3
+            text = text[:at] + "  \n " + text[at + 4 :]
+        expected = [
+            run.end() - 1
+            for run in re.finditer(r"[\t\n\x0b\x0c\r ]{2,}", text)
+            if run.end() < len(text) and not text.startswith("<|im_end|>", run.end())
+        ]
+        assert cuts(text) == expected
+    plain = "word " * 12_000  # no run: the windows end at 2048, 10240 and 43008
+    for edge in edges:
+        for at in range(edge - 3, edge + 2):  # a run of two, in either window or across the edge
+            text = plain[: at - 1] + "x  y" + plain[at + 3 :]
+            assert cuts(text) == [at + 1]
+
+
 def test_the_tiny_models_prose_prompt_is_one_lookahead_free_call(tiny: ModelTokenizer) -> None:
     fast = tiny.fast_encoder
     assert fast is not None and fast._lookahead_free is not None and fast._cuts is not None
