@@ -202,6 +202,31 @@ def test_trailers_only_and_http_errors_and_resets():
     assert {a, b, c} <= set(pair.client.touched)
 
 
+def test_repeated_header_blocks_decode_as_the_table_says_when_it_changes():
+    """A server's repeated response headers and trailers are indexed-only blocks, kept decoded; a
+    block that adds to the table (a new message, evicting older entries) may give the same bytes
+    other fields afterwards, and every call still ends with exactly the status its server sent."""
+    pair = Pair()
+    pair.handshake()
+    rng = random.Random(7)
+    usual = [("0", ""), ("5", "gone"), ("14", "busy")]
+    for _ in range(400):
+        stream = pair.client.start_call(PATH, b"")
+        pair.to_server()
+        if rng.random() < 0.85:
+            status, message = rng.choice(usual)
+        else:
+            status, message = rng.choice(["3", "8", "13"]), "m" * rng.randint(1, 300) + str(rng.random())
+        pair.server.send_headers(stream.stream_id, [(":status", "200"), ("content-type", "application/grpc")])
+        pair.server.send_data(stream.stream_id, grpc_frame(b"x"))
+        trailers = [("grpc-status", status)] + ([("grpc-message", message)] if message else [])
+        pair.server.send_headers(stream.stream_id, trailers, end_stream=True)
+        pair.deliver()
+        assert stream.outcome == (wire._STATUS_NAMES[int(status)], message)
+        assert stream.response_headers == {":status": "200", "content-type": "application/grpc"}
+    assert pair.client._indexed_blocks  # the repeated blocks were served from the cache
+
+
 def test_pings_are_answered_and_ours_acknowledged():
     pair = Pair()
     pair.handshake()
