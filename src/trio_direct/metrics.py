@@ -6,6 +6,7 @@ read from the running frontend at scrape time (`FrontendCollector`), so they can
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -50,6 +51,49 @@ class Children:
                 self._children.clear()
             child = self._children[values] = self._metric.labels(*values)
         return child
+
+
+class HistogramTally:
+    """Observations of one histogram series (a `labels` child), tallied here and added to the
+    series together: every `FLUSH_EVERY` observations, and at `flush`.
+
+    For a series observed once per write of a stream (the inter-token gaps): prometheus's
+    `observe` scans the buckets and takes two locks, ~1.2 µs, where tallying is one `bisect` and
+    two additions (~0.3 µs). A scrape sees a stream's gaps up to `FLUSH_EVERY` writes late, and
+    all of them once it flushes at its end. Not thread-safe: one task owns a tally.
+    """
+
+    __slots__ = ("_series", "_bounds", "_counts", "_sum", "_pending")
+
+    FLUSH_EVERY = 64
+
+    def __init__(self, series: Any) -> None:
+        self._series = series
+        #: The series' bucket bounds, the last +Inf: an amount goes to the first bound >= it.
+        self._bounds: list[float] = series._upper_bounds
+        self._counts = [0] * len(self._bounds)
+        self._sum = 0.0
+        self._pending = 0
+
+    def observe(self, amount: float) -> None:
+        self._counts[bisect_left(self._bounds, amount)] += 1
+        self._sum += amount
+        self._pending += 1
+        if self._pending >= self.FLUSH_EVERY:
+            self.flush()
+
+    def flush(self) -> None:
+        """Add what was tallied to the series (as many `observe` calls would have)."""
+        if not self._pending:
+            return
+        series, counts = self._series, self._counts
+        series._sum.inc(self._sum)
+        for index, count in enumerate(counts):
+            if count:
+                series._buckets[index].inc(count)
+                counts[index] = 0
+        self._sum = 0.0
+        self._pending = 0
 
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)

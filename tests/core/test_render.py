@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import pytest
 import trio
 
+from trio_direct import metrics
 from trio_direct.config import ServeConfig
 from trio_direct.core.errors import ApiError
 from trio_direct.core.model_pool import ModelPool
@@ -223,6 +224,37 @@ async def test_a_caller_cancelled_mid_write_leaves_quietly_and_aborts_every_choi
     assert request.cancelled_caught  # nothing but the cancellation left the block
     assert sorted(client.aborted) == [c.request.rid for c in plan.choices]
     assert client.open_calls == 0 and not ledger.held
+
+
+def _gaps_counted() -> float:
+    return metrics.REGISTRY.get_sample_value("trio_direct_inter_token_latency_seconds_count", {"model": "m"}) or 0.0
+
+
+async def test_every_gap_between_writes_reaches_the_histogram_by_the_streams_end():
+    """Each write after a stream's first is one inter-token gap; they are tallied and added to the
+    histogram together, by the end of the stream, whether it completed or its client left."""
+    script = [*(GenerateChunk([t]) for t in range(3, 9)), GenerateChunk([9], finish_reason="length")]
+    pool, plan, _client, _ledger = setup(script)
+    before = _gaps_counted()
+    writer = Writer()
+    await read_all(pool, plan, writer)
+    assert len(writer.writes) >= 3 and _gaps_counted() - before == len(writer.writes) - 1
+
+    pool, plan, _client, _ledger = setup([*(GenerateChunk([t]) for t in range(3, 9)), HANG])
+
+    class LeavingClient(Writer):
+        async def send(self, data: bytes) -> None:
+            if len(self.writes) == 3:
+                request.cancel()
+                await trio.sleep_forever()  # the write the client never takes
+            await super().send(data)
+
+    before = _gaps_counted()
+    with trio.CancelScope() as request:
+        await stream_response(
+            pool, plan, CompletionRenderer(plan, str), LeavingClient(), started=0.0, cutter=StreamCutter()
+        )
+    assert request.cancelled_caught and _gaps_counted() - before == 2
 
 
 async def test_no_engine_before_dispatch_is_an_error_status_not_a_stream():

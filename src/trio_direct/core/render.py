@@ -148,7 +148,7 @@ async def stream_response(
     held = b""
     # Looked up once the engine calls are dispatched, off the first token's path.
     ttft: Histogram | None = None
-    gaps: Histogram | None = None
+    gaps: metrics.HistogramTally | None = None
     last: float | None = None
     watch = getattr(pool, "watch", None)
     watched: WatchedStream | None = None
@@ -175,72 +175,76 @@ async def stream_response(
         if watched is not None:
             watched.last_write = now
 
-    with cutter.guard() as guard:
-        try:
-            async with dispatch(pool, plan) as batches:
-                # Every engine request is on the wire: what follows is done while the engines work.
-                renderer.prepare()
-                per_model = _model_metrics(plan.model)
-                ttft, gaps = per_model.ttft, per_model.gaps
-                await writer.start(200, SSE_HEADERS)
-                headers_sent = True
-                # True once the engines ended the stream, so the next read returns its end at once:
-                # the last events then go out with the end, in one write (a system call and a
-                # wake-up of the client each).
-                ended: Callable[[], bool] | None = getattr(batches, "ended", None)
-                if watch is not None:
-                    watched = watch.stream_opened(batches.wake)
-                opening = renderer.opening()
-                while True:  # the `async for` resumes after a keep-alive: no extra cost per batch
-                    try:
-                        async for batch in batches:
-                            aborted = next((e for e in batch if e.finish_reason == "abort"), None)
-                            if aborted is not None:
-                                batch = batch[: batch.index(aborted)]
-                                failure = abort_error(aborted)
-                            data = renderer.events(batch) if batch else b""
-                            if opening:
-                                data, opening = opening + data, b""
-                            if data:
-                                if failure is not None or (ended is not None and ended()):
-                                    held += data
-                                else:
-                                    await write(data)
-                            if failure is not None:
-                                break
-                    except StreamWakeup:  # quiet for --sse-keepalive: a comment keeps proxies patient
-                        await writer.send(KEEPALIVE)
-                        if watched is not None:
-                            watched.last_write = time.perf_counter()
-                        continue
-                    break
-        except EngineError as error:
-            if not headers_sent:
-                raise client_error(error) from None
-            failure = client_error(error)
-        except ApiError as error:
-            if not headers_sent:
-                raise
-            failure = error
-        finally:
-            if watch is not None:
-                watch.stream_closed(watched)
-                watched = None
-    if guard.cancelled_caught:
-        if not headers_sent:
-            raise _shutdown_error(cutter)
-        failure = failure or _shutdown_error(cutter)
-    _count_tokens(plan)
-    if failure is not None:
-        await write(held + renderer.failure(failure), end=True)
-    else:
-        closing = renderer.closing(plan.usage())
-        if settle is not None:
+    try:
+        with cutter.guard() as guard:
             try:
-                await settle()
+                async with dispatch(pool, plan) as batches:
+                    # Every engine request is on the wire: what follows is done while the engines work.
+                    renderer.prepare()
+                    per_model = _model_metrics(plan.model)
+                    ttft, gaps = per_model.ttft, metrics.HistogramTally(per_model.gaps)
+                    await writer.start(200, SSE_HEADERS)
+                    headers_sent = True
+                    # True once the engines ended the stream, so the next read returns its end at once:
+                    # the last events then go out with the end, in one write (a system call and a
+                    # wake-up of the client each).
+                    ended: Callable[[], bool] | None = getattr(batches, "ended", None)
+                    if watch is not None:
+                        watched = watch.stream_opened(batches.wake)
+                    opening = renderer.opening()
+                    while True:  # the `async for` resumes after a keep-alive: no extra cost per batch
+                        try:
+                            async for batch in batches:
+                                aborted = next((e for e in batch if e.finish_reason == "abort"), None)
+                                if aborted is not None:
+                                    batch = batch[: batch.index(aborted)]
+                                    failure = abort_error(aborted)
+                                data = renderer.events(batch) if batch else b""
+                                if opening:
+                                    data, opening = opening + data, b""
+                                if data:
+                                    if failure is not None or (ended is not None and ended()):
+                                        held += data
+                                    else:
+                                        await write(data)
+                                if failure is not None:
+                                    break
+                        except StreamWakeup:  # quiet for --sse-keepalive: a comment keeps proxies patient
+                            await writer.send(KEEPALIVE)
+                            if watched is not None:
+                                watched.last_write = time.perf_counter()
+                            continue
+                        break
+            except EngineError as error:
+                if not headers_sent:
+                    raise client_error(error) from None
+                failure = client_error(error)
             except ApiError as error:
-                closing = renderer.failure(error)
-        await write(held + closing, end=True)
+                if not headers_sent:
+                    raise
+                failure = error
+            finally:
+                if watch is not None:
+                    watch.stream_closed(watched)
+                    watched = None
+        if guard.cancelled_caught:
+            if not headers_sent:
+                raise _shutdown_error(cutter)
+            failure = failure or _shutdown_error(cutter)
+        _count_tokens(plan)
+        if failure is not None:
+            await write(held + renderer.failure(failure), end=True)
+        else:
+            closing = renderer.closing(plan.usage())
+            if settle is not None:
+                try:
+                    await settle()
+                except ApiError as error:
+                    closing = renderer.failure(error)
+            await write(held + closing, end=True)
+    finally:
+        if gaps is not None:
+            gaps.flush()  # the stream's last gaps, however it ended
 
 
 async def unary_response(pool: ServingPool, plan: RequestPlan, renderer: Renderer, *, cutter: StreamCutter) -> bytes:
