@@ -106,11 +106,11 @@ transformers converts tiktoken vocabularies (Llama 3's, gpt-oss's), D is empty: 
      or " " before punctuation; CR, LF or "/" after punctuation; `\\s*[\\r\\n]+` ends in CR or LF;
      the lookahead ends before c), so W is cut.
 
-   `LookaheadCuts` finds the runs at C speed (a mask of an ASCII text's whitespace, else
-   `str.find`); a text with whitespace beyond ASCII's (U+00A0, U+2000...) is left to P, and added
-   tokens that contain whitespace turn this off. A text with many short runs (indented code) costs a tiktoken call per part, so above one cut per
-   `_MIN_PART_CHARS` characters it is encoded with P whole, and the search for runs stops as soon
-   as they come that densely.
+   `LookaheadCuts` finds the runs at C speed (`str.find`, or with GPT-2's pattern one mask of the
+   text's whitespace); a text with whitespace beyond ASCII's (U+00A0, U+2000...) is left to P, and
+   added tokens that contain whitespace turn this off. A text with many short runs (indented code)
+   costs a tiktoken call per part, so above one cut per `_MIN_PART_CHARS` characters it is encoded
+   with P whole, and the search for runs stops as soon as they come that densely.
 
    o200k's pattern keeps its lookahead: without it, it measured no faster (its other alternatives
    cost as much either way), and looking for runs would be a loss.
@@ -169,7 +169,7 @@ _ASCII_SPACE_RUN = re.compile(f"[{re.escape(_ASCII_SPACE)}]+")
 #: Fewest characters per part, on average, for which cutting pays: a part costs ~3 us (a tiktoken
 #: call, slicing, joining), P costs ~10-20 ns a character more than P'.
 _MIN_PART_CHARS = 256
-#: Fewest characters per tab, CR, vertical tab or form feed hopped to while looking for runs.
+#: Fewest characters per tab, vertical tab or form feed hopped to while looking for runs.
 _CHARS_PER_HOP = 128
 #: Runs found before their density so far may end the search (more than one per `_MIN_PART_CHARS`).
 _DENSE_RUNS = 16
@@ -209,16 +209,13 @@ class LookaheadCuts:
     more runs than cutting pays for is left to the whole pattern, as soon as that shows.
     """
 
-    __slots__ = ("_hopped", "_marks", "_newline_runs_first", "_pairs", "_special_at")
+    __slots__ = ("_marks", "_newline_runs_first", "_special_at")
 
     def __init__(self, pattern: str, specials: Iterable[str]) -> None:
-        self._newline_runs_first = pattern in _NEWLINE_RUNS_FIRST
         #: With `\s*[\r\n]+` first, a run is cut only where its last two characters are neither CR
-        #: nor LF; such a run holds two spaces or a tab, vertical tab or form feed. Otherwise any
-        #: run is: LF, common in prose, is found in pairs with itself and spaces, not hopped to.
-        self._pairs = ("  ",) if self._newline_runs_first else ("  ", "\n\n", " \n", "\n ")
-        self._hopped = "\t\x0b\x0c" if self._newline_runs_first else "\t\x0b\x0c\r"
-        #: GPT-2's: Latin-1 byte -> 1 for ASCII whitespace (`_run_ends_marked`).
+        #: nor LF (`_run_ends_found`). Otherwise any run is (`_run_ends_marked`).
+        self._newline_runs_first = pattern in _NEWLINE_RUNS_FIRST
+        #: GPT-2's: Latin-1 byte -> 1 for ASCII whitespace.
         marked = _ASCII_SPACE.encode()
         self._marks = None if self._newline_runs_first else bytes(byte in marked for byte in range(256))
         alternatives = sorted(specials, key=len, reverse=True)
@@ -275,23 +272,25 @@ class LookaheadCuts:
             start, window = next_start, window * 4
         return ends
 
-    def _run_ends_found(self, text: str) -> list[int] | None:
-        """Where each run of two or more ends, in order, searched pair by pair (None: too many)."""
+    @staticmethod
+    def _run_ends_found(text: str) -> list[int] | None:
+        """Where each run that may need a cut ends, in order, for the patterns that take CR/LF runs
+        first (None: too many): such a run ends in two spaces, or holds a tab, vertical tab or form
+        feed (the rest of such a run is tested where it is cut)."""
         size = len(text)
         run = _ASCII_SPACE_RUN.match
         ends: set[int] = set()
-        for pair in self._pairs:
-            found = 0
-            at = text.find(pair)
-            while at >= 0:
-                end = run(text, at).end()  # type: ignore[union-attr]  # the pair matches
-                ends.add(end)
-                found += 1
-                if found >= _DENSE_RUNS and found * _MIN_PART_CHARS > end:
-                    return None  # runs this dense (indented code): cutting would not pay, nor looking further
-                at = text.find(pair, end)
+        found = 0
+        at = text.find("  ")
+        while at >= 0:
+            end = run(text, at).end()  # type: ignore[union-attr]  # the pair matches
+            ends.add(end)
+            found += 1
+            if found >= _DENSE_RUNS and found * _MIN_PART_CHARS > end:
+                return None  # runs this dense (indented code): cutting would not pay, nor looking further
+            at = text.find("  ", end)
         hops = max(16, size // _CHARS_PER_HOP)
-        for char in self._hopped:
+        for char in "\t\x0b\x0c":
             found = 0
             at = text.find(char)
             while at >= 0:
