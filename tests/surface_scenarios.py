@@ -19,6 +19,10 @@ MODES = ("aggregated", "disaggregated", "vllm-aggregated", "vllm-disaggregated")
 
 #: The first entry whose `match` is in the rendered prompt answers it.
 SCRIPTS = [
+    # A long story, resumed where a migrated stream left off: the continuation's prompt holds the
+    # tokens already generated, and sampled ones could spell another entry's match ("Count" is one
+    # token of the tiny vocabulary); this entry comes first, so it is what a continuation gets.
+    {"match": "Tell me a long story", "text": "Once upon a time a mock engine told a story. " * 40, "resumable": True},
     # the second turn of a tool round trip: the tool's result is in the prompt
     {"match": "22C", "text": "It is 22C and sunny in Paris."},
     {
