@@ -199,6 +199,38 @@ def test_a_follow_up_turn_packs_only_its_new_ids_for_the_wire(tiny, monkeypatch)
             assert sum(packed) < len(ids) / 2, "the history came packed from the cache"
 
 
+@pytest.mark.parametrize("meanwhile", ["nothing", "cleared", "evicted", "other chats cached"])
+def test_a_lookup_finished_later_gets_the_full_encode_ids_whatever_the_cache_did_meanwhile(tiny, meanwhile):
+    """`lookup` (on the event loop) and `finish` (perhaps on a worker thread, later): other requests
+    may change the trie in between. What the lookup found stays valid, and the ids are a full
+    encode's; what `lookup` says is left to encode is what the follow-up adds."""
+
+    def encode(text: str) -> list[int]:
+        return tiny.encode(text, add_special_tokens=False)
+
+    cache = PromptPrefixCache(encode, cut_tokens(tiny.tokenizer), max_bytes=120_000)
+    turns = conversation(tiny, random.Random(11), 4)
+    for prompt in turns[:-1]:
+        cache.encode_packed(prompt)
+    follow_up = turns[-1]
+    found = cache.lookup(follow_up)
+    assert found.start > len(turns[-2]) / 2 and found.new_chars == len(follow_up) - found.start
+    assert found.cached_ids == len(encode(follow_up[: found.start]))
+    if meanwhile == "cleared":
+        cache.clear()
+    elif meanwhile == "evicted":
+        cache.max_bytes = 1
+        cache.encode_packed(conversation(tiny, random.Random(12), 1)[0])  # evicts every node
+        assert cache.stats.nodes <= 1
+    elif meanwhile == "other chats cached":
+        for seed in range(13, 18):
+            for prompt in conversation(tiny, random.Random(seed), 2):
+                cache.encode_packed(prompt)
+    ids, payload = cache.finish(found)
+    assert ids == encode(follow_up) and payload == pack_ids(ids)
+    assert cache.encode(follow_up) == encode(follow_up)
+
+
 # --- the bound, the LRU order, the safety net ----------------------------------------------------------
 
 

@@ -30,7 +30,14 @@ from trio_direct.parsers.tools import ToolCall, ToolCallDelta, ToolParser, tool_
 from trio_direct.parsers.tools.forced import NamedToolCallParser, RequiredToolCallsParser
 from trio_direct.surfaces.conversation import ConversationRequest
 from trio_direct.surfaces.images import prepare_chat_images
-from trio_direct.surfaces.prompting import content_chars, in_thread_if_long, refuse_if_counted_over, refuse_if_too_long
+from trio_direct.surfaces.prompting import (
+    LOOP_RENDER_CHARS,
+    content_chars,
+    encode_rendered,
+    in_thread_if_long,
+    refuse_if_counted_over,
+    refuse_if_too_long,
+)
 from trio_direct.text.chat_template import ChatTemplateError, render_chat
 from trio_direct.text.harmony import HarmonyRenderError, render_harmony_chat
 
@@ -186,8 +193,10 @@ async def chat_prompt(
     add_generation_prompt: bool | None = None,
     param: str = "messages",
 ) -> Prompt:
-    """The chat template rendered over `messages` and tokenized (on a thread when long); a prompt
-    that cannot fit the context is refused first, naming `param` (the surface's prompt field).
+    """The chat template rendered over `messages` and tokenized; a prompt that cannot fit the
+    context is refused first, naming `param` (the surface's prompt field). Rendered on the event
+    loop unless the messages are very long, and encoded there unless what the prompt prefix cache
+    leaves to encode is costly (`prompting.encode_rendered`); on a worker thread otherwise.
 
     A gpt-oss model's prompt is written in harmony by openai-harmony's own encoder, as upstream
     gateways do, rather than through its Jinja template. `add_generation_prompt` defaults to
@@ -199,17 +208,12 @@ async def chat_prompt(
         return await in_thread_if_long(size, _render_harmony, messages, tools, reasoning_effort)
     if add_generation_prompt is None:
         add_generation_prompt = not continue_final_message
-    return await in_thread_if_long(
-        size,
-        _render_and_tokenize,
-        pool,
-        messages,
-        tools,
-        continue_final_message,
-        chat_template_kwargs,
-        add_generation_prompt,
-        param,
-    )
+    render = (pool, messages, tools, continue_final_message, chat_template_kwargs, add_generation_prompt)
+    if size > LOOP_RENDER_CHARS:
+        return await in_thread_if_long(size, _render_and_tokenize, *render, param)
+    text = _render(*render)
+    packed = await encode_rendered(pool, text, param=param)
+    return Prompt(packed.ids, text, packed=packed)
 
 
 def _render_harmony(
@@ -231,8 +235,23 @@ def _render_and_tokenize(
     add_generation_prompt: bool = True,
     param: str = "messages",
 ) -> Prompt:
+    text = _render(pool, messages, tools, continue_final_message, chat_template_kwargs, add_generation_prompt)
+    # The template writes the special tokens itself; do not add a second BOS.
+    refuse_if_counted_over(pool, text, param=param)
+    packed = pool.tokenizer.encode_prompt_packed(text)
+    return Prompt(packed.ids, text, packed=packed)
+
+
+def _render(
+    pool: PoolView,
+    messages: Sequence[Mapping[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    continue_final_message: bool,
+    chat_template_kwargs: Mapping[str, Any] | None,
+    add_generation_prompt: bool,
+) -> str:
     try:
-        text = render_chat(
+        return render_chat(
             pool.tokenizer,
             messages,
             tools=tools,
@@ -243,10 +262,6 @@ def _render_and_tokenize(
         )
     except ChatTemplateError as error:
         raise errors.invalid_request(f"Chat template error: {error}", param="messages") from None
-    # The template writes the special tokens itself; do not add a second BOS.
-    refuse_if_counted_over(pool, text, param=param)
-    packed = pool.tokenizer.encode_prompt_packed(text)
-    return Prompt(packed.ids, text, packed=packed)
 
 
 def chat_output(

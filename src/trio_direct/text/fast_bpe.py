@@ -345,9 +345,7 @@ class FastBPE:
 
         Releases the GIL while it encodes (tiktoken's core does), as HF's batch call does.
         """
-        if not text.isascii() and (
-            _UNCOVERED.search(text) is not None or (self._nfc and not unicodedata.is_normalized("NFC", text))
-        ):
+        if not self.covers(text):
             return None
         prefix = self.prefix_ids
         if add_special_tokens and prefix is None:
@@ -358,6 +356,12 @@ class FastBPE:
         if add_special_tokens and (prefix or self.suffix_ids):
             return [*prefix, *ids, *self.suffix_ids]  # type: ignore[misc]
         return ids
+
+    def covers(self, text: str) -> bool:
+        """Whether `encode` serves `text` (else it returns None, and HF encodes it)."""
+        return text.isascii() or (
+            _UNCOVERED.search(text) is None and (not self._nfc or unicodedata.is_normalized("NFC", text))
+        )
 
     def _split_and_encode(self, text: str) -> list[int]:
         """tiktoken's ids for `text`: by the lookahead-free pattern where the text is cut for it,

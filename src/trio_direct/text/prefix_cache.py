@@ -59,7 +59,7 @@ from tokenizers import Tokenizer
 
 from trio_direct.engine.packed_ids import pack_ids
 
-__all__ = ["DEFAULT_MAX_BYTES", "PrefixCacheStats", "PromptPrefixCache", "cut_tokens"]
+__all__ = ["DEFAULT_MAX_BYTES", "PrefixCacheStats", "PromptLookup", "PromptPrefixCache", "cut_tokens"]
 
 #: Default bound of one cache: ~550 distinct 8k-token conversation prefixes of ASCII text (the text,
 #: its ids, and the ids packed for the wire).
@@ -192,6 +192,29 @@ def _machine_ints(ids: list[int]) -> tuple[bytes, array] | None:
     return data, packed
 
 
+@dataclass(slots=True)
+class PromptLookup:
+    """What `PromptPrefixCache.lookup` found of a prompt: its cached prefix (the trie's `path`,
+    covering `text[:start]`), and where `finish` cuts the rest (`occurrences`, `cuts`)."""
+
+    text: str
+    occurrences: list[tuple[int, int]]
+    cuts: list[int]
+    path: list[_Node]
+    node: _Node
+    start: int
+
+    @property
+    def new_chars(self) -> int:
+        """Characters `finish` will encode: those after the cached prefix."""
+        return len(self.text) - self.start
+
+    @property
+    def cached_ids(self) -> int:
+        """Ids `finish` will take from the cache."""
+        return sum(len(node.ids) for node in self.path)
+
+
 class _Node:
     """A segment: its text (`key`), its ids, and those ids packed for the wire (`payload`)."""
 
@@ -276,7 +299,37 @@ class PromptPrefixCache:
         """`encode(text)`, and the ids packed for the wire (`engine.packed_ids.pack_ids`; None when
         they cannot be, or `pack` is false): the cached prefix's payloads are reused, only the rest
         is packed. Every new segment keeps its payload for the prompts that will share it."""
+        return self.finish(self.lookup(text), pack=pack)
+
+    def lookup(self, text: str) -> PromptLookup:
+        """`text`'s longest cached prefix: the first half of `encode_packed`, which `finish`
+        completes. It costs a search of `text` for cut tokens and a walk down the trie, so that a
+        caller can learn what is left to encode (`PromptLookup.new_chars`) before deciding where
+        to encode it (the event loop or a worker thread)."""
         occurrences, cuts = self._scan(text)
+        path: list[_Node] = []
+        start = 0
+        node = self._root
+        if cuts:
+            with self._lock:
+                for end in cuts:
+                    children = node.children
+                    child = None if children is None else children.get(text[start:end])
+                    if child is None:
+                        break
+                    path.append(child)
+                    node, start = child, end
+                self._touch(path)
+        return PromptLookup(text, occurrences, cuts, path, node, start)
+
+    def finish(self, found: PromptLookup, *, pack: bool = True) -> tuple[list[int], bytes | None]:
+        """`encode_packed(found.text)` from what `lookup` found: the cached prefix's ids and payloads
+        (a segment's never change once made, so they are read without the lock), the rest encoded
+        and the new segments cached. The trie may have changed since `lookup`: a segment evicted
+        meanwhile still holds its ids, and new segments are only added below a node still in it."""
+        text, occurrences, cuts, path, node, start = (
+            found.text, found.occurrences, found.cuts, found.path, found.node, found.start
+        )  # fmt: skip
         stats = self.stats
         if not cuts:
             with self._lock:
@@ -286,20 +339,9 @@ class PromptPrefixCache:
             return whole, pack_ids(whole) if pack else None
         ids: list[int] = []
         payloads: list[bytes | None] = []
-        path: list[_Node] = []
-        start = 0
-        with self._lock:
-            node = self._root
-            for end in cuts:
-                children = node.children
-                child = None if children is None else children.get(text[start:end])
-                if child is None:
-                    break
-                ids.extend(child.ids)
-                payloads.append(child.payload)
-                path.append(child)
-                node, start = child, end
-            self._touch(path)
+        for child in path:
+            ids.extend(child.ids)
+            payloads.append(child.payload)
         if start:
             rest = text[start:]
             occurrences = [(end - start, token_id) for end, token_id in occurrences if end > start]

@@ -22,9 +22,9 @@ from tokenizers import Tokenizer
 from trio_direct.engine.packed_ids import PackedIds, pack_ids
 from trio_direct.text.byte_level import byte_level_pieces
 from trio_direct.text.fast_bpe import FastBPE, FastEncoderPlan, plan_fast_encoder
-from trio_direct.text.prefix_cache import DEFAULT_MAX_BYTES, PromptPrefixCache
+from trio_direct.text.prefix_cache import DEFAULT_MAX_BYTES, PromptLookup, PromptPrefixCache
 
-__all__ = ["ModelTokenizer", "TokenizerLoadError"]
+__all__ = ["COUNTED_CHARS_PER_TOKEN", "ModelTokenizer", "PromptEncoding", "TokenizerLoadError"]
 
 logger = logging.getLogger(__name__)
 
@@ -257,12 +257,13 @@ class ModelTokenizer:
         """`encode_prompt(text)` with the ids packed for the wire (`engine.packed_ids`), made here,
         where the prompt is tokenized (on a worker thread when it is long), rather than on the event
         loop per request; the prefix cache supplies a conversation's history already packed."""
+        return self.prompt_encoding(text).finish()
+
+    def prompt_encoding(self, text: str) -> PromptEncoding:
+        """`encode_prompt_packed(text)` in two steps: the prompt prefix cache's lookup now, and
+        `finish()`, whose cost `PromptEncoding.cost_ns` estimates from what the lookup left to do."""
         cache = self.prompt_cache
-        if cache is None:
-            ids = self.encode(text, add_special_tokens=False)
-            return PackedIds.of(ids, pack_ids(ids))
-        ids, payload = cache.encode_packed(text)
-        return PackedIds.of(ids, payload)
+        return PromptEncoding(self, text, None if cache is None else cache.lookup(text))
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         """Text for `ids`. Ids outside the vocabulary decode to nothing, as in `tokenizers`."""
@@ -341,6 +342,47 @@ def _plan_encoder(tokenizer: Tokenizer, tokenizer_file: Path) -> FastEncoderPlan
         return [encoding.ids for encoding in bare.encode_batch_fast(words, add_special_tokens=False)]
 
     return plan_fast_encoder(state, model_tokenize)
+
+
+#: What `PromptEncoding.finish` costs, measured on a 2-vCPU VM (Python 3.11, the benchmarks' prose),
+#: per character it encodes with tiktoken, with Hugging Face tokenizers, and per id it takes from
+#: the prompt prefix cache (each becomes a Python int): ~18k, ~2k and ~35k a millisecond.
+_TIKTOKEN_NS_PER_CHAR = 60
+_HF_NS_PER_CHAR = 500
+_CACHED_NS_PER_ID = 30
+
+
+@dataclass(slots=True, eq=False)
+class PromptEncoding:
+    """A rendered prompt whose prefix was looked up in the prompt prefix cache (`lookup`; None
+    without a cache), and what is left: `finish()` returns the ids, packed for the wire.
+
+    The event loop or a worker thread may finish it. A thread costs its hand-off (~0.1 ms of CPU on
+    a small VM, more when the loop is busy and both want the GIL), so a conversation whose history
+    is cached, where little is left to encode, is cheaper finished on the loop; `cost_ns` tells.
+    """
+
+    tokenizer: ModelTokenizer
+    text: str
+    lookup: PromptLookup | None
+
+    @property
+    def cost_ns(self) -> int:
+        """An estimate of `finish()`'s CPU time, from the characters it encodes (at the rate of the
+        encoder that will, tiktoken's or Hugging Face's) and the ids it takes from the cache."""
+        lookup, text, fast = self.lookup, self.text, self.tokenizer.fast_encoder
+        new = text if lookup is None or not lookup.start else text[lookup.start :]
+        per_char = _TIKTOKEN_NS_PER_CHAR if fast is not None and fast.covers(new) else _HF_NS_PER_CHAR
+        cached = 0 if lookup is None else lookup.cached_ids * _CACHED_NS_PER_ID
+        return len(new) * per_char + cached
+
+    def finish(self) -> PackedIds:
+        lookup, cache = self.lookup, self.tokenizer.prompt_cache
+        if lookup is None or cache is None:
+            ids = self.tokenizer.encode(self.text, add_special_tokens=False)
+            return PackedIds.of(ids, pack_ids(ids))
+        ids, payload = cache.finish(lookup)
+        return PackedIds.of(ids, payload)
 
 
 def _encode_ids(tokenizer: Tokenizer, text: str, *, add_special_tokens: bool, fast: FastBPE | None = None) -> list[int]:
