@@ -10,7 +10,8 @@ the context, a count in chunks that stops at the limit (`ModelTokenizer.exceeds`
 Where the work runs: a short prompt on the event loop; a long one on a worker thread, so that it
 does not stall every other stream. A chat's length is a poor guide to its encoding's cost, though:
 a multi-turn chat resends its history, which the prompt prefix cache already holds, and only the new
-turn is encoded. Chat prompts are therefore rendered on the loop (up to `LOOP_RENDER_CHARS`), looked
+turn is encoded. Chat prompts are therefore rendered on the loop (up to `LOOP_RENDER_CHARS` of
+messages and `LOOP_RENDER_TOOL_CHARS` of tools), looked
 up in the cache, and their encoding finished on the loop when what is left is cheap
 (`encode_rendered`): a worker thread's hand-off and its turns with the loop for the GIL cost more
 than such an encoding.
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
 __all__ = [
     "LOOP_ENCODE_NS",
     "LOOP_RENDER_CHARS",
+    "LOOP_RENDER_TOOL_CHARS",
     "THREAD_THRESHOLD_CHARS",
     "content_chars",
     "encode_rendered",
@@ -49,6 +51,12 @@ THREAD_THRESHOLD_CHARS = 4096
 #: ~40k characters of a multi-turn chat in ~0.1 ms); their encoding goes where `encode_rendered`
 #: decides. Longer ones are rendered and encoded on a worker thread.
 LOOP_RENDER_CHARS = 128 * 1024
+
+#: Tool definitions of up to this many characters (as JSON) are rendered with the messages on the
+#: event loop. Templates write tools through `tojson`, slowly: Llama 3's took ~67 ns a character of
+#: them (3.1 ms for fifty 930-character tools), Qwen's ~14; a chat with more is rendered and encoded
+#: on a worker thread.
+LOOP_RENDER_TOOL_CHARS = 16 * 1024
 
 #: The most CPU time a rendered prompt's encoding may take on the event loop (`PromptEncoding.cost_ns`,
 #: an estimate); costlier ones are finished on a worker thread. A thread's hand-off costs ~0.1 ms of CPU
