@@ -1,6 +1,7 @@
-"""Where a chat prompt is encoded: on the event loop when what the prompt prefix cache leaves to
-encode is cheap (a conversation's follow-up), on a worker thread when it is not (a long new
-prompt, a follow-up that adds a long turn), and always to the ids a whole encode gives."""
+"""Where a chat prompt is rendered and encoded: on the event loop when what the prompt prefix cache
+leaves to encode is cheap (a conversation's follow-up), on a worker thread when it is not (a long
+new prompt, a follow-up that adds a long turn) or when the template's work is (very long messages,
+many of them, many tools); always to the ids a whole encode gives."""
 
 from __future__ import annotations
 
@@ -120,3 +121,14 @@ async def test_a_chat_with_many_tools_is_rendered_on_a_thread_and_one_with_a_few
         expected = whole_encode(tokenizer, messages, tools=tools, chat_template=template)
         assert await chat(pool, messages, tools) == expected
     assert rendered_on == [True, False]
+
+
+async def test_a_chat_of_many_messages_is_rendered_on_a_thread(make_pool, tokenizer, rendered_on):
+    """A template spends ~5 µs a message however short: an agent's chat of hundreds of messages
+    would hold the event loop for milliseconds."""
+    pool = make_pool(context_length=None)
+    many = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"step {i}"} for i in range(201)]
+    assert len(many) > prompting.LOOP_RENDER_MESSAGES
+    assert await chat(pool, many) == whole_encode(tokenizer, many)
+    assert await chat(pool, many[:5]) == whole_encode(tokenizer, many[:5])
+    assert rendered_on == [False, True]

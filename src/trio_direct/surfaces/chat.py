@@ -33,6 +33,7 @@ from trio_direct.surfaces.conversation import ConversationRequest
 from trio_direct.surfaces.images import prepare_chat_images
 from trio_direct.surfaces.prompting import (
     LOOP_RENDER_CHARS,
+    LOOP_RENDER_MESSAGES,
     LOOP_RENDER_TOOL_CHARS,
     content_chars,
     encode_rendered,
@@ -197,8 +198,8 @@ async def chat_prompt(
 ) -> Prompt:
     """The chat template rendered over `messages` and tokenized; a prompt that cannot fit the
     context is refused first, naming `param` (the surface's prompt field). Rendered on the event
-    loop unless the messages or the tools are long (`prompting.LOOP_RENDER_CHARS`,
-    `LOOP_RENDER_TOOL_CHARS`), and encoded there unless what the prompt prefix cache leaves to
+    loop unless the messages or the tools are long or many (`prompting.LOOP_RENDER_CHARS`,
+    `LOOP_RENDER_MESSAGES`, `LOOP_RENDER_TOOL_CHARS`), and encoded there unless what the prompt prefix cache leaves to
     encode is costly (`prompting.encode_rendered`); on a worker thread otherwise.
 
     A gpt-oss model's prompt is written in harmony by openai-harmony's own encoder, as upstream
@@ -212,7 +213,11 @@ async def chat_prompt(
     if add_generation_prompt is None:
         add_generation_prompt = not continue_final_message
     render = (pool, messages, tools, continue_final_message, chat_template_kwargs, add_generation_prompt)
-    if size > LOOP_RENDER_CHARS or (tools and len(msgspec.json.encode(tools)) > LOOP_RENDER_TOOL_CHARS):
+    if (
+        size > LOOP_RENDER_CHARS
+        or len(messages) > LOOP_RENDER_MESSAGES
+        or (tools and len(msgspec.json.encode(tools)) > LOOP_RENDER_TOOL_CHARS)
+    ):
         return await trio.to_thread.run_sync(_render_and_tokenize, *render, param)
     text = _render(*render)
     packed = await encode_rendered(pool, text, param=param)
