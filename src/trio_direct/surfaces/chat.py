@@ -10,6 +10,7 @@ template gets `{"type": "image"}` placeholders, the prompt the images as `image_
 
 from __future__ import annotations
 
+import time
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -219,8 +220,9 @@ async def chat_prompt(
         or (tools and len(msgspec.json.encode(tools)) > LOOP_RENDER_TOOL_CHARS)
     ):
         return await trio.to_thread.run_sync(_render_and_tokenize, *render, param)
+    started = time.thread_time_ns()
     text = _render(*render)
-    packed = await encode_rendered(pool, text, param=param)
+    packed = await encode_rendered(pool, text, param=param, started_ns=started)
     return Prompt(packed.ids, text, packed=packed)
 
 

@@ -19,6 +19,7 @@ than such an encoding.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -63,25 +64,31 @@ LOOP_RENDER_MESSAGES = 128
 #: on a worker thread.
 LOOP_RENDER_TOOL_CHARS = 16 * 1024
 
-#: The most CPU time a rendered prompt's encoding may take on the event loop (`PromptEncoding.cost_ns`,
-#: an estimate); costlier ones are finished on a worker thread. A thread's hand-off costs ~0.1 ms of CPU
-#: by itself on a small VM, and measured ~1 ms a request in all (multi-turn chats, 20-30 % of their
-#: CPU) where the loop and the thread take turns with the GIL and each other's caches.
+#: The most time a chat prompt's rendering, lookup and encoding may take on the event loop: its
+#: encoding is finished there when `PromptEncoding.cost_ns` (an estimate) fits in what is left of
+#: this, on a worker thread otherwise. A thread's hand-off costs ~0.1 ms of CPU by itself on a small
+#: VM; with the loop and the thread taking turns with the GIL and each other's caches, encoding every
+#: multi-turn chat on the loop instead measured 0.5-1.3 ms less CPU a request (a throwaway build).
 LOOP_ENCODE_NS = 1_000_000
 
 T = TypeVar("T")
 
 
-async def encode_rendered(pool: PoolView, text: str, *, param: str = "messages") -> PackedIds:
+async def encode_rendered(
+    pool: PoolView, text: str, *, param: str = "messages", started_ns: int | None = None
+) -> PackedIds:
     """The ids of a rendered chat prompt, packed for the wire: on the event loop when what is left
-    after the prompt prefix cache (a conversation's history) costs little to encode
-    (`LOOP_ENCODE_NS`), else on a worker thread. A text long enough to be counted in chunks before
-    it is encoded (`refuse_if_counted_over`) is counted and encoded on a worker thread."""
+    after the prompt prefix cache (a conversation's history) costs little to encode, else on a
+    worker thread. Little: the estimate (`PromptEncoding.cost_ns`) fits in `LOOP_ENCODE_NS` less
+    what the loop has spent on this prompt since `started_ns` (`time.thread_time_ns()`, the loop's
+    CPU time, taken before its rendering). A text long enough to be counted in chunks before it is encoded
+    (`refuse_if_counted_over`) is counted and encoded on a worker thread."""
     limit = pool.context_length
     if limit is not None and len(text) > limit * COUNTED_CHARS_PER_TOKEN:
         return await trio.to_thread.run_sync(_counted_and_encoded, pool, text, param)
     encoding = pool.tokenizer.prompt_encoding(text)
-    if encoding.cost_ns <= LOOP_ENCODE_NS:
+    spent = 0 if started_ns is None else time.thread_time_ns() - started_ns
+    if encoding.cost_ns <= LOOP_ENCODE_NS - spent:
         return encoding.finish()
     return await trio.to_thread.run_sync(encoding.finish)
 
