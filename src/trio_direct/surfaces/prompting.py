@@ -11,10 +11,9 @@ Where the work runs: a short prompt on the event loop; a long one on a worker th
 does not stall every other stream. A chat's length is a poor guide to its encoding's cost, though:
 a multi-turn chat resends its history, which the prompt prefix cache already holds, and only the new
 turn is encoded. Chat prompts are therefore rendered on the loop (up to `LOOP_RENDER_CHARS` of
-messages, `LOOP_RENDER_MESSAGES` of them and `LOOP_RENDER_TOOL_CHARS` of tools), looked
-up in the cache, and their encoding finished on the loop when what is left is cheap
-(`encode_rendered`): a worker thread's hand-off and its turns with the loop for the GIL cost more
-than such an encoding.
+messages, `LOOP_RENDER_MESSAGES` of them and `LOOP_RENDER_TOOL_CHARS` of tools), looked up in the
+cache, and their encoding finished on the loop when what is left is cheap (`encode_rendered`): a
+worker thread's hand-off and its turns with the loop for the GIL cost more than such an encoding.
 """
 
 from __future__ import annotations
@@ -81,8 +80,8 @@ async def encode_rendered(
     after the prompt prefix cache (a conversation's history) costs little to encode, else on a
     worker thread. Little: the estimate (`PromptEncoding.cost_ns`) fits in `LOOP_ENCODE_NS` less
     what the loop has spent on this prompt since `started_ns` (`time.thread_time_ns()`, the loop's
-    CPU time, taken before its rendering). A text long enough to be counted in chunks before it is encoded
-    (`refuse_if_counted_over`) is counted and encoded on a worker thread."""
+    CPU time, taken before its rendering). A text long enough to be counted in chunks before it is
+    encoded (`refuse_if_counted_over`) is counted and encoded on a worker thread."""
     limit = pool.context_length
     if limit is not None and len(text) > limit * COUNTED_CHARS_PER_TOKEN:
         return await trio.to_thread.run_sync(_counted_and_encoded, pool, text, param)

@@ -377,6 +377,8 @@ class PromptEncoding:
         return len(new) * per_char + cached
 
     def finish(self) -> PackedIds:
+        """The prompt's ids, packed for the wire: the cached prefix's from the cache, the rest
+        encoded here (on whichever thread calls it), its new segments cached."""
         lookup, cache = self.lookup, self.tokenizer.prompt_cache
         if lookup is None or cache is None:
             ids = self.tokenizer.encode(self.text, add_special_tokens=False)
