@@ -37,9 +37,9 @@ from trio_direct.surfaces.prompting import (
     LOOP_RENDER_MESSAGES,
     LOOP_RENDER_TOOL_CHARS,
     content_chars,
+    counted_and_encoded,
     encode_rendered,
     in_thread_if_long,
-    refuse_if_counted_over,
     refuse_if_too_long,
 )
 from trio_direct.text.chat_template import ChatTemplateError, render_chat
@@ -247,8 +247,7 @@ def _render_and_tokenize(
 ) -> Prompt:
     text = _render(pool, messages, tools, continue_final_message, chat_template_kwargs, add_generation_prompt)
     # The template writes the special tokens itself; do not add a second BOS.
-    refuse_if_counted_over(pool, text, param=param)
-    packed = pool.tokenizer.encode_prompt_packed(text)
+    packed = counted_and_encoded(pool, text, param)
     return Prompt(packed.ids, text, packed=packed)
 
 

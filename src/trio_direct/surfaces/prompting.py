@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import trio
 
 from trio_direct.core import errors
-from trio_direct.text.tokenizer import COUNTED_CHARS_PER_TOKEN
 
 if TYPE_CHECKING:
     from trio_direct.core.pool import PoolView
@@ -38,6 +37,7 @@ __all__ = [
     "LOOP_RENDER_TOOL_CHARS",
     "THREAD_THRESHOLD_CHARS",
     "content_chars",
+    "counted_and_encoded",
     "encode_rendered",
     "in_thread_if_long",
     "refuse_if_counted_over",
@@ -83,8 +83,8 @@ async def encode_rendered(
     CPU time, taken before its rendering). A text long enough to be counted in chunks before it is
     encoded (`refuse_if_counted_over`) is counted and encoded on a worker thread."""
     limit = pool.context_length
-    if limit is not None and len(text) > limit * COUNTED_CHARS_PER_TOKEN:
-        return await trio.to_thread.run_sync(_counted_and_encoded, pool, text, param)
+    if limit is not None and pool.tokenizer.counts_in_chunks(text, limit):
+        return await trio.to_thread.run_sync(counted_and_encoded, pool, text, param)
     encoding = pool.tokenizer.prompt_encoding(text)
     spent = 0 if started_ns is None else time.thread_time_ns() - started_ns
     if encoding.cost_ns <= LOOP_ENCODE_NS - spent:
@@ -92,7 +92,9 @@ async def encode_rendered(
     return await trio.to_thread.run_sync(encoding.finish)
 
 
-def _counted_and_encoded(pool: PoolView, text: str, param: str) -> PackedIds:
+def counted_and_encoded(pool: PoolView, text: str, param: str = "messages") -> PackedIds:
+    """A rendered chat prompt refused if it counts past the context (`refuse_if_counted_over`), else
+    its ids packed for the wire: all of it where it runs (a worker thread, for a long prompt)."""
     refuse_if_counted_over(pool, text, param=param)
     return pool.tokenizer.encode_prompt_packed(text)
 

@@ -194,14 +194,13 @@ def _machine_ints(ids: list[int]) -> tuple[bytes, array] | None:
 
 @dataclass(slots=True)
 class PromptLookup:
-    """What `PromptPrefixCache.lookup` found of a prompt: its cached prefix (the trie's `path`,
-    covering `text[:start]`), and where `finish` cuts the rest (`occurrences`, `cuts`)."""
+    """What `PromptPrefixCache.lookup` found of a prompt: its cached prefix (the trie's `path` from
+    below the root, covering `text[:start]`), and where `finish` cuts the rest (`occurrences`, `cuts`)."""
 
     text: str
     occurrences: list[tuple[int, int]]
     cuts: list[int]
     path: list[_Node]
-    node: _Node
     start: int
 
     @property
@@ -320,16 +319,15 @@ class PromptPrefixCache:
                     path.append(child)
                     node, start = child, end
                 self._touch(path)
-        return PromptLookup(text, occurrences, cuts, path, node, start)
+        return PromptLookup(text, occurrences, cuts, path, start)
 
     def finish(self, found: PromptLookup, *, pack: bool = True) -> tuple[list[int], bytes | None]:
         """`encode_packed(found.text)` from what `lookup` found: the cached prefix's ids and payloads
         (a segment's never change once made, so they are read without the lock), the rest encoded
         and the new segments cached. The trie may have changed since `lookup`: a segment evicted
         meanwhile still holds its ids, and new segments are only added below a node still in it."""
-        text, occurrences, cuts, path, node, start = (
-            found.text, found.occurrences, found.cuts, found.path, found.node, found.start
-        )  # fmt: skip
+        text, occurrences, cuts, path, start = found.text, found.occurrences, found.cuts, found.path, found.start
+        node = path[-1] if path else self._root
         stats = self.stats
         if not cuts:
             with self._lock:

@@ -24,7 +24,7 @@ from trio_direct.text.byte_level import byte_level_pieces
 from trio_direct.text.fast_bpe import FastBPE, FastEncoderPlan, plan_fast_encoder
 from trio_direct.text.prefix_cache import DEFAULT_MAX_BYTES, PromptLookup, PromptPrefixCache
 
-__all__ = ["COUNTED_CHARS_PER_TOKEN", "ModelTokenizer", "PromptEncoding", "TokenizerLoadError"]
+__all__ = ["ModelTokenizer", "PromptEncoding", "TokenizerLoadError"]
 
 logger = logging.getLogger(__name__)
 
@@ -191,7 +191,7 @@ class ModelTokenizer:
         split one token in two, so the count may run a token per chunk over the truth, and the
         text counts as over only past ``limit`` plus that allowance.
         """
-        if len(text) <= limit * COUNTED_CHARS_PER_TOKEN:
+        if not self.counts_in_chunks(text, limit):
             return None
         counted = 0
         chunks = 0
@@ -203,6 +203,11 @@ class ModelTokenizer:
                 return counted - chunks
         del add_special_tokens  # a post-processor adds a few tokens at most; the count is a lower bound
         return None
+
+    def counts_in_chunks(self, text: str, limit: int) -> bool:
+        """Whether `exceeds(text, limit)` counts `text` (longer than `limit` *
+        `COUNTED_CHARS_PER_TOKEN` characters) rather than answering None at once."""
+        return len(text) > limit * COUNTED_CHARS_PER_TOKEN
 
     def min_tokens(self, chars: int) -> int:
         """A lower bound on the tokens of a text of `chars` characters, without tokenizing it."""
