@@ -45,7 +45,7 @@ async def chat(pool, messages: list[dict], tools: list[dict] | None = None) -> l
     if tools:
         body["tools"] = tools
     plan = await plan_chat(pool, decode_chat_request(json.dumps(body).encode()))
-    return plan.prompts[0].token_ids
+    return list(plan.prompts[0].token_ids)
 
 
 def whole_encode(tokenizer: ModelTokenizer, messages: list[dict], **render) -> list[int]:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import random
 import threading
+from array import array
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizer
 
 from trio_direct.bench.trace import BLOCK_SIZE, conversation_turns, load_trace
 from trio_direct.engine.packed_ids import pack_ids
+from trio_direct.routing.block_hash import token_array
 from trio_direct.text import prefix_cache
 from trio_direct.text.chat_template import render_chat
 from trio_direct.text.prefix_cache import PromptPrefixCache, cut_tokens
@@ -62,8 +65,22 @@ def assert_same_as_full_encode(tokenizer: ModelTokenizer, prompts: list[str]) ->
         full = tokenizer.encode(prompt, add_special_tokens=False)
         assert tokenizer.encode_prompt(prompt) == full
         packed = tokenizer.encode_prompt_packed(prompt)
-        assert packed.ids == full
+        assert list(packed.ids) == full
         assert packed.payload == pack_ids(full)
+
+
+def test_a_chat_prompts_ids_take_four_bytes_an_id_and_no_garbage_collector_walk(tiny):
+    """A prompt's ids live as long as its request. As a list they take ~40 bytes an id (a pointer
+    and an int object: ~0.8 MB for a 20k-token prompt) and every young garbage collection walks
+    them; the cache hands out one array of unsigned 32-bit ints instead, for a new prompt and for a
+    follow-up whose history it holds, which the KV router hashes as it is (no copy)."""
+    for turn, prompt in enumerate(conversation(tiny, random.Random(21), 3)):
+        packed = tiny.encode_prompt_packed(prompt)
+        assert isinstance(packed.ids, array) and packed.ids.itemsize == 4
+        assert len(gc.get_referents(packed.ids)) <= 1  # what a collection walks: its type at most, no ids
+        assert token_array(packed.ids) is packed.ids
+        assert list(packed.ids) == tiny.encode(prompt, add_special_tokens=False)
+        assert (tiny.prompt_cache.stats.hits > 0) == (turn > 0)
 
 
 # --- equality with a full encode --------------------------------------------------------------------
@@ -156,7 +173,8 @@ def test_any_text_gets_the_ids_of_a_full_encode(tiny, pieces, edits):
     for prompt in prompts + prompts[::-1]:
         full = tiny.encode(prompt, add_special_tokens=False)
         assert cache.encode(prompt) == full
-        assert cache.encode_packed(prompt) == (full, pack_ids(full))
+        ids, payload = cache.encode_packed(prompt)
+        assert (list(ids), payload) == (full, pack_ids(full))
         assert cache.stats.bytes <= 4000
 
 
@@ -227,7 +245,7 @@ def test_a_lookup_finished_later_gets_the_full_encode_ids_whatever_the_cache_did
             for prompt in conversation(tiny, random.Random(seed), 2):
                 cache.encode_packed(prompt)
     ids, payload = cache.finish(found)
-    assert ids == encode(follow_up) and payload == pack_ids(ids)
+    assert list(ids) == encode(follow_up) and payload == pack_ids(ids)
     assert cache.encode(follow_up) == encode(follow_up)
 
 
@@ -423,5 +441,6 @@ def test_parts_that_do_not_end_with_their_cut_token_are_not_trusted(tiny):
 
     cache = PromptPrefixCache(full, cut_tokens(tiny.tokenizer), encode_parts=lambda text: full(text)[:-1] or None)
     for prompt in conversation(tiny, random.Random(9), 4):
-        assert cache.encode_packed(prompt) == (full(prompt), pack_ids(full(prompt)))
+        ids, payload = cache.encode_packed(prompt)
+        assert (list(ids), payload) == (full(prompt), pack_ids(full(prompt)))
     assert cache.stats.hits > 0

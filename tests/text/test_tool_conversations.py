@@ -368,7 +368,7 @@ async def _plan(model: ModelTokenizer, fmt: Format, messages: list[dict[str, Any
 async def _served_prompt(model: ModelTokenizer, fmt: Format, **fields: Any) -> tuple[str, list[int]]:
     """The prompt the frontend sends the engine for CONVERSATION with `fields` added."""
     prompt = (await _plan(model, fmt, CONVERSATION, **fields)).prompts[0]
-    return prompt.text, prompt.token_ids
+    return prompt.text, list(prompt.token_ids)
 
 
 def _model_output(model: ModelTokenizer, fmt: Format, turn: dict[str, Any]) -> str:

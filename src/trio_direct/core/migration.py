@@ -16,6 +16,7 @@ corrupt the output.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 from trio_direct.engine.errors import EngineError, EngineInternal, EngineStalled, EngineUnavailable
@@ -40,7 +41,7 @@ def migration_refusal(request: GenerateInput, error: EngineError) -> str | None:
 
 
 def continuation_request(
-    request: GenerateInput, prompt_ids: list[int], generated: list[int], rid: str
+    request: GenerateInput, prompt_ids: Sequence[int], generated: list[int], rid: str
 ) -> GenerateInput | None:
     """The request that continues `request` after `generated`; None when its budget is spent (the
     stream then ends with finish reason ``length``)."""

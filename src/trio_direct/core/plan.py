@@ -45,7 +45,9 @@ class Prompt:
     """One prompt as the engine gets it, and as `echo` returns it; `image_data` are its images
     (URLs or data URLs), one per image placeholder the text holds."""
 
-    token_ids: list[int]
+    #: A list, or (a chat prompt's, from the prompt prefix cache) an array of unsigned 32-bit ints:
+    #: 4 bytes an id, where a list of Python ints takes ~40 (`text.prefix_cache`).
+    token_ids: Sequence[int]
     text: str
     #: Tokens that end the turn for this prompt's format, beyond the tokenizer's EOS (harmony's
     #: `<|return|>` and `<|call|>`).

@@ -73,17 +73,17 @@ def field_bytes(number: int, body: bytes) -> bytes:
 class PackedIds:
     """Token ids and their packed payload (None when they could not be packed).
 
-    `payload_for` hands the payload out only for the very list it was made from, unchanged in
+    `payload_for` hands the payload out only for the very sequence it was made from, unchanged in
     length: a request built with other ids (a migrated request resends its prompt plus what was
     generated) never carries a stale payload.
     """
 
-    ids: list[int]
+    ids: Sequence[int]
     payload: bytes | None
     count: int
 
     @classmethod
-    def of(cls, ids: list[int], payload: bytes | None) -> PackedIds:
+    def of(cls, ids: Sequence[int], payload: bytes | None) -> PackedIds:
         return cls(ids, payload, len(ids))
 
     def payload_for(self, ids: Sequence[int]) -> bytes | None:

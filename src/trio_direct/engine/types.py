@@ -79,7 +79,7 @@ class GenerateInput:
     #: prefill leg's "remote decode" request, or what the prefill's completion returned, for decode.
     kv_transfer_params: str | None = None
     #: `input_ids` already packed for the wire where the prompt was tokenized; the adapters use it
-    #: only while `input_ids` is the very list it was made from (`PackedIds.payload_for`).
+    #: only while `input_ids` is the very sequence it was made from (`PackedIds.payload_for`).
     packed_input_ids: PackedIds | None = None
 
 

@@ -50,7 +50,7 @@ async def tokenize(exchange: Exchange) -> None:
             continue_final_message=request.continue_final_message,
             chat_template_kwargs=request.chat_template_kwargs,
         )
-        tokens = prompt.token_ids
+        tokens = list(prompt.token_ids)  # a chat prompt's are a compact array: JSON takes a list
         if request.add_special_tokens:
             tokens = await in_thread_if_long(len(prompt.text), pool.tokenizer.encode, prompt.text, True)
         encoded, single = [tokens], True

@@ -51,7 +51,7 @@ import threading
 import unicodedata
 from array import array
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -179,15 +179,21 @@ def _joined(payloads: list[bytes | None]) -> bytes | None:
     return b"".join(parts)
 
 
+#: The array typecode of a native unsigned 32-bit integer: what segments, and the ids `finish`
+#: returns, are kept in (4 bytes an id, where a list of Python ints takes ~40), the same type the
+#: KV router hashes blocks over (`routing.block_hash.token_array` takes such an array as it is).
+_U32 = "I" if array("I").itemsize == 4 else "L"
+
+
 def _machine_ints(ids: list[int]) -> tuple[bytes, array] | None:
-    """`ids` as C ints, in bytes and in an array (a segment keeps the array: 4 bytes an id); None
-    for an id past a C int, which no exact tokenizer gives. `struct` packs a list of ints in ~half
-    the time `array("i", ids)` takes."""
+    """`ids` as unsigned 32-bit ints, in bytes and in an array (a segment keeps the array); None for
+    an id outside them, which no exact tokenizer gives. `struct` packs a list of ints in ~half the
+    time `array(_U32, ids)` takes."""
     try:
-        data = struct.pack(f"{len(ids)}i", *ids)
+        data = struct.pack(f"={len(ids)}I", *ids)
     except struct.error:
         return None
-    packed = array("i")
+    packed = array(_U32)
     packed.frombytes(data)
     return data, packed
 
@@ -258,7 +264,7 @@ class PromptPrefixCache:
         self.max_bytes = max_bytes
         self.min_segment_chars = min_segment_chars
         self.stats = PrefixCacheStats()
-        self._root = _Node("", array("i"), None)
+        self._root = _Node("", array(_U32), None)
         self._root.size = 0
         self._lru: OrderedDict[_Node, None] = OrderedDict()
         self._lock = threading.Lock()
@@ -292,9 +298,10 @@ class PromptPrefixCache:
 
     def encode(self, text: str) -> list[int]:
         """Token ids of `text` (no special tokens added), reusing and then extending the cache."""
-        return self.encode_packed(text, pack=False)[0]
+        ids = self.encode_packed(text, pack=False)[0]
+        return ids.tolist() if isinstance(ids, array) else list(ids)
 
-    def encode_packed(self, text: str, *, pack: bool = True) -> tuple[list[int], bytes | None]:
+    def encode_packed(self, text: str, *, pack: bool = True) -> tuple[Sequence[int], bytes | None]:
         """`encode(text)`, and the ids packed for the wire (`engine.packed_ids.pack_ids`; None when
         they cannot be, or `pack` is false): the cached prefix's payloads are reused, only the rest
         is packed. Every new segment keeps its payload for the prompts that will share it."""
@@ -321,11 +328,17 @@ class PromptPrefixCache:
                 self._touch(path)
         return PromptLookup(text, occurrences, cuts, path, start)
 
-    def finish(self, found: PromptLookup, *, pack: bool = True) -> tuple[list[int], bytes | None]:
+    def finish(self, found: PromptLookup, *, pack: bool = True) -> tuple[Sequence[int], bytes | None]:
         """`encode_packed(found.text)` from what `lookup` found: the cached prefix's ids and payloads
-        (a segment's never change once made, so they are read without the lock), the rest encoded
-        and the new segments cached. The trie may have changed since `lookup`: a segment evicted
-        meanwhile still holds its ids, and new segments are only added below a node still in it."""
+        (a segment's never change once made, so they are read without the lock), the rest
+        encoded and the new segments cached. The trie may have changed since `lookup`: a segment evicted
+        meanwhile still holds its ids, and new segments are only added below a node still in it.
+
+        The ids of a prompt with cut tokens come as an array of unsigned 32-bit ints (`_U32`): the
+        cached prefix's and the new segments' arrays copied into it at C speed, where a list would
+        make a Python int of every id (a long prompt's ~20k of them, ~40 bytes each, walked by every
+        young garbage collection while the request lives). A prompt without cut tokens, or one
+        whose encoding did not verify, gets the encoder's list."""
         text, occurrences, cuts, path, start = found.text, found.occurrences, found.cuts, found.path, found.start
         node = path[-1] if path else self._root
         stats = self.stats
@@ -335,10 +348,10 @@ class PromptPrefixCache:
                 stats.encoded_chars += len(text)
             whole = self._encode(text)
             return whole, pack_ids(whole) if pack else None
-        ids: list[int] = []
+        ids = array(_U32)
         payloads: list[bytes | None] = []
         for child in path:
-            ids.extend(child.ids)
+            ids.extend(child.ids)  # one type: a copy of the segment's memory
             payloads.append(child.payload)
         if start:
             rest = text[start:]
@@ -349,10 +362,11 @@ class PromptPrefixCache:
         parts = None if self._encode_parts is None or not cuts else self._encoded_in_parts(rest, occurrences, cuts)
         segments: list[tuple[str, array, bytes | None]] | None
         if parts is not None:
-            rest_ids, segments = parts
+            segments, tail = parts
         else:
             rest_ids = self._encode(rest)
             segments = self._segments(rest, rest_ids, occurrences, cuts)
+            tail = rest_ids if segments is None else rest_ids[sum(len(segment[1]) for segment in segments) :]
         with self._lock:
             stats.prompts += 1
             stats.hits += start > 0
@@ -364,15 +378,16 @@ class PromptPrefixCache:
                 self._insert(node, path, segments)
         payload = None
         if pack:
-            if segments is None:
-                payloads.append(pack_ids(rest_ids))
-            else:  # the new segments were packed as they were cut: only the tail after them is left
-                payloads.extend(segment[2] for segment in segments)
-                payloads.append(pack_ids(rest_ids[sum(len(segment[1]) for segment in segments) :]))
+            # The new segments were packed as they were cut: only the tail after them is left.
+            payloads.extend(segment[2] for segment in segments or ())
+            payloads.append(pack_ids(tail))
             payload = _joined(payloads)
-        if not ids:
-            return rest_ids, payload
-        ids.extend(rest_ids)
+        for segment in segments or ():
+            ids.extend(segment[1])
+        try:
+            ids.fromlist(tail)
+        except (OverflowError, TypeError):  # an id no u32 holds: not from an exact tokenizer
+            return [*ids, *tail], payload
         return ids, payload
 
     def clear(self) -> None:
@@ -427,7 +442,7 @@ class PromptPrefixCache:
             if token_id in positions:
                 continue
             found: list[int] = []
-            needle = struct.pack("i", token_id)
+            needle = struct.pack("=I", token_id)
             at = data.find(needle)
             while at >= 0:
                 if at % width == 0:  # a match across two ids is none
@@ -462,14 +477,14 @@ class PromptPrefixCache:
 
     def _encoded_in_parts(
         self, text: str, occurrences: list[tuple[int, int]], cuts: list[int]
-    ) -> tuple[list[int], list[tuple[str, array, bytes | None]]] | None:
-        """`text`'s ids and its segments (as `_segments` makes them), each segment encoded on its
-        own by `encode_parts`; None when that encoder does not cover a part, or a segment's ids do
-        not end with its cut token's id (not to be expected of such an encoder: checked anyway)."""
+    ) -> tuple[list[tuple[str, array, bytes | None]], list[int]] | None:
+        """`text`'s segments (as `_segments` makes them), each encoded on its own by `encode_parts`,
+        and the ids of the tail after them; None when that encoder does not cover a part, or a
+        segment's ids do not end with its cut token's id (not to be expected of such an encoder:
+        checked anyway)."""
         encode = self._encode_parts
         assert encode is not None
         token_at = dict(occurrences)
-        ids: list[int] | None = None
         segments = []
         start = 0
         for end in cuts:
@@ -481,16 +496,11 @@ class PromptPrefixCache:
             if machine is None:
                 return None
             segments.append((piece, machine[1], pack_ids(piece_ids)))
-            if ids is None:
-                ids = piece_ids  # the encoder's own list: no copy of the longest part
-            else:
-                ids += piece_ids
             start = end
         tail = encode(text[start:])
-        if tail is None or ids is None:
+        if tail is None or not segments:
             return None
-        ids += tail
-        return ids, segments
+        return segments, tail
 
     def _touch(self, path: list[_Node]) -> None:
         """Mark `path` (root to leaf) used, children before parents: a parent is always more recent

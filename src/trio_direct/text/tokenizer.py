@@ -386,8 +386,8 @@ class PromptEncoding:
         encoded here (on whichever thread calls it), its new segments cached."""
         lookup, cache = self.lookup, self.tokenizer.prompt_cache
         if lookup is None or cache is None:
-            ids = self.tokenizer.encode(self.text, add_special_tokens=False)
-            return PackedIds.of(ids, pack_ids(ids))
+            whole = self.tokenizer.encode(self.text, add_special_tokens=False)
+            return PackedIds.of(whole, pack_ids(whole))
         ids, payload = cache.finish(lookup)
         return PackedIds.of(ids, payload)
 
