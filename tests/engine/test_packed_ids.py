@@ -3,6 +3,7 @@ get with the ids set in place, and a payload never travels with other ids than i
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
@@ -16,7 +17,7 @@ from trio_direct._proto.native import sglang_pb2 as native_pb
 from trio_direct._proto.smg import sglang_scheduler_pb2 as smg_pb
 from trio_direct._proto.vllm import vllm_engine_pb2 as vllm_pb
 from trio_direct.engine import native, smg, vllm
-from trio_direct.engine.packed_ids import PackedIds, Serialized, pack_ids, packed_request
+from trio_direct.engine.packed_ids import PackedIds, Serialized, pack_ids, pack_u32le, packed_request
 from trio_direct.engine.types import Bootstrap, GenerateInput, SamplingOptions
 
 _ids = st.lists(st.integers(0, 2**31 - 1) | st.sampled_from([0, 127, 128, 16383, 16384, 151_643]), max_size=300)
@@ -43,7 +44,19 @@ def _varint(value: int) -> bytes:
     return bytes(out)
 
 
-@pytest.mark.parametrize("ids", [[-1], [1, 2**32], [0, "3"]])
+@settings(max_examples=200, deadline=None)
+@given(ids=st.lists(st.integers(0, 2**32 - 1) | st.sampled_from([0, 127, 128, 2**21, 2**28, 2**32 - 1]), max_size=2000))
+def test_u32_bytes_pack_as_protobuf_writes_their_ids(ids):
+    """Long prompts are packed from their ids' u32 bytes (a fixed32 field's parse, copied into the
+    uint32 one by protobuf's runtime): the very varints protobuf writes from the ids themselves,
+    over the whole uint32 range, from `pack_u32le` and from `pack_ids` past its bulk threshold."""
+    reference = smg_pb.TokenizedInput(input_ids=ids).SerializeToString()
+    payload = pack_u32le(struct.pack(f"<{len(ids)}I", *ids))
+    assert (b"\x12" + _varint(len(payload)) + payload if ids else b"") == reference
+    assert pack_ids(ids) == payload
+
+
+@pytest.mark.parametrize("ids", [[-1], [1, 2**32], [0, "3"], [0] * 500 + [-1], [7] * 500 + [2**32], [0] * 500 + ["3"]])
 def test_ids_no_api_takes_are_not_packed(ids):
     assert pack_ids(ids) is None
 

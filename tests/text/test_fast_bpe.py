@@ -12,6 +12,7 @@ import json
 import logging
 import random
 import re
+import struct
 import unicodedata
 from collections.abc import Callable
 from pathlib import Path
@@ -119,6 +120,11 @@ def test_the_tiny_model_is_served_by_tiktoken(tiny_dir: Path, caplog: pytest.Log
     assert [r.message for r in caplog.records if "encodes" in r.message][0].count("tiktoken encodes") == 1
 
 
+def _u32_ids(data: bytes | None) -> list[int] | None:
+    """The ids `FastBPE.encode_u32le` gave (little-endian u32), as a list; None stays None."""
+    return None if data is None else list(struct.unpack(f"<{len(data) // 4}I", data))
+
+
 @settings(max_examples=300, deadline=None)
 @given(text=_texts(FRAGMENTS, SPECIALS))
 def test_tiny_model_ids_are_hf_ids(tiny: ModelTokenizer, text: str) -> None:
@@ -130,6 +136,7 @@ def test_tiny_model_ids_are_hf_ids(tiny: ModelTokenizer, text: str) -> None:
         assert ids == hf  # served, and exact
     else:
         assert ids is None  # not covered: HF encodes it
+    assert _u32_ids(fast.encode_u32le(text)) == ids  # tiktoken's own buffer: the same ids, or None alike
     assert tiny.encode(text, add_special_tokens=False) == hf
     assert tiny.encode(text) == tiny.tokenizer.encode(text).ids  # the ByteLevel post-processor adds nothing
 
@@ -310,6 +317,8 @@ def test_a_phantom_merge_falls_back_per_text() -> None:
     assert plan.fast is not None and state["model"]["vocab"]["abc"] in plan.fast.risky_ids
     assert plan.fast.encode("abc") is None  # falls back: HF encodes it
     assert plan.fast.encode("ab ab") == hf.encode("ab ab").ids
+    assert plan.fast.encode_u32le("abc") is None  # the per-text check holds for the bytes too
+    assert _u32_ids(plan.fast.encode_u32le("ab ab")) == hf.encode("ab ab").ids
 
 
 @pytest.fixture(scope="module")
@@ -483,6 +492,7 @@ def test_cut_texts_are_hf_ids(name: str) -> None:
     for _ in range(1500):
         text = _spaced_text(rng) + rng.choice(["", *WORDS]) + _spaced_text(rng)
         assert plan.fast.encode(text) == hf.encode(text, add_special_tokens=False).ids, repr(text)
+        assert _u32_ids(plan.fast.encode_u32le(text)) == plan.fast.encode(text), repr(text)
 
 
 @pytest.mark.usefixtures("cut_every_run")
@@ -497,6 +507,7 @@ def test_cut_long_prompts_are_the_tiny_models_hf_ids(tiny: ModelTokenizer) -> No
     ]  # fmt: skip
     for text in texts:
         assert fast.encode(text) == tiny.tokenizer.encode(text, add_special_tokens=False).ids
+        assert _u32_ids(fast.encode_u32le(text)) == fast.encode(text)  # the parts' buffers, joined
 
 
 @pytest.mark.parametrize(

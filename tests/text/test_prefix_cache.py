@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import random
+import struct
 import threading
 from array import array
 from pathlib import Path
@@ -15,7 +16,7 @@ from support import TRACE_SAMPLE
 from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizers
 
 from trio_direct.bench.trace import BLOCK_SIZE, conversation_turns, load_trace
-from trio_direct.engine.packed_ids import pack_ids
+from trio_direct.engine.packed_ids import pack_ids, pack_u32le
 from trio_direct.routing.block_hash import token_array
 from trio_direct.text import prefix_cache
 from trio_direct.text.chat_template import render_chat
@@ -205,8 +206,13 @@ def test_a_follow_up_turn_packs_only_its_new_ids_for_the_wire(tiny, monkeypatch)
         packed.append(len(ids))
         return pack_ids(ids)
 
+    def counting_pack_u32le(data):
+        packed.append(len(data) // 4)
+        return pack_u32le(data)
+
     cache = PromptPrefixCache(encode, cut_tokens(tiny.tokenizer))
     monkeypatch.setattr(prefix_cache, "pack_ids", counting_pack_ids)
+    monkeypatch.setattr(prefix_cache, "pack_u32le", counting_pack_u32le)
     for turn, prompt in enumerate(conversation(tiny, random.Random(3), 6)):
         tokenized.clear()
         packed.clear()
@@ -439,7 +445,11 @@ def test_parts_that_do_not_end_with_their_cut_token_are_not_trusted(tiny):
     def full(text):
         return tiny.encode(text, add_special_tokens=False)
 
-    cache = PromptPrefixCache(full, cut_tokens(tiny.tokenizer), encode_parts=lambda text: full(text)[:-1] or None)
+    def short_by_one(text):
+        ids = full(text)[:-1]
+        return struct.pack(f"<{len(ids)}I", *ids) if ids else None
+
+    cache = PromptPrefixCache(full, cut_tokens(tiny.tokenizer), encode_parts=short_by_one)
     for prompt in conversation(tiny, random.Random(9), 4):
         ids, payload = cache.encode_packed(prompt)
         assert (list(ids), payload) == (full(prompt), pack_ids(full(prompt)))

@@ -19,16 +19,19 @@ API's bytes are parsed back in the tests, and the mock engines parse every reque
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from trio_direct._proto.smg import sglang_scheduler_pb2 as _smg_pb
 
 if TYPE_CHECKING:
     from trio_direct.engine.types import GenerateInput
 
-__all__ = ["PackedIds", "Serialized", "field_bytes", "pack_ids", "packed_request", "with_ids"]
+__all__ = ["PackedIds", "Serialized", "field_bytes", "pack_ids", "pack_u32le", "packed_request", "with_ids"]
 
 #: A message whose only field is the ids as ``repeated uint32`` (field 2): packing one and cutting
 #: its field header off gives the payload, at the protobuf runtime's speed. ``uint32`` refuses a
@@ -49,19 +52,69 @@ def _varint(value: int) -> bytes:
 _CARRIER_TAG = _varint(_CARRIER.DESCRIPTOR.fields_by_name["input_ids"].number << 3 | 2)
 
 
+def _fixed_carrier() -> Any:
+    """A message like the carrier with its ids as ``repeated fixed32`` (same field number): parsing
+    little-endian u32 bytes into one is a copy, and protobuf's runtime (upb) copies such a field
+    into the carrier's ``uint32`` one as a block, both being 32-bit unsigned. Built here, in a pool
+    of its own: no engine API has such a message."""
+    number = _CARRIER.DESCRIPTOR.fields_by_name["input_ids"].number
+    proto = descriptor_pb2.FileDescriptorProto(
+        name="trio_direct_packed_ids.proto", package="trio_direct", syntax="proto3"
+    )
+    message = proto.message_type.add(name="FixedIds")
+    message.field.add(
+        name="input_ids",
+        number=number,
+        type=descriptor_pb2.FieldDescriptorProto.TYPE_FIXED32,
+        label=descriptor_pb2.FieldDescriptorProto.LABEL_REPEATED,
+    )
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(proto)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("trio_direct.FixedIds"))
+
+
+_FIXED_CARRIER = _fixed_carrier()
+
+#: From this many ids on, `pack_ids` goes through their u32 bytes (`pack_u32le`): ~0.28 ms for 20k
+#: ids, where converting each Python int into the carrier's field costs ~0.4-0.5 ms (below, the
+#: two messages' fixed cost outweighs it).
+_BULK_IDS = 128
+
+
+def _payload(serialized: bytes) -> bytes:
+    """A serialized carrier's packed field, less its tag and length."""
+    if not serialized:
+        return b""
+    start = len(_CARRIER_TAG)  # after the tag, the payload's length as a varint
+    while serialized[start] & 0x80:
+        start += 1
+    return serialized[start + 1 :]
+
+
 def pack_ids(ids: Sequence[int]) -> bytes | None:
     """The varints of `ids` back to back (the packed field's payload); None when an id is not a
     uint32 (the request then sets its ids field itself, and fails there as it always did)."""
+    if len(ids) >= _BULK_IDS:
+        try:
+            data = struct.pack(f"<{len(ids)}I", *ids)
+        except struct.error:
+            return None
+        return pack_u32le(data)
     try:
-        data = _CARRIER(input_ids=ids).SerializeToString()
+        return _payload(_CARRIER(input_ids=ids).SerializeToString())
     except (TypeError, ValueError):
         return None
+
+
+def pack_u32le(data: bytes) -> bytes:
+    """`pack_ids` of the ids `data` holds as little-endian unsigned 32-bit ints (``array("I")``'s
+    bytes on a little-endian machine), without a Python int per id: the bytes are parsed as a
+    ``repeated fixed32`` field and copied into the carrier's ``uint32`` one in protobuf's runtime,
+    which writes the varints. ~3.5x faster than from a list for a 20k-token prompt."""
     if not data:
         return b""
-    start = len(_CARRIER_TAG)  # after the tag, the payload's length as a varint
-    while data[start] & 0x80:
-        start += 1
-    return data[start + 1 :]
+    fixed = _FIXED_CARRIER.FromString(_CARRIER_TAG + _varint(len(data)) + data)
+    return _payload(_CARRIER(input_ids=fixed.input_ids).SerializeToString())
 
 
 def field_bytes(number: int, body: bytes) -> bytes:

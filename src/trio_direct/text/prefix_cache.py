@@ -38,7 +38,9 @@ and the merges never cross), the new part of a prompt is encoded segment by segm
 segment's ids are its own encoding: the check is then that each one ends with its cut token's id.
 That skips searching the whole prompt's ids for every cut token's id (~0.3 ms for a new 19k-token
 prompt, where the encoding itself takes ~2.3 ms). A part that encoder does not cover (a text it
-returns None for) sends the prompt down the general path above.
+returns None for) sends the prompt down the general path above. That encoder gives its ids as
+little-endian u32 bytes (`FastBPE.encode_u32le`, tiktoken's own buffer): a segment's array and its
+payload for the wire are made from them, a new prompt's ids never become Python ints.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from trio_direct.engine.packed_ids import pack_ids
+from trio_direct.engine.packed_ids import pack_ids, pack_u32le
 
 __all__ = ["DEFAULT_MAX_BYTES", "PrefixCacheStats", "PromptLookup", "PromptPrefixCache", "cut_tokens"]
 
@@ -185,17 +187,28 @@ def _joined(payloads: list[bytes | None]) -> bytes | None:
 _U32 = "I" if array("I").itemsize == 4 else "L"
 
 
-def _machine_ints(ids: list[int]) -> tuple[bytes, array] | None:
-    """`ids` as unsigned 32-bit ints, in bytes and in an array (a segment keeps the array); None for
-    an id outside them, which no exact tokenizer gives. `struct` packs a list of ints in ~half the
-    time `array(_U32, ids)` takes."""
-    try:
-        data = struct.pack(f"={len(ids)}I", *ids)
-    except struct.error:
-        return None
+_SWAP = sys.byteorder == "big"
+_LAST_ID = struct.Struct("<I").unpack_from
+
+
+def _u32_array(data: bytes) -> array:
+    """Little-endian u32 bytes as an array of native ones."""
     packed = array(_U32)
     packed.frombytes(data)
-    return data, packed
+    if _SWAP:
+        packed.byteswap()
+    return packed
+
+
+def _machine_ints(ids: list[int]) -> tuple[bytes, array] | None:
+    """`ids` as unsigned 32-bit ints, in little-endian bytes (which `pack_u32le` packs for the wire)
+    and in an array (a segment keeps the array); None for an id outside them, which no exact
+    tokenizer gives. `struct` packs a list of ints in ~half the time `array(_U32, ids)` takes."""
+    try:
+        data = struct.pack(f"<{len(ids)}I", *ids)
+    except struct.error:
+        return None
+    return data, _u32_array(data)
 
 
 @dataclass(slots=True)
@@ -249,11 +262,11 @@ class PromptPrefixCache:
         *,
         max_bytes: int = DEFAULT_MAX_BYTES,
         min_segment_chars: int = DEFAULT_MIN_SEGMENT_CHARS,
-        encode_parts: Callable[[str], list[int] | None] | None = None,
+        encode_parts: Callable[[str], bytes | None] | None = None,
     ) -> None:
-        """`encode_parts`: the same ids as `encode_uncached` (or None for a text it does not cover)
-        from an encoder whose ids of a text cut right after an added token are the ids of the two
-        parts, one after the other (see the module docstring)."""
+        """`encode_parts`: the same ids as `encode_uncached` (or None for a text it does not cover),
+        as little-endian unsigned 32-bit ints, from an encoder whose ids of a text cut right after
+        an added token are the ids of the two parts, one after the other (see the module docstring)."""
         if not cut_token_ids:
             raise ValueError("a prefix cache needs at least one cut token")
         self._encode = encode_uncached
@@ -278,7 +291,7 @@ class PromptPrefixCache:
         candidates: Iterable[str] | None = None,
         max_bytes: int = DEFAULT_MAX_BYTES,
         min_segment_chars: int = DEFAULT_MIN_SEGMENT_CHARS,
-        encode_parts: Callable[[str], list[int] | None] | None = None,
+        encode_parts: Callable[[str], bytes | None] | None = None,
     ) -> PromptPrefixCache | None:
         """A cache for `tokenizer`, or None when no added token is a provably exact cut."""
         found = cut_tokens(tokenizer, candidates)
@@ -361,6 +374,7 @@ class PromptPrefixCache:
             rest = text
         parts = None if self._encode_parts is None or not cuts else self._encoded_in_parts(rest, occurrences, cuts)
         segments: list[tuple[str, array, bytes | None]] | None
+        tail: bytes | list[int]
         if parts is not None:
             segments, tail = parts
         else:
@@ -380,10 +394,13 @@ class PromptPrefixCache:
         if pack:
             # The new segments were packed as they were cut: only the tail after them is left.
             payloads.extend(segment[2] for segment in segments or ())
-            payloads.append(pack_ids(tail))
+            payloads.append(pack_u32le(tail) if isinstance(tail, bytes) else pack_ids(tail))
             payload = _joined(payloads)
         for segment in segments or ():
             ids.extend(segment[1])
+        if isinstance(tail, bytes):
+            ids.extend(_u32_array(tail))
+            return ids, payload
         try:
             ids.fromlist(tail)
         except (OverflowError, TypeError):  # an id no u32 holds: not from an exact tokenizer
@@ -442,7 +459,7 @@ class PromptPrefixCache:
             if token_id in positions:
                 continue
             found: list[int] = []
-            needle = struct.pack("=I", token_id)
+            needle = struct.pack("<I", token_id)
             at = data.find(needle)
             while at >= 0:
                 if at % width == 0:  # a match across two ids is none
@@ -454,7 +471,7 @@ class PromptPrefixCache:
             seen[token_id] = seen.get(token_id, 0) + 1
         if any(len(positions[token_id]) != count for token_id, count in seen.items()):
             return None  # some occurrence was not encoded as the added token: its cut is not exact
-        segments = []
+        segments: list[tuple[str, array, bytes | None]] = []
         wanted = iter(cuts)
         target: int | None = next(wanted)
         taken = dict.fromkeys(positions, 0)
@@ -467,8 +484,8 @@ class PromptPrefixCache:
                 return None  # the ids hold the cut tokens in another order than the text
             previous = position
             if end == target:
-                piece = ids[ids_start : position + 1]
-                segments.append((text[text_start:end], packed[ids_start : position + 1], pack_ids(piece)))
+                piece = data[width * ids_start : width * (position + 1)]
+                segments.append((text[text_start:end], packed[ids_start : position + 1], pack_u32le(piece)))
                 text_start, ids_start = end, position + 1
                 target = next(wanted, None)
                 if target is None:
@@ -477,25 +494,22 @@ class PromptPrefixCache:
 
     def _encoded_in_parts(
         self, text: str, occurrences: list[tuple[int, int]], cuts: list[int]
-    ) -> tuple[list[tuple[str, array, bytes | None]], list[int]] | None:
+    ) -> tuple[list[tuple[str, array, bytes | None]], bytes] | None:
         """`text`'s segments (as `_segments` makes them), each encoded on its own by `encode_parts`,
-        and the ids of the tail after them; None when that encoder does not cover a part, or a
-        segment's ids do not end with its cut token's id (not to be expected of such an encoder:
-        checked anyway)."""
+        and the ids of the tail after them (as that encoder gives them); None when it does not
+        cover a part, or a segment's ids do not end with its cut token's id (not to be expected of
+        such an encoder: checked anyway)."""
         encode = self._encode_parts
         assert encode is not None
         token_at = dict(occurrences)
-        segments = []
+        segments: list[tuple[str, array, bytes | None]] = []
         start = 0
         for end in cuts:
             piece = text[start:end]
-            piece_ids = encode(piece)
-            if not piece_ids or piece_ids[-1] != token_at[end]:
+            data = encode(piece)
+            if not data or _LAST_ID(data, len(data) - 4)[0] != token_at[end]:
                 return None
-            machine = _machine_ints(piece_ids)
-            if machine is None:
-                return None
-            segments.append((piece, machine[1], pack_ids(piece_ids)))
+            segments.append((piece, _u32_array(data), pack_u32le(data)))
             start = end
         tail = encode(text[start:])
         if tail is None or not segments:

@@ -150,7 +150,7 @@ class ModelTokenizer:
                 candidates=candidates,
                 max_bytes=prompt_cache_bytes,
                 # tiktoken cuts its input at added tokens first: a prompt's new segments encode apart.
-                encode_parts=None if fast is None else fast.encode,
+                encode_parts=None if fast is None else fast.encode_u32le,
             )
 
         return cls(
