@@ -49,7 +49,7 @@ async def test_sampling_params_map_to_the_engine_request(make_pool):
     plan = await plan_generate(pool, request)
     assert len(plan.choices) == 2 and plan.n == 2
     engine = plan.choices[0].request
-    assert engine.input_ids == pool.tokenizer.encode("Hello there", add_special_tokens=True)
+    assert list(engine.input_ids) == pool.tokenizer.encode("Hello there", add_special_tokens=True)
     sampling = engine.sampling
     assert (sampling.max_new_tokens, sampling.min_new_tokens, sampling.temperature) == (9, 2, 0.5)
     assert (sampling.top_k, sampling.top_p, sampling.min_p, sampling.seed, sampling.regex) == (

@@ -29,15 +29,25 @@ COUNTED_OVER = "x " * 40_000
 
 @pytest.fixture
 def encodes(monkeypatch) -> list[tuple[int, bool]]:
-    """Every whole encoding as (characters, on the event loop's thread)."""
+    """Every whole encoding as (characters, on the event loop's thread): `encode`, and `encode_packed`
+    (which may call `encode`: counted once)."""
     seen: list[tuple[int, bool]] = []
-    encode = ModelTokenizer.encode
+    inside = threading.local()
 
-    def recording(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        seen.append((len(text), threading.current_thread() is threading.main_thread()))
-        return encode(self, text, add_special_tokens)
+    def recorded(method):
+        def recording(self, text: str, add_special_tokens: bool = True):
+            if not getattr(inside, "depth", 0):
+                seen.append((len(text), threading.current_thread() is threading.main_thread()))
+            inside.depth = getattr(inside, "depth", 0) + 1
+            try:
+                return method(self, text, add_special_tokens)
+            finally:
+                inside.depth -= 1
 
-    monkeypatch.setattr(ModelTokenizer, "encode", recording)
+        return recording
+
+    monkeypatch.setattr(ModelTokenizer, "encode", recorded(ModelTokenizer.encode))
+    monkeypatch.setattr(ModelTokenizer, "encode_packed", recorded(ModelTokenizer.encode_packed))
     return seen
 
 

@@ -14,6 +14,7 @@ import random
 import re
 import struct
 import unicodedata
+from array import array
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
+from trio_direct.engine.packed_ids import pack_ids
 from trio_direct.text import fast_bpe
 from trio_direct.text.fast_bpe import (
     _O200K_PATTERN,
@@ -586,3 +588,29 @@ def test_indented_code_is_encoded_whole_without_a_search_of_every_run(tiny: Mode
     assert fast.encode(code) == tiny.tokenizer.encode(code, add_special_tokens=False).ids
     sparse = ("word " * 60 + "  word\n") * 20  # a run every ~300 characters: cut
     assert len(fast_bpe.LookaheadCuts(GPT2_PATTERN, [])(sparse) or []) == 20
+
+
+@pytest.mark.parametrize("template_bos", [True, False])
+@pytest.mark.parametrize("add_bos_token", [True, False])
+def test_prompts_packed_where_tokenized_are_the_ids_encode_gives(
+    o200k_state: dict[str, Any], tmp_path: Path, template_bos: bool, add_bos_token: bool
+) -> None:
+    """`ModelTokenizer.encode_packed` (completions' and /generate's text prompts) takes tiktoken's
+    ids as u32 bytes: the same ids as `encode`, BOS from the post-processor's template or from
+    `add_bos_token` in front once, and the payload protobuf writes for them."""
+    state = json.loads(json.dumps(o200k_state))
+    if not template_bos:
+        state["post_processor"]["single"] = [{"Sequence": {"id": "A", "type_id": 0}}]
+    (tmp_path / "tokenizer.json").write_text(json.dumps(state))
+    config = {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>", "add_bos_token": add_bos_token}
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    tokenizer = ModelTokenizer.from_directory(tmp_path)
+    assert tokenizer.fast_encoder is not None
+    texts = ["", "Hello", "<|begin_of_text|>Hello", "  two  runs\n\nof space  ", "naïve 中文", "word " * 3000]
+    for text in texts:
+        for add_special_tokens in (True, False):
+            packed = tokenizer.encode_packed(text, add_special_tokens)
+            ids = tokenizer.encode(text, add_special_tokens=add_special_tokens)
+            assert list(packed.ids) == ids and packed.payload == pack_ids(ids), (text[:20], add_special_tokens)
+            if tokenizer.fast_encoder.covers(text):
+                assert isinstance(packed.ids, array)

@@ -80,7 +80,8 @@ async def plan_completion(pool: PoolView, request: CompletionRequest, *, session
 
 def _tokenize(pool: PoolView, text: str) -> Prompt:
     refuse_if_counted_over(pool, text, param="prompt")
-    return Prompt(pool.tokenizer.encode(text, add_special_tokens=True), text)
+    packed = pool.tokenizer.encode_packed(text)  # packed here (a worker thread for a long prompt), not per request
+    return Prompt(packed.ids, text, packed=packed)
 
 
 class CompletionRenderer:

@@ -144,7 +144,8 @@ async def plan_generate(pool: PoolView, request: GenerateRequest, *, session_key
 
 def _tokenize(pool: PoolView, text: str, param: str) -> Prompt:
     refuse_if_counted_over(pool, text, param=param)
-    return Prompt(pool.tokenizer.encode(text, add_special_tokens=True), text)
+    packed = pool.tokenizer.encode_packed(text)  # packed here (a worker thread for a long prompt), not per request
+    return Prompt(packed.ids, text, packed=packed)
 
 
 def finish_reason_json(reason: str | None, matched: int | str | None, completion_tokens: int) -> dict[str, Any] | None:

@@ -59,7 +59,7 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from trio_direct.engine.packed_ids import pack_ids, pack_u32le
+from trio_direct.engine.packed_ids import pack_ids, pack_u32le, u32_array, u32le_bytes
 
 __all__ = ["DEFAULT_MAX_BYTES", "PrefixCacheStats", "PromptLookup", "PromptPrefixCache", "cut_tokens"]
 
@@ -181,23 +181,12 @@ def _joined(payloads: list[bytes | None]) -> bytes | None:
     return b"".join(parts)
 
 
-#: The array typecode of a native unsigned 32-bit integer: what segments, and the ids `finish`
-#: returns, are kept in (4 bytes an id, where a list of Python ints takes ~40), the same type the
-#: KV router hashes blocks over (`routing.block_hash.token_array` takes such an array as it is).
-_U32 = "I" if array("I").itemsize == 4 else "L"
-
-
-_SWAP = sys.byteorder == "big"
+#: The array typecode of a native unsigned 32-bit integer (`engine.packed_ids.u32_array`): what
+#: segments, and the ids `finish` returns, are kept in (4 bytes an id, where a list of Python ints
+#: takes ~40), the same type the KV router hashes blocks over (`routing.block_hash.token_array`
+#: takes such an array as it is).
+_U32 = "I"
 _LAST_ID = struct.Struct("<I").unpack_from
-
-
-def _u32_array(data: bytes) -> array:
-    """Little-endian u32 bytes as an array of native ones."""
-    packed = array(_U32)
-    packed.frombytes(data)
-    if _SWAP:
-        packed.byteswap()
-    return packed
 
 
 def _machine_ints(ids: list[int]) -> tuple[bytes, array] | None:
@@ -205,10 +194,10 @@ def _machine_ints(ids: list[int]) -> tuple[bytes, array] | None:
     and in an array (a segment keeps the array); None for an id outside them, which no exact
     tokenizer gives. `struct` packs a list of ints in ~half the time `array(_U32, ids)` takes."""
     try:
-        data = struct.pack(f"<{len(ids)}I", *ids)
+        data = u32le_bytes(ids)
     except struct.error:
         return None
-    return data, _u32_array(data)
+    return data, u32_array(data)
 
 
 @dataclass(slots=True)
@@ -399,7 +388,7 @@ class PromptPrefixCache:
         for segment in segments or ():
             ids.extend(segment[1])
         if isinstance(tail, bytes):
-            ids.extend(_u32_array(tail))
+            ids.extend(u32_array(tail))
             return ids, payload
         try:
             ids.fromlist(tail)
@@ -509,7 +498,7 @@ class PromptPrefixCache:
             data = encode(piece)
             if not data or _LAST_ID(data, len(data) - 4)[0] != token_at[end]:
                 return None
-            segments.append((piece, _u32_array(data), pack_u32le(data)))
+            segments.append((piece, u32_array(data), pack_u32le(data)))
             start = end
         tail = encode(text[start:])
         if tail is None or not segments:

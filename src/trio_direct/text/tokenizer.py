@@ -19,7 +19,7 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from trio_direct.engine.packed_ids import PackedIds, pack_ids
+from trio_direct.engine.packed_ids import PackedIds, pack_ids, pack_u32le, u32_array, u32le_bytes
 from trio_direct.text.byte_level import byte_level_pieces
 from trio_direct.text.fast_bpe import FastBPE, FastEncoderPlan, plan_fast_encoder
 from trio_direct.text.prefix_cache import DEFAULT_MAX_BYTES, PromptLookup, PromptPrefixCache
@@ -248,6 +248,27 @@ class ModelTokenizer:
             if bos is not None and (not ids or ids[0] != bos):
                 ids.insert(0, bos)
         return ids
+
+    def encode_packed(self, text: str, add_special_tokens: bool = True) -> PackedIds:
+        """`encode(text, add_special_tokens)`'s ids packed for the wire, made where the prompt is
+        tokenized (a worker thread for a long one) rather than on the event loop per request. With
+        tiktoken the ids never become Python ints: an `array("I")` (4 bytes an id) and the payload,
+        both from tiktoken's buffer (`FastBPE.encode_u32le`, `engine.packed_ids.pack_u32le`)."""
+        fast = self.fast_encoder
+        data = None
+        if fast is not None and (not add_special_tokens or fast.prefix_ids is not None):
+            data = fast.encode_u32le(text)
+        if fast is None or data is None:
+            ids = self.encode(text, add_special_tokens=add_special_tokens)
+            return PackedIds.of(ids, pack_ids(ids))
+        if add_special_tokens:
+            prefix = list(fast.prefix_ids or ())
+            first = prefix[0] if prefix else (u32_array(data[:4])[0] if data else None)
+            bos = self.bos_token_id if self.add_bos_token else None
+            if bos is not None and first != bos:
+                prefix.insert(0, bos)
+            data = u32le_bytes(prefix) + data + u32le_bytes(fast.suffix_ids)
+        return PackedIds.of(u32_array(data), pack_u32le(data))
 
     def encode_prompt(self, text: str) -> list[int]:
         """`encode(text, add_special_tokens=False)` for a rendered chat prompt: the same ids, but the
