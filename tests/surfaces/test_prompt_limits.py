@@ -127,6 +127,23 @@ async def test_without_a_context_length_long_texts_are_encoded_on_a_worker_threa
     assert (len(short), True) in encodes  # a short text is encoded in place: a thread costs more
 
 
+async def test_where_a_text_is_encoded_follows_its_estimated_cost_not_its_length(make_pool, encodes):
+    """A text tiktoken encodes goes on the event loop up to ~1 ms of estimated work (a thread's
+    hand-off costs more than that saves); one in a script only Hugging Face's ~8x slower encoder
+    covers goes to a worker thread when shorter than the ~16k characters of that.
+    Both are under the context's bound, so nothing is refused."""
+    pool = make_pool(context_length=None)
+    covered = "lorem ipsum " * 700  # 8,400 characters, ~0.5 ms estimated for tiktoken
+    uncovered = "中文字 " * 600  # 2,400 characters, ~1.2 ms estimated for Hugging Face's encoder
+    assert pool.tokenizer.fast_encoder is not None
+    assert pool.tokenizer.fast_encoder.covers(covered) and not pool.tokenizer.fast_encoder.covers(uncovered)
+    for text in (covered, uncovered):
+        await plan_completion(pool, decode_completion_request(json.dumps({"model": "m", "prompt": text}).encode()))
+        await plan_generate(pool, decode_generate_request(json.dumps({"text": text}).encode()))
+        await tokenize(FakeExchange(pool, {"model": "m", "prompt": text}))  # type: ignore[arg-type]
+    assert encodes == [(len(covered), True)] * 3 + [(len(uncovered), False)] * 3
+
+
 async def test_a_batch_of_more_prompts_than_one_request_may_start_is_refused_before_any_is_encoded(make_pool, encodes):
     """A million one-word prompts would be a million engine calls: refused from the count alone."""
     many = ["Hi"] * (MAX_CHOICES + 1)

@@ -21,7 +21,7 @@ from trio_direct.openai import chat_bodies
 from trio_direct.openai.logprobs import TokenText, completion_logprobs
 from trio_direct.openai.requests import CompletionRequest, decode_completion_request, prompt_batch
 from trio_direct.openai.sampling import logprob_options, sampling_options, stop_strings
-from trio_direct.surfaces.prompting import in_thread_if_long, refuse_if_counted_over, refuse_if_too_long
+from trio_direct.surfaces.prompting import in_thread_if_costly, refuse_if_counted_over, refuse_if_too_long
 
 if TYPE_CHECKING:
     from trio_direct.core.pool import PoolView
@@ -48,7 +48,7 @@ async def plan_completion(pool: PoolView, request: CompletionRequest, *, session
     for item in batch:
         if isinstance(item, str):
             refuse_if_too_long(pool, len(item), param="prompt")
-            prompts.append(await in_thread_if_long(len(item), _tokenize, pool, item))
+            prompts.append(await in_thread_if_costly(pool, [item], _tokenize, pool, item))
         else:
             check_vocab(pool, item)
             text = pool.tokenizer.decode(item, skip_special_tokens=False) if request.echo else ""

@@ -27,7 +27,7 @@ from trio_direct.openai.embeddings import (
     embeddings_body,
     truncate_normalized,
 )
-from trio_direct.surfaces.prompting import in_thread_if_long, refuse_if_counted_over, refuse_if_too_long
+from trio_direct.surfaces.prompting import in_thread_if_costly, refuse_if_counted_over, refuse_if_too_long
 
 if TYPE_CHECKING:
     from trio_direct.core.pool import PoolView
@@ -77,7 +77,7 @@ async def handle(exchange: Exchange) -> None:
 
 async def embedding_prompts(pool: PoolView, request: EmbeddingRequest) -> list[Prompt]:
     """One prompt per input: text tokenized with the model's special tokens (on a worker thread
-    when long), token ids checked against the vocabulary; a text that cannot fit the context is
+    when that costs much), token ids checked against the vocabulary; a text that cannot fit the context is
     refused before it is encoded whole (`surfaces.prompting`)."""
     items = embedding_inputs(request)
     listed = is_listed(request)
@@ -87,8 +87,8 @@ async def embedding_prompts(pool: PoolView, request: EmbeddingRequest) -> list[P
             refuse_if_too_long(pool, len(item), param=where)
         else:
             check_vocab(pool, item, param=where)
-    size = sum(len(item) for item in items if isinstance(item, str))
-    return await in_thread_if_long(size, _prompts, pool, items, listed)
+    texts = [item for item in items if isinstance(item, str)]
+    return await in_thread_if_costly(pool, texts, _prompts, pool, items, listed)
 
 
 def is_listed(request: EmbeddingRequest) -> bool:

@@ -43,7 +43,7 @@ from trio_direct.surfaces.generate_request import (
     stop_strings,
 )
 from trio_direct.surfaces.images import check_image_url, image_data_for
-from trio_direct.surfaces.prompting import in_thread_if_long, refuse_if_counted_over, refuse_if_too_long
+from trio_direct.surfaces.prompting import in_thread_if_costly, refuse_if_counted_over, refuse_if_too_long
 
 if TYPE_CHECKING:
     from trio_direct.core.frontend import Frontend
@@ -83,7 +83,7 @@ async def plan_generate(pool: PoolView, request: GenerateRequest, *, session_key
         where = f"{param}[{index}]" if is_batch(request) else param
         if isinstance(item, str):
             refuse_if_too_long(pool, len(item), param=where)
-            prompts.append(await in_thread_if_long(len(item), _tokenize, pool, item, where))
+            prompts.append(await in_thread_if_costly(pool, [item], _tokenize, pool, item, where))
         else:
             check_vocab(pool, item, param=where)
             prompts.append(Prompt(list(item), ""))

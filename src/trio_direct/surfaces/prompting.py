@@ -1,4 +1,4 @@
-"""Prompt work every surface shares: long prompts are rendered and tokenized off the event loop,
+"""Prompt work every surface shares: costly prompts are rendered and tokenized off the event loop,
 and a prompt that cannot fit the model's context is refused before the work that costs memory.
 
 A prompt's cost grows with its length (the template's rendering, the tokenizer's encoding), so a
@@ -7,10 +7,12 @@ its length alone (`refuse_if_too_long`: no token stands for more than the vocabu
 entry allows, and every chat message renders to a token at least), then, for a text far longer than
 the context, a count in chunks that stops at the limit (`ModelTokenizer.exceeds`).
 
-Where the work runs: a short prompt on the event loop; a long one on a worker thread, so that it
-does not stall every other stream. A chat's length is a poor guide to its encoding's cost, though:
-a multi-turn chat resends its history, which the prompt prefix cache already holds, and only the new
-turn is encoded. Chat prompts are therefore rendered on the loop (up to `LOOP_RENDER_CHARS` of
+Where the work runs: a prompt whose encoding is estimated to take under `LOOP_ENCODE_NS` on the
+event loop, a costlier one on a worker thread, so that it does not stall every other stream
+(`in_thread_if_costly`; the estimate is the encoder's rate times the characters, and a text in a
+script tiktoken does not cover is priced at Hugging Face's ~8x slower rate). A chat's length is a
+poor guide to its encoding's cost: a multi-turn chat resends its history, which the prompt prefix
+cache already holds, and only the new turn is encoded. Chat prompts are therefore rendered on the loop (up to `LOOP_RENDER_CHARS` of
 messages, `LOOP_RENDER_MESSAGES` of them and `LOOP_RENDER_TOOL_CHARS` of tools), looked up in the
 cache, and their encoding finished on the loop when what is left is cheap (`encode_rendered`): a
 worker thread's hand-off and its turns with the loop for the GIL cost more than such an encoding.
@@ -19,7 +21,7 @@ worker thread's hand-off and its turns with the loop for the GIL cost more than 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
@@ -39,13 +41,14 @@ __all__ = [
     "content_chars",
     "counted_and_encoded",
     "encode_rendered",
+    "in_thread_if_costly",
     "in_thread_if_long",
     "refuse_if_counted_over",
     "refuse_if_too_long",
 ]
 
-#: Prompts longer than this (characters) are rendered and tokenized on a worker thread, so that one
-#: long prompt does not stall every other stream on the event loop.
+#: gpt-oss (harmony) chats longer than this (characters) are rendered and tokenized on a worker
+#: thread, so that one long prompt does not stall every other stream on the event loop.
 THREAD_THRESHOLD_CHARS = 4096
 
 #: Chat messages of up to this many characters are rendered on the event loop (a template writes
@@ -97,6 +100,20 @@ def counted_and_encoded(pool: PoolView, text: str, param: str = "messages") -> P
     its ids packed for the wire: all of it where it runs (a worker thread, for a long prompt)."""
     refuse_if_counted_over(pool, text, param=param)
     return pool.tokenizer.encode_prompt_packed(text)
+
+
+async def in_thread_if_costly(pool: PoolView, texts: Sequence[str], fn: Callable[..., T], *args: object) -> T:
+    """`fn(*args)`, which encodes `texts` whole: on the event loop when that is estimated to take
+    `LOOP_ENCODE_NS` or less (`ModelTokenizer.encode_cost_ns`, over all of them), on a worker thread
+    otherwise, or when one of them is long enough to be counted in chunks before it is encoded
+    (`refuse_if_counted_over`). A thread's hand-off costs more than a short encoding."""
+    tokenizer, limit = pool.tokenizer, pool.context_length
+    cost = 0
+    for text in texts:
+        cost += tokenizer.encode_cost_ns(text)
+        if cost > LOOP_ENCODE_NS or (limit is not None and tokenizer.counts_in_chunks(text, limit)):
+            return await trio.to_thread.run_sync(fn, *args)
+    return fn(*args)
 
 
 async def in_thread_if_long(size: int, fn: Callable[..., T], *args: object) -> T:

@@ -27,7 +27,7 @@ from trio_direct.openai.tokenization import (
 )
 from trio_direct.surfaces.chat import chat_prompt
 from trio_direct.surfaces.images import take_images
-from trio_direct.surfaces.prompting import in_thread_if_long, refuse_if_counted_over, refuse_if_too_long
+from trio_direct.surfaces.prompting import in_thread_if_costly, refuse_if_counted_over, refuse_if_too_long
 
 if TYPE_CHECKING:
     from trio_direct.core.pool import PoolView
@@ -52,7 +52,7 @@ async def tokenize(exchange: Exchange) -> None:
         )
         tokens = list(prompt.token_ids)  # a chat prompt's are a compact array: JSON takes a list
         if request.add_special_tokens:
-            tokens = await in_thread_if_long(len(prompt.text), pool.tokenizer.encode, prompt.text, True)
+            tokens = await in_thread_if_costly(pool, [prompt.text], pool.tokenizer.encode, prompt.text, True)
         encoded, single = [tokens], True
     else:
         add_special = request.add_special_tokens is not False
@@ -60,8 +60,7 @@ async def tokenize(exchange: Exchange) -> None:
         prompts = [request.prompt] if isinstance(request.prompt, str) else list(request.prompt or ())
         for text in prompts:
             refuse_if_too_long(pool, len(text), param="prompt")
-        size = sum(len(text) for text in prompts)
-        encoded = await in_thread_if_long(size, _encode_all, pool, prompts, add_special)
+        encoded = await in_thread_if_costly(pool, prompts, _encode_all, pool, prompts, add_special)
     strs: list[Any] | None = None
     if request.return_token_strs:
         strs = [[pool.tokenizer.id_to_token(t) for t in ids] for ids in encoded]

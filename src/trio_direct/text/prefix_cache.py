@@ -332,15 +332,15 @@ class PromptPrefixCache:
 
     def finish(self, found: PromptLookup, *, pack: bool = True) -> tuple[Sequence[int], bytes | None]:
         """`encode_packed(found.text)` from what `lookup` found: the cached prefix's ids and payloads
-        (a segment's never change once made, so they are read without the lock), the rest
-        encoded and the new segments cached. The trie may have changed since `lookup`: a segment evicted
+        (a segment's never change once made, so they are read without the lock), the rest encoded
+        and the new segments cached. The trie may have changed since `lookup`: a segment evicted
         meanwhile still holds its ids, and new segments are only added below a node still in it.
 
         The ids of a prompt with cut tokens come as an array of unsigned 32-bit ints (`_U32`): the
         cached prefix's and the new segments' arrays copied into it at C speed, where a list would
         make a Python int of every id (a long prompt's ~20k of them, ~40 bytes each, walked by every
-        young garbage collection while the request lives). A prompt without cut tokens, or one
-        whose encoding did not verify, gets the encoder's list."""
+        young garbage collection while the request lives). A prompt without cut tokens gets the
+        encoder's list."""
         text, occurrences, cuts, path, start = found.text, found.occurrences, found.cuts, found.path, found.start
         node = path[-1] if path else self._root
         stats = self.stats

@@ -270,6 +270,14 @@ class ModelTokenizer:
             data = u32le_bytes(prefix) + data + u32le_bytes(fast.suffix_ids)
         return PackedIds.of(u32_array(data), pack_u32le(data))
 
+    def encode_cost_ns(self, text: str) -> int:
+        """An estimate of the CPU time encoding `text` whole takes (ns): its characters at the rate
+        of the encoder that will encode it, tiktoken's where it covers the text, else Hugging Face's
+        (measured on a small VM: a faster machine only makes it conservative)."""
+        fast = self.fast_encoder
+        per_char = _TIKTOKEN_NS_PER_CHAR if fast is not None and fast.covers(text) else _HF_NS_PER_CHAR
+        return len(text) * per_char
+
     def encode_prompt(self, text: str) -> list[int]:
         """`encode(text, add_special_tokens=False)` for a rendered chat prompt: the same ids, but the
         part of `text` that earlier prompts shared (a conversation's history) comes from the
@@ -396,11 +404,10 @@ class PromptEncoding:
     def cost_ns(self) -> int:
         """An estimate of `finish()`'s CPU time, from the characters it encodes (at the rate of the
         encoder that will, tiktoken's or Hugging Face's) and the ids it takes from the cache."""
-        lookup, text, fast = self.lookup, self.text, self.tokenizer.fast_encoder
+        lookup, text = self.lookup, self.text
         new = text if lookup is None or not lookup.start else text[lookup.start :]
-        per_char = _TIKTOKEN_NS_PER_CHAR if fast is not None and fast.covers(new) else _HF_NS_PER_CHAR
         cached = 0 if lookup is None else lookup.cached_ids * _CACHED_NS_PER_ID
-        return len(new) * per_char + cached
+        return self.tokenizer.encode_cost_ns(new) + cached
 
     def finish(self) -> PackedIds:
         """The prompt's ids, packed for the wire: the cached prefix's from the cache, the rest
