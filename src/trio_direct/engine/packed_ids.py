@@ -47,6 +47,7 @@ __all__ = [
     "packed_request",
     "u32_array",
     "u32le_bytes",
+    "u32le_from_native",
     "with_ids",
 ]
 
@@ -136,6 +137,17 @@ def u32_array(data: bytes) -> array:
     if _SWAP:
         packed.byteswap()
     return packed
+
+
+def u32le_from_native(data: bytes) -> bytes:
+    """Native-endian u32 bytes (tiktoken's buffer) as little-endian ones: the same bytes here on a
+    little-endian machine."""
+    if not _SWAP:
+        return data
+    packed = array("I")
+    packed.frombytes(data)
+    packed.byteswap()
+    return packed.tobytes()
 
 
 def u32le_bytes(ids: Sequence[int]) -> bytes:

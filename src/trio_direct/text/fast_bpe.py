@@ -126,14 +126,13 @@ from __future__ import annotations
 
 import itertools
 import re
-import struct
-import sys
 import time
 import unicodedata
-from array import array
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from trio_direct.engine.packed_ids import u32le_bytes, u32le_from_native
 
 __all__ = ["COVERED", "GPT2_PATTERN", "TOTAL_PATTERNS", "FastBPE", "FastEncoderPlan", "plan_fast_encoder"]
 
@@ -172,8 +171,6 @@ _ASCII_SPACE_RUN = re.compile(f"[{re.escape(_ASCII_SPACE)}]+")
 #: Fewest characters per part, on average, for which cutting pays: a part costs ~3 us (a tiktoken
 #: call, slicing, joining), P costs ~10-20 ns a character more than P'.
 _MIN_PART_CHARS = 256
-#: tiktoken's buffers hold native ints; `encode_u32le` hands out little-endian ones.
-_BIG_ENDIAN = sys.byteorder == "big"
 #: Fewest characters per tab, vertical tab or form feed hopped to while looking for runs.
 _CHARS_PER_HOP = 128
 #: Runs found before their density so far may end the search (more than one per `_MIN_PART_CHARS`).
@@ -389,20 +386,14 @@ class FastBPE:
         """
         if self._risky or not self._buffers:
             ids = self.encode(text)
-            return None if ids is None else struct.pack(f"<{len(ids)}I", *ids)
+            return None if ids is None else u32le_bytes(ids)
         if not self.covers(text):
             return None
         encoding, parts = self._parts(text)
         encode = encoding._core_bpe.encode_to_tiktoken_buffer
         specials = self._specials
         chunks = [memoryview(encode(part, specials)).cast("B") for part in parts]
-        data = chunks[0].tobytes() if len(chunks) == 1 else b"".join(chunks)
-        if _BIG_ENDIAN:  # the buffer holds native ints
-            swapped = array("I")
-            swapped.frombytes(data)
-            swapped.byteswap()
-            data = swapped.tobytes()
-        return data
+        return u32le_from_native(chunks[0].tobytes() if len(chunks) == 1 else b"".join(chunks))
 
     def covers(self, text: str) -> bool:
         """Whether `encode` serves `text` (else it returns None, and HF encodes it)."""

@@ -414,8 +414,7 @@ class PromptEncoding:
         encoded here (on whichever thread calls it), its new segments cached."""
         lookup, cache = self.lookup, self.tokenizer.prompt_cache
         if lookup is None or cache is None:
-            whole = self.tokenizer.encode(self.text, add_special_tokens=False)
-            return PackedIds.of(whole, pack_ids(whole))
+            return self.tokenizer.encode_packed(self.text, add_special_tokens=False)
         ids, payload = cache.finish(lookup)
         return PackedIds.of(ids, payload)
 
